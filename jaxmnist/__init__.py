@@ -1,0 +1,25 @@
+"""jaxmnist: train and benchmark MNIST-family image classifiers with JAX and Optax.
+
+The public surface is small: a `Config` (with `PRESETS`), `train_and_evaluate`,
+`load_dataset`, and the pure pieces a notebook may want to compose itself.
+"""
+
+from jaxmnist.config import PRESETS, Config, apply_overrides, get_preset
+from jaxmnist.data import load_dataset
+from jaxmnist.errors import ConfigError, DataError, JaxmnistError, TrainingError
+from jaxmnist.train import TrainState, make_train_epoch, train_and_evaluate
+
+__all__ = [
+    "PRESETS",
+    "Config",
+    "ConfigError",
+    "DataError",
+    "JaxmnistError",
+    "TrainState",
+    "TrainingError",
+    "apply_overrides",
+    "get_preset",
+    "load_dataset",
+    "make_train_epoch",
+    "train_and_evaluate",
+]

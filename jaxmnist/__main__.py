@@ -1,0 +1,5 @@
+import sys
+
+from jaxmnist.cli import main
+
+sys.exit(main())

@@ -1,0 +1,265 @@
+"""Configuration: frozen dataclasses, named presets, and type-checked overrides.
+
+A `Config` is the whole description of a run. Presets start from the default and
+replace a few fields. Overrides arrive as dotted `section.field=value` strings
+(`optimizer.lr=3e-3`), are parsed against the field's declared type, and an
+unknown key or a badly typed value is a `ConfigError`. `validate` checks what
+can be checked before any data is read or anything is compiled. Durations
+(epochs or steps) become a step count in exactly one place: `plan_steps`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import dataclass, field, replace
+
+from jaxmnist.errors import ConfigError
+
+MODELS = ("mlp",)
+ACTIVATIONS = ("relu", "gelu")
+DTYPES = ("float32", "bfloat16")
+OPTIMIZERS = ("sgd", "adam", "adamw")
+SCHEDULES = ("constant", "cosine", "warmup_cosine", "onecycle")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    dataset: str = "mnist"
+    data_dir: str | None = None  # None: $JAXMNIST_DATA_DIR, cache, system folder, download
+    download: bool = True
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = "mlp"
+    hidden: tuple[int, ...] = (256,)
+    activation: str = "relu"
+    dtype: str = "float32"  # compute dtype; parameters and loss stay float32
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    name: str = "adam"
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    momentum: float = 0.9  # sgd only
+    schedule: str = "constant"
+    warmup_steps: int = 0  # warmup_cosine only
+    grad_clip: float | None = None  # global-norm clipping; None: off
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    batch_size: int = 128
+    epochs: int = 5
+    steps: int | None = None  # if set, overrides epochs; the last epoch may be partial
+    seed: int = 0
+    eval_batch_size: int = 2000
+    eval_train: bool = True  # accuracy on the full training set every epoch
+    progress_every: int = 0  # steps between progress reports from the device; 0: auto
+
+
+@dataclass(frozen=True)
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    compile_cache: bool = True  # JAX's persistent compilation cache, in the jaxmnist cache
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def from_dict(d: dict) -> Config:
+    """Rebuilds a Config from `to_dict` output (e.g. a run's config.json)."""
+    overrides = {}
+    for section, value in d.items():
+        if isinstance(value, dict):
+            overrides.update({f"{section}.{k}": v for k, v in value.items()})
+        else:
+            overrides[section] = value
+    return apply_overrides(Config(), overrides)
+
+
+PRESETS: dict[str, Config] = {
+    # The TPU 101 tutorial: MNIST, 784-256-10 ReLU, Adam 1e-3, batch 128, 5 epochs.
+    "tpu101": Config(),
+    # The GPU codelab: Fashion-MNIST, 784-256-128-10 GELU, AdamW 3e-3 wd 1e-4,
+    # batch 512, 400 steps.
+    "codelab": Config(
+        data=DataConfig(dataset="fashion_mnist"),
+        model=ModelConfig(hidden=(256, 128), activation="gelu"),
+        optimizer=OptimizerConfig(name="adamw", lr=3e-3, weight_decay=1e-4),
+        train=TrainConfig(batch_size=512, steps=400),
+    ),
+}
+
+
+def get_preset(name: str) -> Config:
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; choose from: {', '.join(PRESETS)}")
+    return PRESETS[name]
+
+
+def _parse_value(text: str, typ, key: str):
+    """Parses `text` as `typ` (int, float, bool, str, tuple[int, ...], X | None)."""
+    origin = typing.get_origin(typ)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(typ) if a is not type(None)]
+        if text.lower() in ("none", "null", ""):
+            return None
+        return _parse_value(text, args[0], key)
+    if origin is tuple:
+        parts = [p for p in text.replace(",", " ").split() if p]
+        return tuple(_parse_value(p, int, key) for p in parts)
+    if typ is bool:
+        lowered = text.lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"{key}: expected true or false, got {text!r}")
+    try:
+        if typ is int:
+            return int(text)
+        if typ is float:
+            return float(text)
+    except ValueError:
+        raise ConfigError(f"{key}: expected {typ.__name__}, got {text!r}") from None
+    return text
+
+
+def _coerce(value, typ, key: str):
+    """Checks an already-typed value (from JSON or Python) against `typ`."""
+    if isinstance(value, str):
+        return _parse_value(value, typ, key)
+    origin = typing.get_origin(typ)
+    if origin in (typing.Union, types.UnionType):
+        if value is None:
+            return None
+        typ = [a for a in typing.get_args(typ) if a is not type(None)][0]
+        origin = typing.get_origin(typ)
+    if origin is tuple:
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = (value,)
+        if isinstance(value, (list, tuple)) and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value
+        ):
+            return tuple(value)
+    elif typ is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    elif typ is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    elif typ is bool and isinstance(value, bool):
+        return value
+    raise ConfigError(f"{key}: expected {getattr(typ, '__name__', typ)}, got {value!r}")
+
+
+def field_names(cfg: Config | None = None) -> list[str]:
+    """All overridable keys, dotted (`optimizer.lr`, `compile_cache`, ...)."""
+    cfg = cfg or Config()
+    names = []
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value):
+            names += [f"{f.name}.{g.name}" for g in dataclasses.fields(value)]
+        else:
+            names.append(f.name)
+    return names
+
+
+def apply_overrides(cfg: Config, overrides: dict[str, object]) -> Config:
+    """Returns `cfg` with dotted keys replaced; values may be strings or typed."""
+    for key, raw in overrides.items():
+        parts = key.split(".")
+        if len(parts) > 2 or key not in field_names(cfg):
+            raise ConfigError(
+                f"unknown config field {key!r}; known fields: {', '.join(field_names(cfg))}"
+            )
+        hints = typing.get_type_hints(type(cfg))
+        if len(parts) == 1:
+            cfg = replace(cfg, **{key: _coerce(raw, hints[key], key)})
+        else:
+            section = getattr(cfg, parts[0])
+            sub_hints = typing.get_type_hints(type(section))
+            value = _coerce(raw, sub_hints[parts[1]], key)
+            cfg = replace(cfg, **{parts[0]: replace(section, **{parts[1]: value})})
+    return cfg
+
+
+def parse_override(text: str) -> tuple[str, str]:
+    """Splits `section.field=value`."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"override {text!r} is not of the form section.field=value")
+    return key.strip(), value.strip()
+
+
+def _choice(value: str, choices: tuple[str, ...], what: str) -> None:
+    if value not in choices:
+        raise ConfigError(f"unknown {what} {value!r}; choose from: {', '.join(choices)}")
+
+
+def validate(cfg: Config, *, num_train_examples: int | None = None) -> None:
+    """Raises ConfigError for anything that would fail later; checks no files."""
+    from jaxmnist.data import get_spec  # the dataset registry
+
+    spec = get_spec(cfg.data.dataset)
+    n_train = num_train_examples or spec.train_size
+    _choice(cfg.model.name, MODELS, "model")
+    _choice(cfg.model.activation, ACTIVATIONS, "activation")
+    _choice(cfg.model.dtype, DTYPES, "dtype")
+    _choice(cfg.optimizer.name, OPTIMIZERS, "optimizer")
+    _choice(cfg.optimizer.schedule, SCHEDULES, "schedule")
+    if any(h <= 0 for h in cfg.model.hidden):
+        raise ConfigError(f"model.hidden: sizes must be positive, got {cfg.model.hidden}")
+    t, o = cfg.train, cfg.optimizer
+    if not 0 < t.batch_size <= n_train:
+        raise ConfigError(
+            f"batch size must be between 1 and the training set size ({n_train}), "
+            f"got {t.batch_size}"
+        )
+    if t.epochs <= 0:
+        raise ConfigError(f"epochs must be positive, got {t.epochs}")
+    if t.steps is not None and t.steps <= 0:
+        raise ConfigError(f"steps must be positive, got {t.steps}")
+    if t.eval_batch_size <= 0:
+        raise ConfigError(f"eval batch size must be positive, got {t.eval_batch_size}")
+    if t.progress_every < 0:
+        raise ConfigError(f"progress_every must be >= 0, got {t.progress_every}")
+    if not (math.isfinite(o.lr) and o.lr > 0):
+        raise ConfigError(f"learning rate must be finite and positive, got {o.lr}")
+    if not (math.isfinite(o.weight_decay) and o.weight_decay >= 0):
+        raise ConfigError(f"weight decay must be finite and >= 0, got {o.weight_decay}")
+    if not 0 <= o.momentum < 1:
+        raise ConfigError(f"momentum must be in [0, 1), got {o.momentum}")
+    if o.warmup_steps < 0:
+        raise ConfigError(f"warmup_steps must be >= 0, got {o.warmup_steps}")
+    if o.grad_clip is not None and not (math.isfinite(o.grad_clip) and o.grad_clip > 0):
+        raise ConfigError(f"grad_clip must be finite and positive, got {o.grad_clip}")
+    if o.weight_decay and o.name == "adam":
+        raise ConfigError("optimizer adam has no weight decay; use adamw (decoupled) or sgd")
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """How a run's duration splits into compiled epochs."""
+
+    steps_per_epoch: int  # full epoch: the last partial batch is dropped
+    epoch_steps: tuple[int, ...]  # steps in each epoch; only the last may be shorter
+
+    @property
+    def total_steps(self) -> int:
+        return sum(self.epoch_steps)
+
+
+def plan_steps(train: TrainConfig, num_train_examples: int) -> StepPlan:
+    """The one place where epochs or steps become a step count."""
+    per_epoch = num_train_examples // train.batch_size
+    total = train.steps if train.steps is not None else train.epochs * per_epoch
+    full, rest = divmod(total, per_epoch)
+    return StepPlan(per_epoch, (per_epoch,) * full + ((rest,) if rest else ()))

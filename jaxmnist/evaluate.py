@@ -1,0 +1,116 @@
+"""Exact evaluation: every example counts.
+
+The evaluation set is padded to a whole number of batches once, when it is placed
+on the device, with a mask marking the real examples; padded rows add nothing to
+the loss sum, the correct count or the confusion matrix. One compiled call
+evaluates the whole set with `lax.map` over its batches.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jaxmnist.models import get_model
+
+
+class EvalData(NamedTuple):
+    images: jax.Array  # uint8 (num_batches, batch, H*W), zero-padded
+    labels: jax.Array  # int32 (num_batches, batch), zero-padded
+    mask: jax.Array  # bool (num_batches, batch): True for real examples
+
+
+class EvalResult(NamedTuple):
+    loss: float  # mean softmax cross-entropy over the real examples
+    accuracy: float
+    count: int  # number of real examples evaluated
+    confusion: np.ndarray  # int64 (C, C): rows are true classes, columns predictions
+
+
+def pad_eval_data(images: np.ndarray, labels: np.ndarray, batch_size: int):
+    """Pads to a multiple of `batch_size` (capped at the set size) and reshapes to batches."""
+    n = len(labels)
+    batch_size = min(batch_size, n)
+    num_batches = -(-n // batch_size)
+    pad = num_batches * batch_size - n
+    flat = images.reshape(n, -1)
+    images = np.concatenate([flat, np.zeros((pad, flat.shape[1]), flat.dtype)])
+    labels = np.concatenate([labels.astype(np.int32), np.zeros(pad, np.int32)])
+    mask = np.arange(num_batches * batch_size) < n
+    shape = (num_batches, batch_size)
+    return EvalData(images.reshape(*shape, -1), labels.reshape(shape), mask.reshape(shape))
+
+
+def place_eval_data(images: np.ndarray, labels: np.ndarray, batch_size: int) -> EvalData:
+    return EvalData(*jax.device_put(tuple(pad_eval_data(images, labels, batch_size))))
+
+
+def make_evaluate(model_cfg, num_classes: int) -> Callable:
+    """Returns the pure `evaluate(params, data: EvalData) -> (loss_sum, correct, confusion)`."""
+    apply = get_model(model_cfg.name).apply
+
+    def evaluate(params, data: EvalData):
+        def batch_stats(batch):
+            images, labels, mask = batch
+            logits = apply(params, images.astype(jnp.float32) * (1.0 / 255.0), model_cfg)
+            losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+            pred = jnp.argmax(logits, -1)
+            weight = mask.astype(jnp.int32)
+            confusion = jnp.zeros((num_classes, num_classes), jnp.int32).at[labels, pred].add(weight)
+            return jnp.sum(jnp.where(mask, losses, 0.0)), confusion
+
+        loss_sums, confusions = jax.lax.map(batch_stats, tuple(data))
+        confusion = confusions.sum(0)
+        return loss_sums.sum(), jnp.trace(confusion), confusion
+
+    return evaluate
+
+
+def compile_evaluate(model_cfg, params: Any, data: EvalData, num_classes: int) -> Callable:
+    """Compiles `make_evaluate` for these shapes; returns `(params, data) -> EvalResult`."""
+    compiled = jax.jit(make_evaluate(model_cfg, num_classes)).lower(params, data).compile()
+    count = int(np.asarray(jax.device_get(data.mask)).sum())
+
+    def run(params, data: EvalData) -> EvalResult:
+        loss_sum, correct, confusion = jax.device_get(compiled(params, data))
+        return EvalResult(float(loss_sum) / count, int(correct) / count, count, np.asarray(confusion, np.int64))
+
+    return run
+
+
+def evaluate_run(run_dir, data_dir=None) -> dict:
+    """Re-evaluates a run directory's saved parameters on the test and training sets."""
+    from jaxmnist import config as config_lib
+    from jaxmnist import rundir
+    from jaxmnist.data import load_dataset
+
+    run = rundir.read_run(run_dir)
+    try:
+        cfg = config_lib.from_dict(run["config"])
+    except Exception as e:  # a hand-edited or foreign config.json
+        raise rundir.JaxmnistError(f"{run_dir}/config.json: not a jaxmnist config ({e})") from None
+    dataset = load_dataset(cfg.data.dataset, data_dir or cfg.data.data_dir, download=cfg.data.download)
+    num_classes = len(dataset.spec.class_names)
+    init = get_model(cfg.model.name).init
+    like = jax.eval_shape(lambda: init(jax.random.key(0), cfg.model, dataset.test_images.shape[1:], num_classes))
+    params = jax.device_put(rundir.load_params(rundir.Path(run_dir) / rundir.PARAMS_FILE, like))
+    test_set = place_eval_data(dataset.test_images, dataset.test_labels, cfg.train.eval_batch_size)
+    test = compile_evaluate(cfg.model, params, test_set, num_classes)(params, test_set)
+    train_set = place_eval_data(dataset.train_images, dataset.train_labels, cfg.train.eval_batch_size)
+    train = compile_evaluate(cfg.model, params, train_set, num_classes)(params, train_set)
+    return {
+        "run_dir": str(run_dir),
+        "dataset": dataset.spec.name,
+        "test_accuracy": test.accuracy,
+        "test_loss": test.loss,
+        "num_test_examples": test.count,
+        "train_accuracy": train.accuracy,
+        "train_loss": train.loss,
+        "num_train_examples": train.count,
+        "class_names": list(dataset.spec.class_names),
+        "confusion_matrix": test.confusion.tolist(),
+    }

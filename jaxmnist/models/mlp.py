@@ -1,0 +1,53 @@
+"""The multilayer perceptron of both reference tutorials.
+
+Parameters are a list of `{"w": (fan_in, fan_out), "b": (fan_out,)}` dicts, float32,
+with He-normal weights (std = sqrt(2 / fan_in)) and zero biases. The forward pass
+runs in the configured compute dtype: inputs and weights are cast to it (bfloat16
+halves memory traffic on accelerators), and the logits come back as float32 so the
+loss is always computed in float32 — the codelab's mixed-precision scheme.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+ACTIVATIONS = {"relu": jax.nn.relu, "gelu": jax.nn.gelu}
+
+
+def init(key, cfg, input_shape=(28, 28), num_classes=10) -> list[dict]:
+    """He-normal weights, zero biases. `cfg` is a ModelConfig."""
+    sizes = [math.prod(input_shape), *cfg.hidden, num_classes]
+    keys = jax.random.split(key, len(sizes) - 1)
+    return [
+        {
+            "w": jax.random.normal(k, (fan_in, fan_out), jnp.float32) * math.sqrt(2.0 / fan_in),
+            "b": jnp.zeros((fan_out,), jnp.float32),
+        }
+        for k, fan_in, fan_out in zip(keys, sizes[:-1], sizes[1:])
+    ]
+
+
+def apply(params: list[dict], images: jax.Array, cfg) -> jax.Array:
+    """images: (batch, H, W) or (batch, H*W) float in [0, 1] -> float32 logits (batch, C)."""
+    dtype = jnp.dtype(cfg.dtype)
+    activation = ACTIVATIONS[cfg.activation]
+    x = images.reshape(images.shape[0], -1).astype(dtype)
+    for i, layer in enumerate(params):
+        x = x @ layer["w"].astype(dtype) + layer["b"].astype(dtype)
+        if i < len(params) - 1:
+            x = activation(x)
+    return x.astype(jnp.float32)
+
+
+def flops_per_example(cfg, input_shape=(28, 28), num_classes=10) -> int:
+    """Matmul FLOPs of one training example: forward, plus backward without the
+    input gradient of the first layer (nothing needs it). Elementwise work is
+    left out; it is a few percent of this for these shapes."""
+    sizes = [math.prod(input_shape), *cfg.hidden, num_classes]
+    macs = [a * b for a, b in zip(sizes[:-1], sizes[1:])]
+    forward = 2 * sum(macs)
+    backward = 2 * sum(macs) + 2 * sum(macs[1:])  # weight grads + activation grads
+    return forward + backward

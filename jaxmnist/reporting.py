@@ -1,0 +1,104 @@
+"""Terminal output: per-epoch lines, a progress bar, summaries and tables.
+
+The progress bar is driven from the device: the compiled epoch calls back every
+few steps with the global step count, so the bar moves without any host
+synchronisation per step. It is shown only on an interactive terminal.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from jaxmnist.train import Reporter
+
+
+class TerminalReporter(Reporter):
+    """mode: "normal" (lines and a bar), "quiet" (one result line) or "json" (nothing)."""
+
+    def __init__(self, mode: str = "normal", workdir=None, stream=None):
+        self.mode = mode
+        self.workdir = workdir
+        self.out = stream or sys.stdout
+        self.wants_progress = mode == "normal" and sys.stderr.isatty()
+        self._bar = None
+        self._first_step = 0
+
+    def _print(self, text: str) -> None:
+        if self.mode == "normal":
+            print(text, file=self.out, flush=True)
+
+    def on_start(self, info: dict) -> None:
+        self._print(
+            f"{info['dataset']} from {info['source']} | {info['num_params']:,} parameters | "
+            f"{info['epochs']} epochs x {info['steps_per_epoch']} steps | {info['backend']}: {info['device']}"
+        )
+
+    def on_compiled(self, seconds: float) -> None:
+        self._print(f"compiled in {seconds:.2f} s")
+        self._print(f"{'epoch':>5} {'step':>6} {'train loss':>10} {'train acc':>9} {'test loss':>9} {'test acc':>8} {'time s':>7}")
+
+    def on_epoch_start(self, epoch: int, num_steps: int, first_step: int) -> None:
+        if self.wants_progress:
+            from tqdm import tqdm
+
+            self._first_step = first_step
+            self._bar = tqdm(total=num_steps, desc=f"epoch {epoch}", leave=False, file=sys.stderr, unit="step")
+
+    def on_progress(self, global_step) -> None:
+        if self._bar is not None:
+            self._bar.update(int(global_step) - self._first_step - self._bar.n)
+
+    def on_epoch_end(self, r: dict) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        self._print(
+            f"{r['epoch']:>5} {r['step']:>6} {r['train_loss']:>10.4f} {r['train_accuracy']:>9.2%} "
+            f"{r['test_loss']:>9.4f} {r['test_accuracy']:>8.2%} {r['epoch_seconds']:>7.3f}"
+        )
+
+    def on_finish(self, s: dict) -> None:
+        line = (
+            f"test accuracy {s['test_accuracy']:.2%} ({s['num_test_examples']:,} examples), "
+            f"test loss {s['test_loss']:.4f} | compile {s['compile_seconds']:.2f} s, "
+            f"train {s['train_seconds']:.2f} s, {s['examples_per_second']:,.0f} examples/s"
+        )
+        if self.mode != "json":
+            print(line, file=self.out, flush=True)
+            if self.workdir is not None:
+                print(f"run directory: {self.workdir}", file=self.out, flush=True)
+
+
+def format_confusion(matrix, class_names) -> str:
+    """Counts, rows = true class, columns = predicted class."""
+    names = [n[:9] for n in class_names]
+    width = max(6, *(len(n) for n in names)) + 1
+    lines = ["true \\ pred".ljust(width + 2) + "".join(n.rjust(width) for n in names)]
+    for name, row in zip(names, matrix):
+        lines.append(name.ljust(width + 2) + "".join(str(int(v)).rjust(width) for v in row))
+    return "\n".join(lines)
+
+
+def print_eval(result: dict) -> None:
+    print(f"run          {result['run_dir']}")
+    print(f"dataset      {result['dataset']}")
+    print(f"test         accuracy {result['test_accuracy']:.2%}  loss {result['test_loss']:.4f}  "
+          f"({result['num_test_examples']:,} examples)")
+    if result.get("train_accuracy") is not None:
+        print(f"train        accuracy {result['train_accuracy']:.2%}  loss {result['train_loss']:.4f}  "
+              f"({result['num_train_examples']:,} examples)")
+    print("confusion matrix (test):")
+    print(format_confusion(result["confusion_matrix"], result["class_names"]))
+
+
+def print_verify(name: str, reports) -> None:
+    for r in reports:
+        print(f"{name}: ok  {r}")
+
+
+def print_data_info(info: dict) -> None:
+    width = max(len(k) for k in info)
+    for key, value in info.items():
+        if isinstance(value, (list, tuple)):
+            value = ", ".join(map(str, value))
+        print(f"{key:<{width}}  {value}")

@@ -1,0 +1,245 @@
+"""Downloads against a local HTTP server on 127.0.0.1: mirrors, retries, cache, concurrency.
+
+The tiny synthetic spec's checksums match the files the server hands out, so the
+real verification runs on every download.
+"""
+
+import gzip
+import http.server
+import multiprocessing
+import threading
+import time
+
+import numpy as np
+import pooch
+import pytest
+
+from jaxmnist.data import DownloadPolicy, download_dataset, load_dataset, synthetic
+from jaxmnist.data.registry import ROLES
+from jaxmnist.errors import DataError
+
+FAST = DownloadPolicy(timeout=5.0, retries=1, backoff=0.0)
+IDX_NAMES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+             "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+
+
+class Server:
+    """Serves `routes[path]`: a list of responses used in turn (the last repeats).
+
+    A response is `(status, body)`, or `(status, body, declared_length)` to send a
+    Content-Length larger than the body and hang up (an interrupted transfer).
+    `hits[path]` counts requests; `delay` slows every response.
+    """
+
+    def __init__(self):
+        self.routes, self.hits, self.delay = {}, {}, 0.0
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                server.hits[self.path] = server.hits.get(self.path, 0) + 1
+                time.sleep(server.delay)
+                responses = server.routes.get(self.path, [(404, b"<html>404</html>")])
+                resp = responses[min(server.hits[self.path], len(responses)) - 1]
+                status, body = resp[0], resp[1]
+                self.send_response(status)
+                self.send_header("Content-Length", str(resp[2] if len(resp) > 2 else len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
+        self.thread.start()
+        self.base = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def serve(self, prefix, files, *responses_before):
+        """Serve `files` ({name: bytes}) under `prefix`, after `responses_before`."""
+        for name, data in files.items():
+            self.routes[f"/{prefix}/{name}"] = [*responses_before, (200, data)]
+        return f"{self.base}/{prefix}/"
+
+    def stop(self):
+        if self.thread.is_alive():
+            self.httpd.shutdown()
+            self.thread.join()
+            self.httpd.server_close()
+
+
+@pytest.fixture
+def server():
+    s = Server()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(autouse=True)
+def isolated_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+    monkeypatch.delenv("JAXMNIST_DATA_DIR", raising=False)
+    for var in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+
+
+@pytest.fixture
+def arrays():
+    return synthetic.tiny_arrays()
+
+
+@pytest.fixture
+def spec(arrays):
+    return synthetic.tiny_spec(arrays)
+
+
+def gz_files(arrays):
+    return {f"{n}.gz": gzip.compress(synthetic.idx_bytes(arrays[r]))
+            for n, r in zip(IDX_NAMES, ROLES)}
+
+
+def leftovers(folder):
+    return sorted(p.name for p in folder.iterdir() if p.name != ".lock" and p.name.startswith("."))
+
+
+def assert_valid_cache(folder, spec, arrays):
+    ds = load_dataset(spec, download=False, cache_dir=folder.parent, system_root=folder / "none")
+    for role in ROLES:
+        np.testing.assert_array_equal(getattr(ds, role), arrays[role])
+    assert leftovers(folder) == []
+
+
+def test_download_gz_then_load(tmp_path, server, arrays, spec):
+    url = server.serve("m", gz_files(arrays))
+    ds = load_dataset(spec, cache_dir=tmp_path / "c", system_root=tmp_path / "s",
+                      sources=[url], policy=FAST)
+    for role in ROLES:
+        np.testing.assert_array_equal(getattr(ds, role), arrays[role])
+    folder = tmp_path / "c" / spec.folder
+    assert sorted(p.name for p in folder.glob("*.gz")) == sorted(f"{n}.gz" for n in IDX_NAMES)
+    assert ds.source == f"{folder} (downloaded from 127.0.0.1:{server.httpd.server_address[1]})"
+    assert leftovers(folder) == []
+
+
+def test_download_npz(tmp_path, server, arrays, spec):
+    server.routes["/k/mnist.npz"] = [(200, synthetic.npz_bytes(arrays))]
+    folder = download_dataset(spec, tmp_path / "c", sources=[server.base + "/k/mnist.npz"], policy=FAST)
+    assert [p.name for p in folder.iterdir() if not p.name.startswith(".")] == ["mnist.npz"]
+    assert_valid_cache(folder, spec, arrays)
+
+
+def test_raw_content_under_gz_url_is_stored_raw(tmp_path, server, arrays, spec):
+    raw = {f"{n}.gz": synthetic.idx_bytes(arrays[r]) for n, r in zip(IDX_NAMES, ROLES)}
+    folder = download_dataset(spec, tmp_path / "c", sources=[server.serve("raw", raw)], policy=FAST)
+    assert sorted(p.name for p in folder.iterdir() if not p.name.startswith(".")) == sorted(IDX_NAMES)
+    assert_valid_cache(folder, spec, arrays)
+
+
+def test_checksum_failure_moves_to_next_mirror(tmp_path, server, arrays, spec, caplog):
+    wrong = server.serve("wrong", gz_files(synthetic.tiny_arrays(seed=1)))
+    good = server.serve("good", gz_files(arrays))
+    folder = download_dataset(spec, tmp_path / "c", sources=[wrong, good], policy=FAST)
+    assert_valid_cache(folder, spec, arrays)
+    for name in IDX_NAMES:  # bad content is not retried on the same mirror
+        assert server.hits[f"/wrong/{name}.gz"] == 1 and server.hits[f"/good/{name}.gz"] == 1
+    assert "SHA-256" in caplog.text
+
+
+def test_404_and_500_mirrors_fall_back(tmp_path, server, arrays, spec):
+    missing = f"{server.base}/missing/"
+    broken = server.serve("broken", gz_files(arrays), (500, b"oops"), (500, b"oops"))
+    html = server.serve("html", {f"{n}.gz": b"<!DOCTYPE html><p>moved</p>" for n in IDX_NAMES})
+    good = server.serve("good", gz_files(arrays))
+    folder = download_dataset(spec, tmp_path / "c", sources=[missing, broken, html, good], policy=FAST)
+    assert_valid_cache(folder, spec, arrays)
+    name = "train-images-idx3-ubyte.gz"
+    assert server.hits[f"/missing/{name}"] == 1  # 404 is final
+    assert server.hits[f"/broken/{name}"] == 2  # 500 is retried once (FAST.retries)
+    assert server.hits[f"/html/{name}"] == 1 and server.hits[f"/good/{name}"] == 1
+
+
+def test_transient_failure_is_retried_on_same_mirror(tmp_path, server, arrays, spec):
+    url = server.serve("flaky", gz_files(arrays), (503, b"busy"))
+    folder = download_dataset(spec, tmp_path / "c", sources=[url], policy=FAST)
+    assert_valid_cache(folder, spec, arrays)
+    assert all(server.hits[f"/flaky/{n}.gz"] == 2 for n in IDX_NAMES)
+
+
+def test_cache_hit_needs_no_network(tmp_path, server, arrays, spec):
+    url = server.serve("m", gz_files(arrays))
+    folder = download_dataset(spec, tmp_path / "c", sources=[url], policy=FAST)
+    server.stop()
+    assert download_dataset(spec, tmp_path / "c", sources=[url], policy=FAST) == folder
+    ds = load_dataset(spec, cache_dir=tmp_path / "c", system_root=tmp_path / "s", sources=[url])
+    assert ds.source == str(folder)
+    assert sum(server.hits.values()) == 4
+
+
+def test_offline_everywhere_is_one_clear_line(tmp_path, server, spec):
+    url = f"{server.base}/m/"
+    server.stop()
+    start = time.perf_counter()
+    with pytest.raises(DataError) as info:
+        load_dataset(spec, tmp_path / "mine", cache_dir=tmp_path / "c",
+                     system_root=tmp_path / "s", sources=[url], policy=FAST)
+    assert time.perf_counter() - start < 10
+    msg = str(info.value)
+    assert "\n" not in msg
+    for part in (str(tmp_path / "mine"), str(tmp_path / "c"), str(tmp_path / "s"),
+                 "download failed", "127.0.0.1", "connection failed", "--data-dir",
+                 "JAXMNIST_DATA_DIR", "jaxmnist data download"):
+        assert part in msg
+    assert leftovers(tmp_path / "c" / spec.folder) == []
+
+
+def test_truncated_transfer_leaves_nothing(tmp_path, server, arrays, spec):
+    files = gz_files(arrays)
+    name = "train-images-idx3-ubyte.gz"
+    server.routes[f"/cut/{name}"] = [(200, files[name][:100], len(files[name]))]
+    with pytest.raises(DataError, match="could not download"):
+        download_dataset(spec, tmp_path / "c", sources=[f"{server.base}/cut/"], policy=FAST)
+    folder = tmp_path / "c" / spec.folder
+    assert list(folder.glob("train-images*")) == [] and leftovers(folder) == []
+    assert server.hits[f"/cut/{name}"] == 2  # a broken transfer counts as transient
+
+
+def test_interrupted_download_leaves_nothing(tmp_path, monkeypatch, server, arrays, spec):
+    def interrupted(self, url, output_file, pooch_, check_only=False):
+        with open(output_file, "wb") as fh:
+            fh.write(b"\x1f\x8b partial")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pooch.HTTPDownloader, "__call__", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        download_dataset(spec, tmp_path / "c", sources=[server.serve("m", gz_files(arrays))])
+    folder = tmp_path / "c" / spec.folder
+    assert [p.name for p in folder.iterdir()] == [".lock"]
+
+
+def test_corrupt_cached_file_is_replaced_and_stale_parts_removed(tmp_path, server, arrays, spec):
+    url = server.serve("m", gz_files(arrays))
+    folder = download_dataset(spec, tmp_path / "c", sources=[url], policy=FAST)
+    (folder / "t10k-images-idx3-ubyte.gz").write_bytes(b"\x1f\x8bjunk")
+    (folder / ".t10k-images-idx3-ubyte.gz.abc.part").write_bytes(b"left by a killed process")
+    download_dataset(spec, tmp_path / "c", sources=[url], policy=FAST)
+    assert server.hits["/m/t10k-images-idx3-ubyte.gz"] == 2
+    assert server.hits["/m/train-images-idx3-ubyte.gz"] == 1
+    assert_valid_cache(folder, spec, arrays)
+
+
+def test_concurrent_processes_on_empty_cache(tmp_path, server, arrays, spec):
+    server.delay = 0.25  # keep the downloads in flight while the others start
+    url = server.serve("m", gz_files(arrays))
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=download_dataset, args=(spec, tmp_path / "c"),
+                         kwargs={"sources": [url], "policy": FAST}) for _ in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0] * 4
+    for p in procs:
+        p.close()
+    assert_valid_cache(tmp_path / "c" / spec.folder, spec, arrays)
+    assert all(server.hits[f"/m/{n}.gz"] == 1 for n in IDX_NAMES)  # the lock: one download
