@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -129,6 +130,11 @@ def cmd_data(args) -> int:
     from jaxmnist import data
     from jaxmnist.reporting import print_data_info, print_verify
 
+    if args.action == "download":  # the downloader reports mirrors and retries through logging
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logging.getLogger("jaxmnist.data").addHandler(handler)
+        logging.getLogger("jaxmnist.data").setLevel(logging.INFO)
     names = [args.dataset] if args.dataset else list(data.DATASETS)
     for name in names:
         data.get_spec(name)

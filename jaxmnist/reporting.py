@@ -93,12 +93,17 @@ def print_eval(result: dict) -> None:
 
 def print_verify(name: str, reports) -> None:
     for r in reports:
-        print(f"{name}: ok  {r}")
+        print(f"{name}: {r}")
+    print(f"{name}: {len(reports)} arrays verified")
 
 
 def print_data_info(info: dict) -> None:
     width = max(len(k) for k in info)
     for key, value in info.items():
-        if isinstance(value, (list, tuple)):
+        if key == "search_path":
+            value = " -> ".join(f"{p['place']} ({p['folder']})" for p in value)
+        elif key == "files":
+            value = ", ".join(value)
+        elif isinstance(value, (list, tuple)):
             value = ", ".join(map(str, value))
         print(f"{key:<{width}}  {value}")

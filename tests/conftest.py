@@ -1,0 +1,56 @@
+"""Shared fixtures: a tiny learnable dataset, registered under a name the CLI accepts.
+
+(Strict dtype promotion is not turned on: Optax's schedules and Adam mix int32
+step counts with float32 internally, which strict mode rejects.)
+"""
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from jaxmnist.data import registry, synthetic
+from jaxmnist.data.dataset import Dataset
+
+REAL_DATA_DIR = os.environ.get("JAXMNIST_DATA_DIR")
+
+
+def learnable_arrays(train_size=640, test_size=150, seed=0) -> dict[str, np.ndarray]:
+    """Class c is a bright 6x6 block at a class-specific place, over uniform noise."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for split, n in (("train", train_size), ("test", test_size)):
+        labels = rng.integers(0, 10, n).astype(np.uint8)
+        images = rng.integers(0, 100, (n, 28, 28)).astype(np.uint8)
+        for i, c in enumerate(labels):
+            r, col = 2 + 5 * (c // 5) * 2, 2 + 5 * (c % 5)
+            images[i, r : r + 6, col : col + 6] = 255
+        out[f"{split}_images"], out[f"{split}_labels"] = images, labels
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_arrays():
+    return learnable_arrays()
+
+
+@pytest.fixture(scope="session")
+def tiny_spec(tiny_arrays):
+    return synthetic.tiny_spec(tiny_arrays, name="tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_dataset(tiny_arrays, tiny_spec) -> Dataset:
+    a = tiny_arrays
+    return Dataset(tiny_spec, a["train_images"], a["train_labels"], a["test_images"], a["test_labels"], "memory")
+
+
+@pytest.fixture
+def tiny_data_dir(tmp_path, tiny_arrays, tiny_spec, monkeypatch) -> Path:
+    """A data folder holding the tiny dataset, registered as dataset `tiny`."""
+    monkeypatch.setitem(registry.DATASETS, "tiny", tiny_spec)
+    root = tmp_path / "data"
+    synthetic.write_idx_folder(root / tiny_spec.folder, tiny_arrays, tiny_spec)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return root

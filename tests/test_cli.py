@@ -1,0 +1,136 @@
+"""The `jaxmnist` command line, end to end, and its argument errors."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from jaxmnist.cli import main
+
+
+def train_args(data_dir, run_dir, *extra):
+    return ["train", "--dataset", "tiny", "--data-dir", str(data_dir), "--run-dir", str(run_dir),
+            "--batch-size", "32", "--epochs", "3", "--no-compile-cache", *extra]
+
+
+def test_train_then_eval_end_to_end(tiny_data_dir, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(train_args(tiny_data_dir, run, "--hidden", "64", "optimizer.grad_clip=5")) == 0
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.strip()[:1].isdigit()]
+    assert len(lines) == 3  # one line per epoch
+    assert "test accuracy" in out and str(run) in out
+
+    summary = json.loads((run / "summary.json").read_text())
+    for key in ("test_accuracy", "test_loss", "compile_seconds", "train_seconds",
+                "examples_per_second", "epochs", "steps", "num_test_examples"):
+        assert key in summary, key
+    assert summary["num_test_examples"] == 150 and summary["epochs"] == 3
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records] == [1, 2, 3]
+    for key in ("epoch", "step", "train_loss", "train_accuracy", "test_loss", "test_accuracy", "epoch_seconds"):
+        assert all(key in r for r in records), key
+    config = json.loads((run / "config.json").read_text())
+    assert config["model"]["hidden"] == [64] and config["optimizer"]["grad_clip"] == 5.0
+    env = json.loads((run / "environment.json").read_text())
+    assert env["backend"] == "cpu" and env["jax"]
+    confusion = json.loads((run / "confusion_matrix.json").read_text())
+    assert sum(map(sum, confusion["matrix"])) == 150
+
+    assert main(["eval", str(run), "--data-dir", str(tiny_data_dir), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["test_accuracy"] == pytest.approx(summary["test_accuracy"])
+    assert result["test_loss"] == pytest.approx(summary["test_loss"], rel=1e-5)
+    assert result["confusion_matrix"] == confusion["matrix"]
+
+
+def test_train_json_and_quiet(tiny_data_dir, tmp_path, capsys):
+    assert main(train_args(tiny_data_dir, tmp_path / "a", "--json", "--steps", "5")) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["steps"] == 5 and summary["epochs"] == 1
+    assert main(train_args(tiny_data_dir, tmp_path / "b", "--quiet", "--steps", "5")) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[0].startswith("test accuracy")
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--preset", "nope"], "unknown preset"),
+        (["--dataset", "cifar"], "unknown dataset"),
+        (["--model", "transformer"], "unknown model"),
+        (["--optimizer", "lion"], "unknown optimizer"),
+        (["--activation", "tanh"], "unknown activation"),
+        (["--dtype", "float8"], "unknown dtype"),
+        (["--batch-size", "0"], "batch size"),
+        (["--batch-size", "60001"], "batch size"),
+        (["--batch-size", "abc"], "expected int"),
+        (["--epochs", "0"], "epochs must be positive"),
+        (["--lr", "nan"], "learning rate"),
+        (["--lr", "-1"], "learning rate"),
+        (["--lr", "inf"], "learning rate"),
+        (["optimizer.nope=1"], "unknown config field"),
+        (["no_equals_sign"], "section.field=value"),
+        (["train.eval_train=maybe"], "true or false"),
+    ],
+)
+def test_invalid_arguments_exit_2_before_work(args, message, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", "--run-dir", str(run), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err
+    assert not run.exists()  # nothing written, no data loaded
+
+
+def test_unwritable_run_dir_exits_2(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert main(["train", "--run-dir", str(blocker / "run")]) == 2
+    assert "not writable" in capsys.readouterr().err
+
+
+def test_eval_of_a_non_run_dir_is_one_line(tmp_path, capsys):
+    assert main(["eval", str(tmp_path)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "not a run directory" in err
+
+
+def test_missing_data_offline_lists_places(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("JAXMNIST_DATA_DIR", raising=False)
+    assert main(["train", "--run-dir", str(tmp_path / "run"), "--data-dir", str(tmp_path / "empty"),
+                 "data.download=false"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(tmp_path / "empty") in err
+
+
+def test_config_command_prints_resolved_config(capsys):
+    assert main(["config", "--preset", "codelab", "--lr", "0.01", "model.hidden=512,64"]) == 0
+    cfg = json.loads(capsys.readouterr().out)
+    assert cfg["optimizer"]["lr"] == 0.01 and cfg["model"]["hidden"] == [512, 64]
+    assert cfg["data"]["dataset"] == "fashion_mnist" and cfg["train"]["steps"] == 400
+
+
+def test_devices_reports_placement(capsys):
+    assert main(["devices", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["placement"]["on_default_device"] is True
+    assert report["environment"]["backend"] == "cpu"
+
+
+def test_data_info_and_verify(tiny_data_dir, capsys):
+    assert main(["data", "info", "tiny", "--data-dir", str(tiny_data_dir)]) == 0
+    assert "tiny" in capsys.readouterr().out
+    assert main(["data", "verify", "tiny", "--data-dir", str(tiny_data_dir)]) == 0
+    out = capsys.readouterr().out
+    assert out.count(" ok") == 4 and "4 arrays verified" in out
+
+
+def test_real_entry_point_runs_as_a_program(tiny_data_dir, tmp_path):
+    """The installed console script, in a fresh process: argument errors exit 2."""
+    proc = subprocess.run([sys.executable, "-m", "jaxmnist", "train", "--epochs", "0"],
+                          capture_output=True, text=True, env={**os.environ}, timeout=120)
+    assert proc.returncode == 2 and "epochs must be positive" in proc.stderr
+    assert "Traceback" not in proc.stderr

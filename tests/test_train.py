@@ -1,0 +1,211 @@
+"""The training core: models, optimizers, the compiled epoch, exact evaluation."""
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from jaxmnist import config as config_lib
+from jaxmnist import evaluate as evaluate_lib
+from jaxmnist import optim
+from jaxmnist.errors import TrainingError
+from jaxmnist.models import count_params, mlp
+from jaxmnist.train import (
+    EpochMetrics,
+    init_state,
+    make_train_epoch,
+    make_train_step,
+    place_train_data,
+    train_and_evaluate,
+)
+
+
+def small_cfg(**train):
+    cfg = config_lib.get_preset("tpu101")
+    train = {"batch_size": 32, "epochs": 2, "eval_batch_size": 64, **train}
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **train), compile_cache=False)
+
+
+@pytest.mark.parametrize("preset, expected", [("tpu101", 203_530), ("codelab", 235_146)])
+def test_parameter_count_is_pinned(preset, expected):
+    cfg = config_lib.get_preset(preset)
+    params = mlp.init(jax.random.key(0), cfg.model)
+    assert count_params(params) == expected
+
+
+def test_he_init_and_zero_biases():
+    cfg = config_lib.get_preset("codelab").model
+    params = mlp.init(jax.random.key(1), cfg)
+    for layer in params:
+        fan_in = layer["w"].shape[0]
+        assert layer["w"].dtype == jnp.float32
+        assert float(jnp.std(layer["w"])) == pytest.approx(math.sqrt(2 / fan_in), rel=0.1)
+        assert not np.any(np.asarray(layer["b"]))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_apply_shapes_and_float32_logits(dtype):
+    cfg = dataclasses.replace(config_lib.ModelConfig(hidden=(64, 32), activation="gelu"), dtype=dtype)
+    params = mlp.init(jax.random.key(0), cfg)
+    logits = mlp.apply(params, jnp.zeros((5, 28, 28), jnp.float32), cfg)
+    assert logits.shape == (5, 10) and logits.dtype == jnp.float32
+    assert all(leaf.dtype == jnp.float32 for leaf in jax.tree.leaves(params))
+
+
+def test_flops_per_example_counts_matmuls():
+    cfg = config_lib.ModelConfig(hidden=(256,))
+    macs1, macs2 = 784 * 256, 256 * 10
+    # forward 2*(m1+m2); backward: weight grads 2*(m1+m2), input grad of layer 2 only.
+    assert mlp.flops_per_example(cfg) == 4 * (macs1 + macs2) + 2 * macs2
+
+
+def _setup(cfg, dataset):
+    optimizer = optim.make_optimizer(cfg.optimizer, 100)
+    state = init_state(jax.random.key(0), cfg, optimizer, (28, 28), 10)
+    data = place_train_data(dataset.train_images, dataset.train_labels)
+    return optimizer, state, data
+
+
+@pytest.mark.parametrize("progress", [False, True])
+def test_scanned_epoch_equals_python_loop(tiny_dataset, progress):
+    cfg = small_cfg()
+    optimizer, state, data = _setup(cfg, tiny_dataset)
+    num_steps = len(tiny_dataset.train_labels) // cfg.train.batch_size
+    seen = []
+    epoch = make_train_epoch(cfg, optimizer, num_steps, seen.append if progress else None, 7)
+    key = jax.random.key(3)
+    scanned, metrics = jax.jit(epoch)(state, key, data)
+
+    step = jax.jit(make_train_step(cfg, optimizer))
+    perm = np.asarray(jax.random.permutation(key, len(tiny_dataset.train_labels)))
+    looped, losses = state, []
+    for i in range(num_steps):
+        idx = perm[i * cfg.train.batch_size : (i + 1) * cfg.train.batch_size]
+        looped, (loss, _) = step(looped, data.images[idx], data.labels[idx])
+        losses.append(loss)
+    for a, b in zip(jax.tree.leaves(scanned), jax.tree.leaves(looped)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(metrics.loss, np.array(losses), rtol=1e-5)
+    if progress:
+        jax.effects_barrier()
+        assert [int(s) for s in seen] == [7, 14, num_steps]
+
+
+def test_second_epoch_does_not_recompile(tiny_dataset):
+    cfg = small_cfg()
+    optimizer, state, data = _setup(cfg, tiny_dataset)
+    epoch = jax.jit(make_train_epoch(cfg, optimizer, 10), donate_argnums=0)
+    compiles = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda name, *_, **__: compiles.append(name) if name == "/jax/core/compile/backend_compile_duration" else None
+    )
+    try:
+        state, _ = epoch(state, jax.random.key(0), data)
+        first = len(compiles)
+        state, _ = epoch(state, jax.random.key(1), data)
+        assert first >= 1 and len(compiles) == first
+        assert epoch._cache_size() == 1
+    finally:
+        jax.monitoring.clear_event_listeners()
+
+
+def test_masked_evaluation_matches_numpy_on_ragged_set(tiny_dataset):
+    cfg = config_lib.ModelConfig(hidden=(32,))
+    params = mlp.init(jax.random.key(5), cfg)
+    images, labels = tiny_dataset.test_images[:37], tiny_dataset.test_labels[:37]
+    data = evaluate_lib.place_eval_data(images, labels, 8)  # 5 batches, 3 padded rows
+    assert data.mask.shape == (5, 8) and int(data.mask.sum()) == 37
+    result = evaluate_lib.compile_evaluate(cfg, params, data, 10)(params, data)
+
+    x = images.reshape(37, -1).astype(np.float64) / 255.0
+    for layer in params[:-1]:
+        x = np.maximum(x @ np.asarray(layer["w"], np.float64) + np.asarray(layer["b"]), 0)
+    logits = x @ np.asarray(params[-1]["w"], np.float64) + np.asarray(params[-1]["b"])
+    logp = logits - logits.max(1, keepdims=True)
+    logp = logp - np.log(np.exp(logp).sum(1, keepdims=True))
+    pred = logits.argmax(1)
+    assert result.count == 37
+    assert result.loss == pytest.approx(-logp[np.arange(37), labels].mean(), rel=1e-4)
+    assert result.accuracy == pytest.approx((pred == labels).mean())
+    expected = np.zeros((10, 10), np.int64)
+    np.add.at(expected, (labels, pred), 1)
+    np.testing.assert_array_equal(result.confusion, expected)
+
+
+@pytest.mark.parametrize("name", ["sgd", "adam", "adamw"])
+@pytest.mark.parametrize("schedule", ["constant", "cosine", "warmup_cosine", "onecycle"])
+def test_optimizers_and_schedules_step(name, schedule):
+    cfg = config_lib.OptimizerConfig(
+        name=name, lr=1e-2, schedule=schedule, warmup_steps=3, grad_clip=1.0,
+        weight_decay=0.0 if name == "adam" else 1e-4,
+    )
+    opt = optim.make_optimizer(cfg, total_steps=10)
+    params = {"w": jnp.ones((3,))}
+    state = opt.init(params)
+    for step in range(4):
+        updates, state = opt.update({"w": jnp.ones((3,))}, state, params)
+        params = optax.apply_updates(params, updates)
+        lr = optim.current_learning_rate(state[1])  # state[0] is the clipping state
+        assert float(lr) == pytest.approx(float(optim.make_schedule(cfg, 10)(step)))
+    assert np.all(np.asarray(params["w"]) < 1)  # descended along the gradient
+
+
+def test_schedule_shapes():
+    cfg = config_lib.OptimizerConfig(lr=1.0, schedule="warmup_cosine", warmup_steps=10)
+    s = optim.make_schedule(cfg, 100)
+    assert float(s(0)) == 0.0 and float(s(10)) == pytest.approx(1.0) and float(s(100)) == pytest.approx(0.0)
+    cos = optim.make_schedule(dataclasses.replace(cfg, schedule="cosine"), 100)
+    assert float(cos(50)) == pytest.approx(0.5)
+
+
+def test_plan_steps_is_the_one_place_durations_become_steps():
+    codelab = config_lib.get_preset("codelab").train
+    plan = config_lib.plan_steps(codelab, 60_000)
+    assert plan.steps_per_epoch == 117 and plan.epoch_steps == (117, 117, 117, 49)
+    assert plan.total_steps == 400
+    tpu = config_lib.plan_steps(config_lib.get_preset("tpu101").train, 60_000)
+    assert tpu.epoch_steps == (468,) * 5
+
+
+def test_train_and_evaluate_learns_and_writes_run(tiny_dataset, tmp_path):
+    summary = train_and_evaluate(small_cfg(epochs=4), tmp_path / "run", dataset=tiny_dataset)
+    assert summary["num_test_examples"] == 150
+    assert summary["test_accuracy"] > 0.8  # the classes are trivially separable
+    assert summary["steps"] == 4 * (640 // 32)
+    for name in ("config.json", "environment.json", "metrics.jsonl", "summary.json",
+                 "confusion_matrix.json", "params.npz", "step_loss.csv"):
+        assert (tmp_path / "run" / name).is_file(), name
+
+
+def test_non_finite_loss_stops_with_clear_error(tiny_dataset, tmp_path):
+    cfg = small_cfg()
+    cfg = dataclasses.replace(cfg, optimizer=dataclasses.replace(cfg.optimizer, name="sgd", lr=1e30))
+    with pytest.raises(TrainingError, match=r"non-finite at step \d+ \(epoch 1.*learning rate"):
+        train_and_evaluate(cfg, tmp_path / "run", dataset=tiny_dataset)
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_bfloat16_training_keeps_float32_params(tiny_dataset):
+    cfg = small_cfg(epochs=1)
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype="bfloat16"))
+    optimizer, state, data = _setup(cfg, tiny_dataset)
+    state, metrics = jax.jit(make_train_epoch(cfg, optimizer, 5))(state, jax.random.key(0), data)
+    assert all(leaf.dtype == jnp.float32 for leaf in jax.tree.leaves(state.params))
+    assert metrics.loss.dtype == jnp.float32 and np.all(np.isfinite(metrics.loss))
+    assert isinstance(metrics, EpochMetrics)
+
+
+def test_loss_matches_optax_reference():
+    cfg = config_lib.get_preset("tpu101")
+    optimizer = optim.make_optimizer(cfg.optimizer, 10)
+    state = init_state(jax.random.key(0), cfg, optimizer, (28, 28), 10)
+    images = jnp.asarray(np.random.default_rng(0).integers(0, 256, (4, 784)), jnp.uint8)
+    labels = jnp.array([1, 2, 3, 4], jnp.int32)
+    _, (loss, _) = make_train_step(cfg, optimizer)(state, images, labels)
+    logits = mlp.apply(state.params, images.astype(jnp.float32) / 255.0, cfg.model)
+    expected = optax.softmax_cross_entropy(logits, jax.nn.one_hot(labels, 10)).mean()
+    assert float(loss) == pytest.approx(float(expected), rel=1e-6)
