@@ -69,6 +69,7 @@ class Config:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     compile_cache: bool = True  # JAX's persistent compilation cache, in the jaxmnist cache
+    tensorboard: bool = False  # TensorBoard event files in <run dir>/tensorboard/
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

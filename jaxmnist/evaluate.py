@@ -8,6 +8,7 @@ evaluates the whole set with `lax.map` over its batches.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -80,6 +81,32 @@ def compile_evaluate(model_cfg, params: Any, data: EvalData, num_classes: int) -
         return EvalResult(float(loss_sum) / count, int(correct) / count, count, np.asarray(confusion, np.int64))
 
     return run
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled_predict(model_cfg) -> Callable:
+    apply = get_model(model_cfg.name).apply
+
+    def predict(params, images):  # uint8 (num_batches, batch, D) -> float32 (num_batches, batch, C)
+        def batch_probs(x):
+            logits = apply(params, x.astype(jnp.float32) * (1.0 / 255.0), model_cfg)
+            return jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+
+        return jax.lax.map(batch_probs, images)
+
+    return jax.jit(predict)
+
+
+def predict_probabilities(model_cfg, params: Any, images_u8: np.ndarray, batch_size: int = 2000) -> np.ndarray:
+    """Softmax probabilities, float32 (N, C), for uint8 images (N, H, W) or (N, H*W).
+
+    One jitted call over the padded batches (cached per model config); the padded
+    rows are dropped before returning.
+    """
+    n = len(images_u8)
+    data = pad_eval_data(np.asarray(images_u8), np.zeros(n, np.int32), batch_size)
+    probs = jax.device_get(_compiled_predict(model_cfg)(params, data.images))
+    return np.asarray(probs, np.float32).reshape(-1, probs.shape[-1])[:n]
 
 
 def evaluate_run(run_dir, data_dir=None) -> dict:

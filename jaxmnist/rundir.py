@@ -7,6 +7,10 @@
     summary.json            final figures and timings
     confusion_matrix.json   test-set confusion matrix with class names
     params.npz              final parameters, one array per pytree path
+    test_predictions.npz    test-set probabilities and a few images (jaxmnist.report.predictions)
+    command.txt             the command line, when run from the CLI
+    report.html, plots/     the report (jaxmnist.report), unless --no-report
+    tensorboard/            TensorBoard events, with tensorboard=true
 
 Every file is written to a temporary name and renamed into place, so a crashed
 or interrupted run never leaves a file that looks complete. summary.json is
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import tempfile
 from pathlib import Path
 
@@ -27,6 +32,7 @@ from jaxmnist import runtime
 from jaxmnist.errors import ConfigError, JaxmnistError
 
 PARAMS_FILE = "params.npz"
+COMMAND_FILE = "command.txt"
 
 
 def _atomic_write(path: Path, write) -> None:
@@ -56,6 +62,11 @@ def check_writable(workdir: str | os.PathLike) -> Path:
     return path
 
 
+def write_command(workdir: str | os.PathLike, argv: list[str]) -> None:
+    """command.txt: the command line that produced the run, shell-quoted."""
+    _atomic_write(Path(workdir) / COMMAND_FILE, lambda f: f.write((shlex.join(argv) + "\n").encode()))
+
+
 def save_params(path: Path, params) -> None:
     """One array per leaf, keyed by its pytree path (e.g. `[0]['w']`)."""
     flat = {jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_leaves_with_path(params)}
@@ -83,7 +94,7 @@ class RunWriter:
 
     def __init__(self, workdir: str | os.PathLike):
         self.path = check_writable(workdir)
-        for name in ("metrics.jsonl", "step_loss.csv", "summary.json"):
+        for name in ("metrics.jsonl", "step_loss.csv", "summary.json", "test_predictions.npz", "report.html"):
             (self.path / name).unlink(missing_ok=True)
 
     def write_start(self, cfg, info: dict) -> None:

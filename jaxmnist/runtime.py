@@ -16,17 +16,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-
-def cache_root() -> Path:
-    """`$XDG_CACHE_HOME/jaxmnist`, default `~/.cache/jaxmnist` (data lives here too)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "jaxmnist"
+from jaxmnist.data.locate import default_cache_dir
 
 
 def enable_compilation_cache(directory: str | os.PathLike | None = None) -> Path:
     """Turns on JAX's persistent compilation cache, so a second identical run skips
     most of its compile time. Every program is cached, however quick to compile."""
-    path = Path(directory) if directory else cache_root() / "xla"
+    path = Path(directory) if directory else default_cache_dir() / "xla"
     path.mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)

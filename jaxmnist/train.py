@@ -205,6 +205,7 @@ def train_and_evaluate(
     }
     if run:
         run.write_start(cfg, info)
+    events = _event_writer(run, cfg)
     reporter.on_start(info)
 
     # Compile every distinct program ahead of time, so that compile time is
@@ -263,6 +264,8 @@ def train_and_evaluate(
         records.append(record)
         if run:
             run.append_metrics(record, losses)
+        if events:
+            events.write_epoch(record, losses)
         reporter.on_epoch_end(record)
 
     examples = plan.total_steps * cfg.train.batch_size
@@ -284,9 +287,31 @@ def train_and_evaluate(
         "wall_seconds": time.perf_counter() - wall_start,
     }
     if run:
+        _save_predictions(run, cfg, state.params, dataset, test.confusion, events, plan.total_steps)
         run.write_end(summary, test.confusion, jax.device_get(state.params), spec.class_names)
     reporter.on_finish(summary)
     return summary
+
+
+def _event_writer(run, cfg: config_lib.Config):
+    """TensorBoard events in the run directory when the config asks for them."""
+    if run is None or not cfg.tensorboard:
+        return None
+    from jaxmnist.report.tensorboard import EventWriter
+
+    return EventWriter(run.path, cfg.to_dict())
+
+
+def _save_predictions(run, cfg, params, dataset, confusion, events, step: int) -> None:
+    """test_predictions.npz for reports (and the final TensorBoard images)."""
+    from jaxmnist.report.predictions import save_test_predictions
+
+    probs = evaluate_lib.predict_probabilities(cfg.model, params, dataset.test_images, cfg.train.eval_batch_size)
+    save_test_predictions(run.path, probs, dataset.test_labels, dataset.test_images)
+    if events:
+        events.write_final(step, confusion, dataset.spec.class_names,
+                           probs, dataset.test_labels, dataset.test_images)
+        events.close()
 
 
 def _learning_rate(state: TrainState) -> float | None:

@@ -1,0 +1,319 @@
+"""Metric figures: training curves, the confusion matrix, per-class accuracy, run overlays.
+
+Figures are built as `matplotlib.figure.Figure` objects drawn by the Agg canvas,
+never through pyplot, so plotting has no global state, needs no display, and
+does not switch the backend of a notebook that imports jaxmnist. Every figure is
+drawn under matplotlib's default style plus a few fixed settings, so the same
+run gives the same PNG whatever the user's matplotlibrc says. `to_png` and
+`to_rgb` turn a figure into bytes for a page or an array for TensorBoard.
+The image grids (examples, predictions, mistakes) are in `image_grids`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+
+import matplotlib
+import matplotlib.style
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import Normalize
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, MaxNLocator, PercentFormatter
+
+DPI = 110
+GOOD, BAD = "#17803d", "#c62828"  # right / wrong, as in the page's CSS
+TRAIN, TEST = "#1f77b4", "#d62728"
+STYLE = {
+    "font.size": 9.5,
+    "axes.titlesize": 10.5,
+    "axes.titleweight": "bold",
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "legend.frameon": False,
+    "savefig.dpi": DPI,
+    "figure.dpi": DPI,
+    "svg.hashsalt": "jaxmnist",
+}
+
+
+@contextlib.contextmanager
+def style():
+    """matplotlib's defaults plus ours, ignoring the user's matplotlibrc."""
+    with matplotlib.style.context("default"), matplotlib.rc_context(STYLE):
+        yield
+
+
+def new_figure(width: float, height: float, layout: str | None = "constrained") -> Figure:
+    fig = Figure(figsize=(width, height), layout=layout)
+    if layout == "constrained":
+        fig.get_layout_engine().set(h_pad=0.08, w_pad=0.08)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def to_png(fig: Figure) -> bytes:
+    """PNG bytes of `fig` (no timestamps or version in the metadata: reproducible)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI, metadata={"Software": None}, facecolor="white")
+    return buf.getvalue()
+
+
+def to_rgb(fig: Figure) -> np.ndarray:
+    """uint8 (H, W, 3) pixels of `fig`, e.g. for a TensorBoard image."""
+    fig.set_facecolor("white")
+    fig.canvas.draw()
+    return np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
+
+
+def _smooth(values: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:
+    """Centred moving average: (positions, means), positions as float indices."""
+    window = max(1, min(window, len(values)))
+    kernel = np.ones(window) / window
+    means = np.convolve(values, kernel, mode="valid")
+    return np.arange(len(means)) + (window - 1) / 2, means
+
+
+def _log_y(ax) -> None:
+    """Log scale with plain tick labels (0.3, not 3x10^-1); minor ticks at 2, 3 and
+    5 times a power of ten are labelled too when the axis spans few decades."""
+
+    def minor(v, _):
+        lo, hi = ax.get_ylim()
+        mantissa = round(v / 10 ** math.floor(math.log10(v)), 6)
+        return f"{v:g}" if hi / max(lo, 1e-30) < 40 and mantissa in (2, 3, 5) else ""
+
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(FuncFormatter(minor))
+
+
+def _epoch_axis(ax, records: list[dict]) -> None:
+    """A second x axis on top, in epochs, matching the step axis below.
+
+    Every epoch but the last has the same number of steps, so epoch = step /
+    steps per epoch exactly, and a partial last epoch shows as the fraction it ran.
+    """
+    ends = np.array([0] + [r["step"] for r in records])
+    per_epoch = max(int(np.diff(ends).max()), 1)
+    sec = ax.secondary_xaxis("top", functions=(lambda s: s / per_epoch, lambda e: e * per_epoch))
+    sec.set_xlabel("epoch")
+    sec.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=min(len(records), 10)))
+
+
+def loss_curves(records: list[dict], steps: np.ndarray, losses: np.ndarray) -> Figure:
+    """Training and test loss against step (bottom axis) and epoch (top axis), log scale.
+
+    records: metrics.jsonl rows (step, test_loss, ...); steps, losses: the
+    per-step training loss (step_loss.csv), drawn faint with a moving average.
+    """
+    ends = np.array([r["step"] for r in records])
+    with style():
+        fig = new_figure(5.4, 3.9)
+        ax = fig.subplots()
+        if len(losses):
+            ax.plot(steps, losses, color=TRAIN, alpha=0.18, lw=0.8, label="train, each step")
+            pos, mean = _smooth(np.asarray(losses, float), max(1, len(losses) // 40))
+            ax.plot(
+                np.interp(pos, np.arange(len(steps)), steps),
+                mean,
+                color=TRAIN,
+                lw=1.4,
+                label="train, moving average",
+            )
+        ax.plot(
+            ends, [r["test_loss"] for r in records], "o-", color=TEST, ms=4, lw=1.6, label="test"
+        )
+        _log_y(ax)
+        ax.set(title="Loss (cross-entropy)", xlabel="step")
+        ax.legend(fontsize=8)
+        ax.set_xlim(0, max(ends[-1], 1) * 1.02)
+        _epoch_axis(ax, records)
+    return fig
+
+
+def accuracy_curves(records: list[dict], train_label: str = "train") -> Figure:
+    """Training and test accuracy after each epoch, against step and epoch."""
+    ends = np.array([r["step"] for r in records])
+    train_acc = [100 * r["train_accuracy"] for r in records]
+    test_acc = [100 * r["test_accuracy"] for r in records]
+    with style():
+        fig = new_figure(5.4, 3.9)
+        ax = fig.subplots()
+        ax.plot(ends, train_acc, "o-", color=TRAIN, ms=4, lw=1.6, label=train_label)
+        ax.plot(ends, test_acc, "o-", color=TEST, ms=4, lw=1.6, label="test")
+        ax.yaxis.set_major_formatter(
+            PercentFormatter(decimals=1 if max(train_acc + test_acc) > 95 else 0)
+        )
+        ax.set(title="Accuracy", xlabel="step")
+        ax.legend(fontsize=8, loc="lower right")
+        ax.set_xlim(0, max(ends[-1], 1) * 1.02)
+        _epoch_axis(ax, records)
+    return fig
+
+
+def _text_color(rgba) -> str:
+    r, g, b = rgba[:3]
+    return "white" if 0.299 * r + 0.587 * g + 0.114 * b < 0.55 else "black"
+
+
+def confusion_matrix(matrix: np.ndarray, class_names: list[str]) -> Figure:
+    """Row-normalised confusion matrix, in percent of each true class.
+
+    The diagonal (accuracy of each class) is shaded green and always annotated;
+    off-diagonal cells are shaded red on their own scale, so that the few
+    percent of errors show their structure, and annotated from 0.5 %.
+    """
+    m = np.asarray(matrix, np.float64)
+    n = len(class_names)
+    pct = 100 * m / np.maximum(m.sum(1, keepdims=True), 1)
+    diag = np.eye(n, dtype=bool)
+    off_max = max(pct[~diag].max(initial=0.0), 1e-9)
+    reds, greens = matplotlib.colormaps["Reds"], matplotlib.colormaps["Greens"]
+    off_norm = Normalize(0, off_max)
+    rgba = np.where(diag[..., None], greens(0.35 + 0.55 * pct / 100), reds(off_norm(pct) * 0.85))
+    rgba[~diag & (m == 0)] = (1, 1, 1, 1)
+    size = max(4.5, 0.45 * n + 2.3)
+    with style():
+        fig = new_figure(size + 1.0, size)
+        ax = fig.subplots()
+        ax.imshow(rgba, interpolation="nearest")
+        fs = 8 if n <= 10 else 6
+        for i in range(n):
+            for j in range(n):
+                if i == j or pct[i, j] >= 0.5:
+                    text = f"{pct[i, j]:.1f}" if pct[i, j] < 99.95 else "100"
+                    ax.text(
+                        j,
+                        i,
+                        text,
+                        ha="center",
+                        va="center",
+                        fontsize=fs,
+                        fontweight="bold" if i == j else "normal",
+                        color=_text_color(rgba[i, j]),
+                    )
+        if max(len(c) for c in class_names) > 2:
+            ax.set_xticks(range(n), class_names, rotation=40, ha="right", rotation_mode="anchor")
+        else:
+            ax.set_xticks(range(n), class_names)
+        ax.set_yticks(range(n), class_names)
+        ax.set(xlabel="predicted class", ylabel="true class")
+        ax.set_title("Confusion matrix, % of each true class")
+        ax.grid(False)
+        ax.spines[:].set_visible(False)
+        ax.set_xticks(np.arange(n + 1) - 0.5, minor=True)
+        ax.set_yticks(np.arange(n + 1) - 0.5, minor=True)
+        ax.grid(which="minor", color="white", lw=1.2)
+        ax.tick_params(which="minor", length=0)
+        bar = fig.colorbar(
+            matplotlib.cm.ScalarMappable(off_norm, reds), ax=ax, shrink=0.75, pad=0.02
+        )
+        bar.set_label("errors, % of true class (off-diagonal)")
+    return fig
+
+
+def per_class_accuracy(matrix: np.ndarray, class_names: list[str]) -> Figure:
+    """Horizontal bars of each class's test accuracy, with the overall accuracy as a line.
+
+    The axis starts below the lowest bar (it says where) so that differences of a
+    percent are visible; each bar is labelled with its value.
+    """
+    m = np.asarray(matrix, np.float64)
+    support = m.sum(1)
+    acc = 100 * np.diag(m) / np.maximum(support, 1)
+    overall = 100 * np.trace(m) / max(m.sum(), 1)
+    lo = max(0.0, math.floor((acc.min() - 4) / 10) * 10)
+    n = len(class_names)
+    with style():
+        fig = new_figure(6.4, 0.32 * n + 1.4)
+        ax = fig.subplots()
+        y = np.arange(n)
+        colors = [BAD if a < overall else TRAIN for a in acc]
+        ax.barh(y, acc - lo, left=lo, color=colors, height=0.7)
+        for yi, a in zip(y, acc):
+            ax.text(
+                min(a, 100) + (100 - lo) * 0.01,
+                yi,
+                f"{a:.1f}%",
+                va="center",
+                fontsize=8,
+                bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.6, "alpha": 0.85},
+            )
+        ax.axvline(overall, color="black", ls="--", lw=1)
+        ax.set_yticks(y, class_names)
+        ax.invert_yaxis()
+        ax.set_xlim(lo, 100 + (100 - lo) * 0.12)
+        ax.xaxis.set_major_formatter(PercentFormatter(decimals=0))
+        ax.set_xlabel("test accuracy" + (f" (axis starts at {lo:.0f}%)" if lo > 0 else ""))
+        ax.set_title(f"Accuracy per class (dashed: overall {overall:.2f}%; red: below it)")
+        ax.grid(axis="y", visible=False)
+    return fig
+
+
+def compare_curves(runs: list[tuple[str, list[dict], np.ndarray, np.ndarray]]) -> dict[str, Figure]:
+    """Runs overlaid, one figure each for the smoothed training loss against step,
+    and test loss and test accuracy against epoch. runs: (label, metrics records,
+    steps, per-step losses). Returns {"train_loss", "test_loss", "test_accuracy"}."""
+    colors = matplotlib.colormaps["tab10"]
+    height = 3.6 + 0.22 * math.ceil(len(runs) / 2)  # room for the legend below
+    figs = {}
+    with style():
+        for name, title, xlabel in (
+            ("train_loss", "Training loss (moving average)", "step"),
+            ("test_loss", "Test loss", "epoch"),
+            ("test_accuracy", "Test accuracy", "epoch"),
+        ):
+            fig = new_figure(5.4, height)
+            ax = fig.subplots()
+            for k, (label, records, steps, losses) in enumerate(runs):
+                c = colors(k % 10)
+                epochs = [r["epoch"] for r in records]
+                if name == "train_loss" and len(losses):
+                    pos, mean = _smooth(np.asarray(losses, float), max(1, len(losses) // 40))
+                    ax.plot(
+                        np.interp(pos, np.arange(len(steps)), steps),
+                        mean,
+                        color=c,
+                        lw=1.4,
+                        label=label,
+                    )
+                elif name == "test_loss":
+                    ax.plot(
+                        epochs,
+                        [r["test_loss"] for r in records],
+                        "o-",
+                        color=c,
+                        ms=4,
+                        lw=1.5,
+                        label=label,
+                    )
+                elif name == "test_accuracy":
+                    ax.plot(
+                        epochs,
+                        [100 * r["test_accuracy"] for r in records],
+                        "o-",
+                        color=c,
+                        ms=4,
+                        lw=1.5,
+                        label=label,
+                    )
+            ax.set(title=title, xlabel=xlabel)
+            if name == "train_loss":
+                _log_y(ax)
+            else:
+                ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            if name == "test_accuracy":
+                ax.yaxis.set_major_formatter(PercentFormatter(decimals=1))
+            fig.legend(
+                *ax.get_legend_handles_labels(),
+                loc="outside lower center",
+                ncols=min(len(runs), 2),
+                fontsize=8,
+            )
+            figs[name] = fig
+    return figs

@@ -1,0 +1,188 @@
+"""report.html for one run: a summary, every plot, and the per-epoch and per-class tables.
+
+`write_run_report(run_dir)` reads the run back (`rundata.load_run`), draws the
+figures, saves each as a PNG under `plots/` in the run directory, and writes
+`report.html` with the same figures embedded, so that the page can be mailed
+or opened from disk anywhere. Sections: summary, data (one image per class),
+training curves, predictions, most confident mistakes, confusion matrix (plot
+and counts), per-class results, per-epoch metrics, configuration.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from jaxmnist.errors import ConfigError
+from jaxmnist.report import html, image_grids, plots
+from jaxmnist.report.describe import DASH, dataset_title, flatten, num, pct, secs, summary_rows
+from jaxmnist.report.predictions import GRID_SIZE, class_examples, confident_mistakes
+from jaxmnist.report.rundata import REPORT_FILE, RunData, class_stats, load_run
+
+PLOTS_DIR = "plots"
+CURVES_NOTE = (
+    "Train and test on the same axes: a test curve that turns up while the training curve "
+    "keeps falling means over-fitting; both still improving at the end means more training "
+    "would help. Faint: the loss of each step's batch."
+)
+
+
+def _note(text: str) -> str:
+    return f'<p class="note">{html.esc(text)}</p>'
+
+
+def epoch_table(run: RunData) -> str:
+    header = ["Epoch", "Step", "Train loss", "Train acc.", "Test loss", "Test acc.",
+              "Learning rate", "Time", "Examples/s"]
+    rows = [
+        [r["epoch"], f"{r['step']:,}", num(r["train_loss"]), pct(r["train_accuracy"]),
+         num(r["test_loss"]), pct(r["test_accuracy"]), num(r.get("learning_rate"), ".3g"),
+         secs(r.get("epoch_seconds")), num(r.get("examples_per_second"), ",.0f")]
+        for r in run.records
+    ]
+    best = int(np.argmax([r["test_accuracy"] for r in run.records]))
+    return html.html_table(header, rows, highlight={best}) + _note(
+        f"Highlighted: the epoch with the best test accuracy ({pct(run.records[best]['test_accuracy'])}). "
+        "Time is the compiled epoch alone; evaluation is timed apart."
+    )
+
+
+def class_table(run: RunData) -> str:
+    st = class_stats(run.confusion)
+    off = run.confusion.copy()
+    np.fill_diagonal(off, 0)
+    overall = np.trace(run.confusion) / max(run.confusion.sum(), 1)
+    header = ["Class", "Test examples", "Correct", "Accuracy (recall)", "Precision", "F1",
+              "Most often mistaken for"]
+    rows, below = [], set()
+    for i, name in enumerate(run.class_names):
+        j = int(off[i].argmax())
+        confused = f"{run.class_names[j]} ({off[i, j]:,})" if off[i, j] > 0 else DASH
+        rows.append([name, f"{int(st['support'][i]):,}", f"{int(st['correct'][i]):,}",
+                     pct(st["recall"][i]), pct(st["precision"][i]), num(st["f1"][i]), confused])
+        if st["recall"][i] < overall:
+            below.add(i)
+    return html.html_table(header, rows, highlight=below) + _note(
+        f"Highlighted: classes below the overall accuracy ({pct(overall)}). Precision: of the "
+        "examples predicted as the class, the share that are; a class never predicted has none."
+    )
+
+
+def confusion_table(run: RunData) -> str:
+    m = run.confusion
+    rows = [[name, *(f"{int(v):,}" for v in m[i])] for i, name in enumerate(run.class_names)]
+    off = m.copy()
+    np.fill_diagonal(off, -1)
+    worst = {(i, int(off[i].argmax()) + 1) for i in range(len(m)) if off[i].max() > 0}
+    diag = {(i, i + 1) for i in range(len(m))}
+    return html.html_table(["true \\ predicted", *run.class_names], rows, highlight=worst, best=diag) + _note(
+        "Counts; rows are the true class. Bold: right; highlighted: each class's most common mistake."
+    )
+
+
+def build_figures(run: RunData) -> dict[str, tuple[bytes, str]]:
+    """name -> (PNG bytes, alt text) for every figure of the report."""
+    dataset = dataset_title(run.summary.get("dataset", ""))
+    full_train = run.config.get("train", {}).get("eval_train", True)
+    figs = {
+        "loss_curves": (plots.loss_curves(run.records, run.steps, run.step_losses),
+                        "Training and test loss against step and epoch"),
+        "accuracy_curves": (plots.accuracy_curves(run.records, "train (full set)" if full_train else "train (batches)"),
+                            "Training and test accuracy after each epoch"),
+        "confusion_matrix": (plots.confusion_matrix(run.confusion, run.class_names),
+                             "Confusion matrix as percentages of each true class"),
+        "per_class_accuracy": (plots.per_class_accuracy(run.confusion, run.class_names),
+                               "Test accuracy of each class as horizontal bars"),
+    }
+    p = run.predictions
+    if p is not None:
+        idx = class_examples(p.labels, len(run.class_names))
+        figs["class_examples"] = (
+            image_grids.class_examples(p.images(idx), p.labels[idx], run.class_names,
+                                       f"{dataset}: one test image per class"),
+            f"One test image of each class of {dataset}, titled with its class name",
+        )
+        grid = np.arange(min(GRID_SIZE, len(p.labels)))
+        figs["predictions"] = (
+            image_grids.prediction_grid(p.images(grid), p.labels[grid], p.probs[grid], run.class_names),
+            f"The first {len(grid)} test images with predicted and true class; green when right, red when wrong",
+        )
+        wrong = confident_mistakes(p.probs, p.labels)
+        if len(wrong):
+            figs["confident_mistakes"] = (
+                image_grids.confident_mistakes(p.images(wrong), p.labels[wrong], p.probs[wrong],
+                                               run.class_names),
+                f"The {len(wrong)} test images the model got wrong with the highest confidence",
+            )
+    return {name: (plots.to_png(fig), alt) for name, (fig, alt) in figs.items()}
+
+
+def render_run_report(run: RunData, figs: dict[str, tuple[bytes, str]]) -> str:
+    """The report page for `run` with `figs` (from `build_figures`) embedded."""
+    s = run.summary
+
+    def fig(name: str, caption: str = "") -> str:
+        return html.figure(*figs[name], caption)
+
+    headline = html.cards([
+        ("Test accuracy", pct(s.get("test_accuracy"))),
+        ("Test loss", num(s.get("test_loss"))),
+        ("Training time", secs(s.get("train_seconds"))),
+        ("Examples/s", num(s.get("examples_per_second"), ",.0f")),
+        ("Parameters", f"{s.get('num_params', 0):,}"),
+    ])
+    summary = html.html_table(["", ""], [[k, v] for k, v, _ in summary_rows(run)], kv=True)
+    sections = [("Summary", headline + summary)]
+    if "class_examples" in figs:
+        sections.append(("Data", fig("class_examples", "The first test image of each class.")))
+    curves = html.figure_grid([fig("loss_curves"), fig("accuracy_curves")])
+    sections.append(("Training curves", curves + _note(CURVES_NOTE)))
+    if "predictions" in figs:
+        sections.append(("Predictions", fig("predictions", "The first test images. Green: right; red: wrong.")))
+        mistakes = (
+            fig("confident_mistakes", "Predicted class with its probability; true class with the "
+                "probability the model gave it.")
+            if "confident_mistakes" in figs
+            else "<p>No mistakes on the test set.</p>"
+        )
+        sections.append(("Most confident mistakes", mistakes))
+    sections.append(("Confusion matrix", fig("confusion_matrix") + confusion_table(run)))
+    sections.append(("Per-class results", fig("per_class_accuracy") + class_table(run)))
+    sections.append(("Per-epoch metrics", epoch_table(run)))
+    config = [[k, json.dumps(v)] for k, v in flatten(run.config).items()]
+    sections.append(("Configuration", html.html_table(["", ""], config, kv=True)))
+    subtitle = f"{dataset_title(s.get('dataset', ''))} · {pct(s.get('test_accuracy'))} test accuracy · {run.path.resolve()}"
+    return html.render_page(f"jaxmnist run {run.name}", sections, subtitle)
+
+
+def write_run_report(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
+    """Writes plots/*.png and report.html (or `out`) for the run in `run_dir`; returns the page's path.
+
+    Raises JaxmnistError (one line) if `run_dir` is not a finished run or a file
+    is damaged, ConfigError if `out` cannot be written.
+    """
+    run = load_run(run_dir)
+    figs = build_figures(run)
+    page = Path(out) if out is not None else run.path / REPORT_FILE
+    try:
+        plot_dir = run.path / PLOTS_DIR
+        plot_dir.mkdir(exist_ok=True)
+        for stale in plot_dir.glob("*.png"):
+            if stale.stem not in figs:
+                stale.unlink()
+        for name, (png, _) in figs.items():
+            write_atomic(plot_dir / f"{name}.png", png)
+        write_atomic(page, render_run_report(run, figs).encode("utf-8"))
+    except OSError as e:
+        raise ConfigError(f"{e.filename or page}: cannot write ({e.strerror or e})") from None
+    return page
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Writes `data` to a temporary name beside `path`, then renames it into place."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)

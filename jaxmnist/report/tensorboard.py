@@ -1,0 +1,106 @@
+"""TensorBoard event files for a run, written with tensorboardX as the run goes.
+
+With `tensorboard=true` in the config (`jaxmnist train --tensorboard`), the run
+directory gets a `tensorboard/` folder that `tensorboard --logdir RUN_DIR` (or
+`--logdir runs/`, to see every run) reads. Per epoch, at the global step where
+the epoch ended: losses, accuracies, learning rate and examples/s; per step: the
+training loss; at the end: the confusion matrix and prediction grid as images
+and the config as text. The file format is tensorboardX's, not ours.
+
+    loss/train  loss/test  accuracy/train  accuracy/test   per epoch
+    learning_rate  examples_per_second  epoch              per epoch
+    loss/train_step                                        per step
+    confusion_matrix  predictions                          images, last step
+    config                                                 text, step 0
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from jaxmnist.errors import ConfigError
+
+EVENTS_DIR = "tensorboard"
+
+EPOCH_SCALARS = {  # tag -> metrics.jsonl key
+    "loss/train": "train_loss",
+    "loss/test": "test_loss",
+    "accuracy/train": "train_accuracy",
+    "accuracy/test": "test_accuracy",
+    "learning_rate": "learning_rate",
+    "examples_per_second": "examples_per_second",
+    "epoch": "epoch",
+}
+
+
+class EventWriter:
+    """Writes one run's TensorBoard events under `run_dir/tensorboard/`.
+
+    Old event files there are removed first, so rerunning into the same
+    directory does not overlay two runs' curves.
+    """
+
+    def __init__(self, run_dir, config: dict | None = None):
+        try:
+            from tensorboardX import SummaryWriter
+        except ImportError:
+            raise ConfigError(
+                "tensorboard=true needs the tensorboardX package (pip install tensorboardX)"
+            ) from None
+        self.path = Path(run_dir) / EVENTS_DIR
+        self.path.mkdir(parents=True, exist_ok=True)
+        for old in self.path.glob("events.out.tfevents.*"):
+            old.unlink()
+        self._writer = SummaryWriter(logdir=str(self.path), flush_secs=30)
+        if config is not None:
+            self._writer.add_text("config", "```\n" + json.dumps(config, indent=2) + "\n```", 0)
+
+    def write_epoch(self, record: dict, step_losses: np.ndarray | None = None) -> None:
+        """Scalars for one epoch (a metrics.jsonl record) and its per-step losses."""
+        step = int(record["step"])
+        if step_losses is not None:
+            first = step - len(step_losses)
+            for i, loss in enumerate(np.asarray(step_losses, np.float64)):
+                self._writer.add_scalar("loss/train_step", float(loss), first + i + 1)
+        for tag, key in EPOCH_SCALARS.items():
+            if record.get(key) is not None:
+                self._writer.add_scalar(tag, float(record[key]), step)
+        self._writer.flush()  # a crashed run keeps the epochs it finished
+
+    def write_final(
+        self,
+        step: int,
+        confusion: np.ndarray,
+        class_names,
+        probs: np.ndarray,
+        labels: np.ndarray,
+        images: np.ndarray,
+    ) -> None:
+        """The confusion matrix and the first 25 test predictions as images at `step`.
+
+        confusion: int (C, C); probs: float (N, C); labels: int (N,); images: uint8
+        (N, H, W) or (N, H*W) square.
+        """
+        from jaxmnist.report import image_grids, plots
+
+        names = list(class_names)
+        n = min(25, len(labels))
+        grid = np.asarray(images[:n])
+        if grid.ndim == 2:
+            side = round(grid.shape[1] ** 0.5)
+            grid = grid.reshape(n, side, side)
+        figures = {
+            "confusion_matrix": plots.confusion_matrix(confusion, names),
+            "predictions": image_grids.prediction_grid(
+                grid, np.asarray(labels[:n]), np.asarray(probs[:n]), names
+            ),
+        }
+        for tag, fig in figures.items():
+            self._writer.add_image(tag, plots.to_rgb(fig), int(step), dataformats="HWC")
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()

@@ -1,0 +1,378 @@
+"""Reports: plots, report.html, comparison pages, and their bad-input errors, on tiny runs."""
+
+import base64
+import dataclasses
+import json
+import re
+import shutil
+from html.parser import HTMLParser
+
+import jax
+import numpy as np
+import pytest
+
+from jaxmnist import config as config_lib
+from jaxmnist.cli import main
+from jaxmnist.evaluate import predict_probabilities
+from jaxmnist.models import get_model
+from jaxmnist.report import html, predictions, rundata
+from jaxmnist.report.compare import write_comparison
+from jaxmnist.report.run_report import write_run_report
+from jaxmnist.train import train_and_evaluate
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+VOID = {"meta", "img", "br", "hr", "input", "link", "source", "wbr", "col", "area", "base"}
+
+
+def tiny_cfg(**overrides):
+    """25 steps of 64 (epochs of 10, 10 and 5 steps) at a low learning rate: about 93 %
+    test accuracy on the tiny set, so that there are mistakes to show."""
+    cfg = config_lib.get_preset("tpu101")
+    cfg = dataclasses.replace(
+        cfg,
+        compile_cache=False,
+        train=dataclasses.replace(cfg.train, batch_size=64, steps=25, eval_batch_size=64),
+    )
+    return config_lib.apply_overrides(cfg, {"optimizer.lr": 1e-4, **overrides})
+
+
+_RUNS = {}
+
+
+def tiny_run(tmp_path_factory, dataset, name: str = "a", **overrides):
+    """A finished tiny run, trained once per session for each name (the browser tests share them)."""
+    if name not in _RUNS:
+        path = tmp_path_factory.getbasetemp() / "tiny-runs" / name
+        train_and_evaluate(tiny_cfg(**overrides), path, dataset=dataset)
+        _RUNS[name] = path
+    return _RUNS[name]
+
+
+def other_run(tmp_path_factory, dataset):
+    """A second run to compare with: another learning rate and length."""
+    return tiny_run(tmp_path_factory, dataset, "b", **{"optimizer.lr": 3e-4, "train.steps": 15})
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, tiny_dataset):
+    return tiny_run(tmp_path_factory, tiny_dataset)
+
+
+@pytest.fixture
+def run_copy(run_dir, tmp_path):
+    """A private copy of the tiny run without a report, free to damage."""
+    return shutil.copytree(
+        run_dir, tmp_path / "run", ignore=shutil.ignore_patterns("report.html", "plots")
+    )
+
+
+class PageParser(HTMLParser):
+    """Collects tags, <img> attributes, section ids, and checks that tags balance."""
+
+    def __init__(self):
+        super().__init__()
+        self.stack, self.errors, self.images, self.ids, self.tags = [], [], [], [], []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        self.tags.append(tag)
+        if tag == "img":
+            self.images.append(attrs)
+        if tag == "section":
+            self.ids.append(attrs.get("id"))
+        if tag not in VOID:
+            self.stack.append(tag)
+
+    def handle_endtag(self, tag):
+        if tag in VOID:
+            return
+        if not self.stack or self.stack[-1] != tag:
+            self.errors.append(f"unexpected </{tag}> with open {self.stack[-3:]}")
+        else:
+            self.stack.pop()
+
+
+def parse_page(text: str) -> PageParser:
+    parser = PageParser()
+    parser.feed(text)
+    parser.close()
+    assert not parser.errors, parser.errors[:3]
+    assert not parser.stack, f"unclosed tags: {parser.stack}"
+    return parser
+
+
+def check_self_contained(text: str, parser: PageParser) -> None:
+    assert text.startswith("<!DOCTYPE html>")
+    assert "http://" not in text and "https://" not in text
+    assert not {"script", "link", "iframe", "object", "embed"} & set(parser.tags)
+    assert re.search(r"url\(", text) is None  # no CSS fetches either
+    assert "Content-Security-Policy" in text
+    for img in parser.images:
+        assert img["src"].startswith("data:image/png;base64,")
+        assert base64.b64decode(img["src"].split(",", 1)[1]).startswith(PNG_MAGIC)
+        assert img.get("alt", "").strip(), "every image has alt text"
+        assert int(img["width"]) > 0 and int(img["height"]) > 0
+
+
+def test_report_has_every_section_plot_and_table(run_dir):
+    page = write_run_report(run_dir)
+    assert page == run_dir / "report.html"
+    text = page.read_text()
+    parser = parse_page(text)
+    check_self_contained(text, parser)
+    assert parser.ids == [
+        "summary",
+        "data",
+        "training-curves",
+        "predictions",
+        "most-confident-mistakes",
+        "confusion-matrix",
+        "per-class-results",
+        "per-epoch-metrics",
+        "configuration",
+    ]
+    names = {
+        "class_examples",
+        "loss_curves",
+        "accuracy_curves",
+        "predictions",
+        "confident_mistakes",
+        "confusion_matrix",
+        "per_class_accuracy",
+    }
+    assert {p.stem for p in (run_dir / "plots").glob("*.png")} == names
+    assert len(parser.images) == len(names)
+    for name in names:
+        assert (run_dir / "plots" / f"{name}.png").read_bytes().startswith(PNG_MAGIC)
+    for label in (
+        "Dataset",
+        "Parameters",
+        "Optimizer",
+        "Epochs and steps",
+        "Test accuracy",
+        "Test loss",
+        "Compile time",
+        "Training time",
+        "Examples/s",
+        "Backend and device",
+        "Versions",
+        "Command",
+        "Precision",
+        "Accuracy (recall)",
+        "Learning rate",
+    ):
+        assert f">{label}<" in text, label
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert f"{100 * summary['test_accuracy']:.2f}%" in text
+    assert text.count("<tr") >= 1 + 3 + 1 + 10 + 1 + 10  # epochs, classes, confusion rows
+
+
+def test_report_plots_are_deterministic(run_copy):
+    write_run_report(run_copy)
+    first = {p.name: p.read_bytes() for p in (run_copy / "plots").glob("*.png")}
+    html_first = (run_copy / "report.html").read_text()
+    write_run_report(run_copy)
+    assert first == {p.name: p.read_bytes() for p in (run_copy / "plots").glob("*.png")}
+    assert html_first == (run_copy / "report.html").read_text()
+
+
+def test_predictions_file_matches_the_model(run_dir, tiny_dataset):
+    p = predictions.load_test_predictions(run_dir)
+    n, c = len(tiny_dataset.test_labels), len(tiny_dataset.spec.class_names)
+    assert p.probs.shape == (n, c) and p.probs.dtype == np.float32
+    np.testing.assert_allclose(p.probs.sum(1), 1, rtol=1e-5)
+    np.testing.assert_array_equal(p.labels, tiny_dataset.test_labels)
+    confusion = np.array(json.loads((run_dir / "confusion_matrix.json").read_text())["matrix"])
+    np.testing.assert_array_equal(np.diag(confusion).sum(), (p.predicted == p.labels).sum())
+    np.testing.assert_array_equal(
+        p.images(p.sample_index), tiny_dataset.test_images[p.sample_index]
+    )
+    wrong = predictions.confident_mistakes(p.probs, p.labels)
+    conf = p.probs[wrong, p.predicted[wrong]]
+    assert np.all(p.predicted[wrong] != p.labels[wrong]) and np.all(np.diff(conf) <= 0)
+
+
+def test_predict_probabilities_is_softmax_of_apply():
+    cfg = config_lib.ModelConfig(hidden=(16,))
+    params = get_model("mlp").init(jax.random.key(0), cfg, (28, 28), 10)
+    images = np.random.default_rng(0).integers(0, 256, (37, 28, 28), dtype=np.uint8)
+    probs = predict_probabilities(cfg, params, images, batch_size=16)  # padded: 3 batches
+    logits = get_model("mlp").apply(params, images.astype(np.float32) / 255, cfg)
+    assert probs.shape == (37, 10) and probs.dtype == np.float32
+    np.testing.assert_allclose(probs, jax.nn.softmax(logits), atol=1e-6)
+
+
+def test_cli_train_writes_report_and_command(tiny_data_dir, tmp_path, capsys):
+    run = tmp_path / "run"
+    args = [
+        "train",
+        "--dataset",
+        "tiny",
+        "--data-dir",
+        str(tiny_data_dir),
+        "--run-dir",
+        str(run),
+        "--batch-size",
+        "32",
+        "--steps",
+        "30",
+        "--no-compile-cache",
+    ]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert f"report: {run / 'report.html'}" in out
+    assert (run / "command.txt").read_text().strip() == "jaxmnist " + " ".join(args)
+    assert "jaxmnist train --dataset tiny" in (run / "report.html").read_text()
+
+    assert main(["report", str(run), "--out", str(tmp_path / "again.html")]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "again.html")
+    assert (tmp_path / "again.html").read_text().startswith("<!DOCTYPE html>")
+
+    assert not (run / "tensorboard").exists()  # only when asked for
+
+
+def _damage(run, how):
+    if how == "no config":
+        (run / "config.json").unlink()
+    elif how == "no summary":
+        (run / "summary.json").unlink()
+    elif how == "corrupt config":
+        (run / "config.json").write_text("{not json")
+    elif how == "config not an object":
+        (run / "config.json").write_text("[1, 2]")
+    elif how == "corrupt metrics":
+        first = (run / "metrics.jsonl").read_text().splitlines()[0]
+        (run / "metrics.jsonl").write_text(first + '\n{"epoch": 2, "st')  # a torn write
+    elif how == "empty metrics":
+        (run / "metrics.jsonl").write_text("")
+    elif how == "no step losses":
+        (run / "step_loss.csv").unlink()
+    elif how == "corrupt step losses":
+        (run / "step_loss.csv").write_text("step,loss\n1,abc\n")
+    elif how == "corrupt confusion":
+        (run / "confusion_matrix.json").write_text('{"class_names": ["a"], "matrix": [[1, 2]]}')
+    elif how == "no predictions":
+        (run / "test_predictions.npz").unlink()
+    elif how == "garbage predictions":
+        (run / "test_predictions.npz").write_bytes(b"PK\x03\x04 not really a zip")
+    elif how == "truncated predictions":
+        data = (run / "test_predictions.npz").read_bytes()
+        (run / "test_predictions.npz").write_bytes(data[: len(data) // 2])
+    elif how == "predictions of another run":
+        p = predictions.load_test_predictions(run)
+        predictions.save_test_predictions(
+            run, p.probs[:-1], p.labels[:-1], np.zeros((len(p.labels) - 1, 28, 28))
+        )
+    elif how == "predictions missing an array":
+        np.savez(run / "test_predictions.npz", probs=np.ones((3, 10)))
+    else:
+        raise AssertionError(how)
+
+
+DAMAGE = {
+    "no config": "not a run directory",
+    "no summary": "did not finish",
+    "corrupt config": "corrupt JSON",
+    "config not an object": "corrupt",
+    "corrupt metrics": "line 2 is corrupt JSON",
+    "empty metrics": "no epochs recorded",
+    "no step losses": "missing",
+    "corrupt step losses": "corrupt",
+    "corrupt confusion": "corrupt",
+    "no predictions": "missing",
+    "garbage predictions": "corrupt",
+    "truncated predictions": "corrupt",
+    "predictions of another run": "do not match",
+    "predictions missing an array": "corrupt",
+}
+
+
+@pytest.mark.parametrize("how", list(DAMAGE))
+def test_report_on_a_damaged_run_is_one_line_and_exit_1(run_copy, how, capsys):
+    _damage(run_copy, how)
+    assert main(["report", str(run_copy)]) == 1
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert captured.out == "" and len(err.splitlines()) == 1, err
+    assert err.startswith("jaxmnist report: error: ") and DAMAGE[how] in err, err
+    assert "Traceback" not in err and not (run_copy / "report.html").exists()
+
+
+def test_report_on_a_folder_that_is_not_a_run(tmp_path, capsys):
+    assert main(["report", str(tmp_path)]) == 1
+    assert "not a run directory" in capsys.readouterr().err
+    assert main(["report", str(tmp_path / "nowhere")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == f"jaxmnist report: error: {tmp_path / 'nowhere'}: no such run directory"
+
+
+def test_compare_page(run_dir, tiny_dataset, tmp_path_factory, tmp_path, capsys):
+    other = other_run(tmp_path_factory, tiny_dataset)
+    out = tmp_path / "cmp" / "comparison.html"
+    assert main(["compare", str(run_dir), str(other), "--out", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == str(out)
+    text = out.read_text()
+    parser = parse_page(text)
+    check_self_contained(text, parser)
+    assert parser.ids == [
+        "runs",
+        "headline",
+        "config-differences",
+        "curves",
+        "full-summaries",
+        "per-class-accuracy",
+    ]
+    assert len(parser.images) == 3
+    assert ">optimizer.lr<" in text and ">train.steps<" in text and ">model.hidden<" not in text
+    assert 'class="hl"' in text and "best" in text  # differences highlighted, best values marked
+
+
+@pytest.mark.parametrize(
+    "args, message, code",
+    [
+        (["compare", "{run}"], "at least two run directories", 2),
+        (["compare", "{run}", "{tmp}/missing"], "no such run directory", 1),
+        (["compare", "{run}", "{run}", "--out", "{tmp}"], "is a directory", 2),
+    ],
+)
+def test_compare_bad_input(run_dir, tmp_path, capsys, args, message, code):
+    args = [a.format(run=run_dir, tmp=tmp_path) for a in args]
+    assert main(args) == code
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err
+
+
+def test_compare_reads_runs_without_predictions(run_dir, run_copy, tmp_path):
+    (run_copy / "test_predictions.npz").unlink()
+    assert write_comparison([run_dir, run_copy], tmp_path / "c.html").exists()
+
+
+def test_data_show(tiny_data_dir, tmp_path, capsys):
+    out = tmp_path / "examples.png"
+    assert main(["data", "show", "tiny", "--data-dir", str(tiny_data_dir), "--out", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == str(out)
+    assert out.read_bytes().startswith(PNG_MAGIC)
+    assert main(["data", "show", "--out", str(out)]) == 2
+    assert "--out needs one DATASET" in capsys.readouterr().err
+
+
+def test_html_helpers_escape_and_highlight():
+    table = html.html_table(
+        ["a", "b<"],
+        [["<x>", 1.5], [html.Raw("<i>ok</i>"), "2 %"]],
+        highlight={1, (0, 1)},
+        best={(1, 1)},
+    )
+    assert "&lt;x&gt;" in table and "b&lt;" in table and "<i>ok</i>" in table
+    assert '<tr class="hl">' in table and 'class="num hl"' in table and 'class="num best"' in table
+    page = html.render_page("T & t", [("One", "<p>1</p>"), ("One", "<p>2</p>")], subtitle="<s>")
+    assert (
+        'id="one"' in page and 'id="one-2"' in page and "T &amp; t" in page and "&lt;s&gt;" in page
+    )
+    parse_page(page)
+    with pytest.raises(ValueError):
+        html.embed_png(b"GIF89a", "x")
+    assert (
+        rundata.class_stats(np.array([[2, 0], [1, 0]]))["precision"][1]
+        != rundata.class_stats(np.array([[2, 0], [1, 0]]))["precision"][1]
+    )  # never predicted: NaN, shown as a dash
