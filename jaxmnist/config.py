@@ -57,6 +57,8 @@ class TrainConfig:
     epochs: int = 5
     steps: int | None = None  # if set, overrides epochs; the last epoch may be partial
     seed: int = 0
+    seeds: int = 1  # models trained together in one program, seeds seed ... seed+seeds-1
+    target_accuracy: float | None = None  # stop after the first epoch whose (mean) test accuracy reaches it
     eval_batch_size: int = 2000
     eval_train: bool = True  # accuracy on the full training set every epoch
     progress_every: int = 0  # steps between progress reports from the device; 0: auto
@@ -70,6 +72,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     compile_cache: bool = True  # JAX's persistent compilation cache, in the jaxmnist cache
     tensorboard: bool = False  # TensorBoard event files in <run dir>/tensorboard/
+    memory_budget_mb: int | None = None  # device memory many models may use; None: ask the device
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -230,6 +233,14 @@ def validate(cfg: Config, *, num_train_examples: int | None = None) -> None:
         raise ConfigError(f"steps must be positive, got {t.steps}")
     if t.eval_batch_size <= 0:
         raise ConfigError(f"eval batch size must be positive, got {t.eval_batch_size}")
+    if t.seeds <= 0:
+        raise ConfigError(f"seeds must be a positive number of models, got {t.seeds}")
+    if t.target_accuracy is not None and not 0 < t.target_accuracy <= 1:
+        raise ConfigError(
+            f"target accuracy is a fraction in (0, 1], e.g. 0.973; got {t.target_accuracy:g}"
+        )
+    if cfg.memory_budget_mb is not None and cfg.memory_budget_mb <= 0:
+        raise ConfigError(f"memory_budget_mb must be positive, got {cfg.memory_budget_mb}")
     if t.progress_every < 0:
         raise ConfigError(f"progress_every must be >= 0, got {t.progress_every}")
     if not (math.isfinite(o.lr) and o.lr > 0):

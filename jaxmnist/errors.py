@@ -25,3 +25,9 @@ class DataError(JaxmnistError):
 
 class TrainingError(JaxmnistError):
     """Training went wrong in a way the user can act on (e.g. non-finite loss)."""
+
+
+class TargetNotReached(JaxmnistError):
+    """`--target-accuracy` was not reached; the run itself finished and was written."""
+
+    exit_code = 3

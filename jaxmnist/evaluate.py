@@ -83,6 +83,16 @@ def compile_evaluate(model_cfg, params: Any, data: EvalData, num_classes: int) -
     return run
 
 
+def evaluate_stacked(model_cfg, params: Any, data: EvalData, num_classes: int) -> list[EvalResult]:
+    """Evaluates S models whose parameters are stacked along a leading axis, in one
+    vmapped call; returns one EvalResult per model."""
+    evaluate = jax.jit(jax.vmap(make_evaluate(model_cfg, num_classes), in_axes=(0, None)))
+    loss_sums, correct, confusion = jax.device_get(evaluate(params, data))
+    count = int(np.asarray(jax.device_get(data.mask)).sum())
+    return [EvalResult(float(ls) / count, int(c) / count, count, np.asarray(m, np.int64))
+            for ls, c, m in zip(loss_sums, correct, confusion)]
+
+
 @functools.lru_cache(maxsize=16)
 def _compiled_predict(model_cfg) -> Callable:
     apply = get_model(model_cfg.name).apply
@@ -110,7 +120,12 @@ def predict_probabilities(model_cfg, params: Any, images_u8: np.ndarray, batch_s
 
 
 def evaluate_run(run_dir, data_dir=None) -> dict:
-    """Re-evaluates a run directory's saved parameters on the test and training sets."""
+    """Re-evaluates a run directory's saved parameters on the test and training sets.
+
+    A run of several seeds (parameters stacked along a leading seed axis) is
+    evaluated seed by seed: the figures are means, with per-seed lists, and the
+    confusion matrix is the first seed's.
+    """
     from jaxmnist import config as config_lib
     from jaxmnist import rundir
     from jaxmnist.data import load_dataset
@@ -124,8 +139,13 @@ def evaluate_run(run_dir, data_dir=None) -> dict:
     num_classes = len(dataset.spec.class_names)
     init = get_model(cfg.model.name).init
     like = jax.eval_shape(lambda: init(jax.random.key(0), cfg.model, dataset.test_images.shape[1:], num_classes))
+    seeds = cfg.train.seeds
+    if seeds > 1:
+        like = jax.tree.map(lambda x: jax.ShapeDtypeStruct((seeds, *x.shape), x.dtype), like)
     params = jax.device_put(rundir.load_params(rundir.Path(run_dir) / rundir.PARAMS_FILE, like))
     test_set = place_eval_data(dataset.test_images, dataset.test_labels, cfg.train.eval_batch_size)
+    if seeds > 1:
+        return _evaluate_seeds(run_dir, cfg, dataset, params, test_set, num_classes)
     test = compile_evaluate(cfg.model, params, test_set, num_classes)(params, test_set)
     train_set = place_eval_data(dataset.train_images, dataset.train_labels, cfg.train.eval_batch_size)
     train = compile_evaluate(cfg.model, params, train_set, num_classes)(params, train_set)
@@ -140,4 +160,26 @@ def evaluate_run(run_dir, data_dir=None) -> dict:
         "num_train_examples": train.count,
         "class_names": list(dataset.spec.class_names),
         "confusion_matrix": test.confusion.tolist(),
+    }
+
+
+def _evaluate_seeds(run_dir, cfg, dataset, params, test_set, num_classes: int) -> dict:
+    train_set = place_eval_data(dataset.train_images, dataset.train_labels, cfg.train.eval_batch_size)
+    test = evaluate_stacked(cfg.model, params, test_set, num_classes)
+    train = evaluate_stacked(cfg.model, params, train_set, num_classes)
+    return {
+        "run_dir": str(run_dir),
+        "dataset": dataset.spec.name,
+        "test_accuracy": float(np.mean([r.accuracy for r in test])),
+        "test_loss": float(np.mean([r.loss for r in test])),
+        "num_test_examples": test[0].count,
+        "train_accuracy": float(np.mean([r.accuracy for r in train])),
+        "train_loss": float(np.mean([r.loss for r in train])),
+        "num_train_examples": train[0].count,
+        "seeds": [cfg.train.seed + i for i in range(cfg.train.seeds)],
+        "test_accuracy_per_seed": [r.accuracy for r in test],
+        "test_loss_per_seed": [r.loss for r in test],
+        "train_accuracy_per_seed": [r.accuracy for r in train],
+        "class_names": list(dataset.spec.class_names),
+        "confusion_matrix": test[0].confusion.tolist(),
     }

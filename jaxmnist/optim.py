@@ -3,11 +3,19 @@
 `make_optimizer(cfg, total_steps)` returns one `optax.GradientTransformation`.
 Hyperparameters are injected (`optax.inject_hyperparams`), so the learning rate
 and weight decay live in the optimizer state as arrays: the current learning rate
-can be logged, and a later sweep can vmap over them without recompiling.
+can be logged, and a sweep can vmap over them without recompiling. The schedule
+is a fixed shape (`make_schedule` with a peak of 1) times a peak learning rate
+that is itself state (`PeakSchedule`), so the peak is a traced array too:
+`set_hyperparams` writes per-model values into a (stacked) optimizer state.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
 import optax
 
 
@@ -33,7 +41,7 @@ def make_schedule(cfg, total_steps: int) -> optax.Schedule:
 
 def make_optimizer(cfg, total_steps: int) -> optax.GradientTransformation:
     """cfg: OptimizerConfig. sgd (with momentum, optional L2-style decay), adam, adamw."""
-    schedule = make_schedule(cfg, total_steps)
+    schedule = PeakSchedule(cfg.lr, make_schedule(dataclasses.replace(cfg, lr=1.0), total_steps))
     if cfg.name == "sgd":
         base = optax.inject_hyperparams(_sgd)(
             learning_rate=schedule, momentum=cfg.momentum, weight_decay=cfg.weight_decay
@@ -57,6 +65,70 @@ def _sgd(learning_rate, momentum, weight_decay):
         optax.add_decayed_weights(weight_decay),
         optax.sgd(learning_rate, momentum=momentum),
     )
+
+
+class PeakScheduleState(NamedTuple):
+    peak: jax.Array  # float32 (): the schedule's peak learning rate, writable per model
+    count: jax.Array  # int32 (): updates so far
+
+
+class PeakSchedule:
+    """An optax stateful schedule: `peak * unit(count)`, with `peak` held in its state.
+
+    `inject_hyperparams` recomputes a scheduled hyperparameter from its schedule
+    at every update, so writing `learning_rate` into the state would be undone;
+    keeping the peak in the schedule's own state makes it a traced value instead
+    of a compile-time constant. With `unit` = the schedule for a peak of 1 the
+    learning rate is the same float32 product as the schedule built for `peak`
+    (exactly so for constant, cosine and warmup_cosine, whose peak enters as one
+    final multiplication; onecycle may differ in the last bit).
+    """
+
+    def __init__(self, peak: float, unit: optax.Schedule):
+        self.peak, self.unit = peak, unit
+
+    def init(self) -> PeakScheduleState:
+        return PeakScheduleState(jnp.asarray(self.peak, jnp.float32), jnp.zeros([], jnp.int32))
+
+    def update(self, state: PeakScheduleState, **extra_args) -> PeakScheduleState:
+        return state._replace(count=optax.safe_increment(state.count))
+
+    def __call__(self, state: PeakScheduleState, **extra_args) -> jax.Array:
+        return state.peak * self.unit(state.count)
+
+
+# Config field -> where its value lives in the injected optimizer state.
+TRACED_HYPERPARAMS = {"lr": "learning_rate", "weight_decay": "weight_decay", "momentum": "momentum"}
+
+
+def _injected(opt_state):
+    """The injected-hyperparameter state inside `opt_state` (alone or in a chain)."""
+    states = (opt_state,) if hasattr(opt_state, "hyperparams") else opt_state
+    for i, s in enumerate(states):
+        if hasattr(s, "hyperparams"):
+            return i, s
+    raise ValueError("optimizer state has no injected hyperparameters")
+
+
+def set_hyperparams(opt_state, **values):
+    """Returns `opt_state` with `lr`, `weight_decay` and/or `momentum` replaced.
+
+    Values are float32 arrays shaped like the state's own (`()` for one model,
+    `(N,)` for N stacked models). A value the optimizer does not use (momentum
+    for adam) is skipped: it has no effect on training.
+    """
+    index, inj = _injected(opt_state)
+    hyper, sched = dict(inj.hyperparams), dict(inj.hyperparams_states)
+    for name, value in values.items():
+        value = jnp.asarray(value, jnp.float32)
+        if name == "lr":
+            sched["learning_rate"] = sched["learning_rate"]._replace(peak=value)
+        elif TRACED_HYPERPARAMS[name] in hyper:
+            hyper[TRACED_HYPERPARAMS[name]] = value
+    inj = inj._replace(hyperparams=hyper, hyperparams_states=sched)
+    if index == 0 and hasattr(opt_state, "hyperparams"):
+        return inj
+    return type(opt_state)((*opt_state[:index], inj, *opt_state[index + 1 :]))
 
 
 def current_learning_rate(opt_state) -> float | None:

@@ -32,6 +32,16 @@ class TerminalReporter(Reporter):
             f"{info['dataset']} from {info['source']} | {info['num_params']:,} parameters | "
             f"{info['epochs']} epochs x {info['steps_per_epoch']} steps | {info['backend']}: {info['device']}"
         )
+        if "models" in info:
+            seeds, chunks = info["seeds"], info["chunks"]
+            split = f"in {len(chunks)} chunks ({' + '.join(map(str, chunks))})" if len(chunks) > 1 else "at once"
+            budget = ""
+            if info["memory_budget_mb"]:
+                budget = f" of {info['memory_budget_mb']:,} MB ({info['memory_budget_source']})"
+            self._print(
+                f"{info['models']} models, seeds {seeds[0]}-{seeds[-1]}, vmapped in one program, {split} | "
+                f"memory estimate {info['memory_estimate_mb']:,.0f} MB{budget}"
+            )
 
     def on_compiled(self, seconds: float) -> None:
         self._print(f"compiled in {seconds:.2f} s")
@@ -52,9 +62,12 @@ class TerminalReporter(Reporter):
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+        spread = ""
+        if "test_accuracy_std" in r:  # several seeds: the figures are means
+            spread = f"  ± {r['test_accuracy_std']:.2%} (mean of {len(r['test_accuracy_per_seed'])})"
         self._print(
             f"{r['epoch']:>5} {r['step']:>6} {r['train_loss']:>10.4f} {r['train_accuracy']:>9.2%} "
-            f"{r['test_loss']:>9.4f} {r['test_accuracy']:>8.2%} {r['epoch_seconds']:>7.3f}"
+            f"{r['test_loss']:>9.4f} {r['test_accuracy']:>8.2%} {r['epoch_seconds']:>7.3f}{spread}"
         )
 
     def on_finish(self, s: dict) -> None:
@@ -65,8 +78,38 @@ class TerminalReporter(Reporter):
         )
         if self.mode != "json":
             print(line, file=self.out, flush=True)
+            for extra in seed_lines(s) + target_lines(s):
+                print(extra, file=self.out, flush=True)
             if self.workdir is not None:
                 print(f"run directory: {self.workdir}", file=self.out, flush=True)
+
+
+def seed_lines(s: dict) -> list[str]:
+    """The spread over seeds of a multi-seed summary (none for one seed)."""
+    if "seeds" not in s:
+        return []
+    from jaxmnist import stats
+
+    spread = stats.spread(s["test_accuracy_per_seed"])
+    per_seed = "  ".join(f"{seed}: {a:.2%}" for seed, a in zip(s["seeds"], s["test_accuracy_per_seed"]))
+    return [
+        f"test accuracy over {spread.n} seeds: {stats.format_spread(spread)}; "
+        f"min {spread.min:.2%}, max {spread.max:.2%}",
+        f"per seed  {per_seed}",
+    ]
+
+
+def target_lines(s: dict) -> list[str]:
+    if "target_accuracy" not in s:
+        return []
+    of = "mean test accuracy" if "seeds" in s else "test accuracy"
+    if not s["target_reached"]:
+        return [f"target {of} {s['target_accuracy']:.2%} NOT reached in {s['epochs']} epochs"]
+    return [
+        f"target {of} {s['target_accuracy']:.2%} reached after epoch {s['epochs_to_target']} of "
+        f"{s['epochs_planned']}: {s['time_to_target_seconds']:.2f} s training, "
+        f"{s['time_to_target_with_compile_seconds']:.2f} s with compile"
+    ]
 
 
 def format_confusion(matrix, class_names) -> str:
@@ -82,6 +125,14 @@ def format_confusion(matrix, class_names) -> str:
 def print_eval(result: dict) -> None:
     print(f"run          {result['run_dir']}")
     print(f"dataset      {result['dataset']}")
+    if "seeds" in result:
+        from jaxmnist import stats
+
+        spread = stats.spread(result["test_accuracy_per_seed"])
+        print(f"seeds        {len(result['seeds'])}: test accuracy {stats.format_spread(spread)}")
+        for seed, acc, loss in zip(result["seeds"], result["test_accuracy_per_seed"], result["test_loss_per_seed"]):
+            print(f"  seed {seed:<6} accuracy {acc:.2%}  loss {loss:.4f}")
+        print(f"(below: means over the seeds; the confusion matrix is seed {result['seeds'][0]}'s)")
     print(f"test         accuracy {result['test_accuracy']:.2%}  loss {result['test_loss']:.4f}  "
           f"({result['num_test_examples']:,} examples)")
     if result.get("train_accuracy") is not None:

@@ -2,11 +2,12 @@
 
     config.json             the resolved Config
     environment.json        versions, backend, devices
-    metrics.jsonl           one JSON object per epoch
+    metrics.jsonl           one JSON object per epoch (several seeds: means, plus per-seed lists)
     step_loss.csv           training loss of every step
     summary.json            final figures and timings
     confusion_matrix.json   test-set confusion matrix with class names
-    params.npz              final parameters, one array per pytree path
+    params.npz              final parameters, one array per pytree path (several seeds:
+                            stacked along a leading seed axis)
     test_predictions.npz    test-set probabilities and a few images (jaxmnist.report.predictions)
     command.txt             the command line, when run from the CLI
     report.html, plots/     the report (jaxmnist.report), unless --no-report
@@ -110,11 +111,17 @@ class RunWriter:
         with open(self.path / "step_loss.csv", "a") as f:
             f.writelines(f"{first + i + 1},{loss:.6g}\n" for i, loss in enumerate(step_losses))
 
-    def write_end(self, summary: dict, confusion: np.ndarray, params, class_names) -> None:
+    def write_end(self, summary: dict, confusion: np.ndarray, params, class_names,
+                  confusion_per_seed: np.ndarray | None = None) -> None:
+        """With several seeds, `confusion` and the predictions are the first seed's;
+        `confusion_per_seed` (S, C, C) adds every seed's as `matrix_per_seed`."""
+        matrices = {"matrix": confusion.tolist()}
+        if confusion_per_seed is not None:
+            matrices.update(seed=summary["seeds"][0], matrix_per_seed=confusion_per_seed.tolist())
         write_json(
             self.path / "confusion_matrix.json",
             {"class_names": list(class_names), "rows": "true class", "columns": "predicted class",
-             "matrix": confusion.tolist()},
+             **matrices},
         )
         save_params(self.path / PARAMS_FILE, params)
         write_json(self.path / "summary.json", summary)

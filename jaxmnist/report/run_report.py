@@ -5,7 +5,11 @@ figures, saves each as a PNG under `plots/` in the run directory, and writes
 `report.html` with the same figures embedded, so that the page can be mailed
 or opened from disk anywhere. Sections: summary, data (one image per class),
 training curves, predictions, most confident mistakes, confusion matrix (plot
-and counts), per-class results, per-epoch metrics, configuration.
+and counts), per-class results, per-epoch metrics, configuration. A run of
+several seeds adds a seeds section (mean ± std, 95% confidence interval, each
+seed's accuracy and curve); the other sections show means over the seeds, and
+the predictions and confusion matrix are the first seed's. A run with a target
+accuracy says when (or whether) it was reached.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from jaxmnist.errors import ConfigError
-from jaxmnist.report import html, image_grids, plots
+from jaxmnist.report import html, image_grids, plots, spread_plots
 from jaxmnist.report.describe import DASH, dataset_title, flatten, num, pct, secs, summary_rows
 from jaxmnist.report.predictions import GRID_SIZE, class_examples, confident_mistakes
 from jaxmnist.report.rundata import REPORT_FILE, RunData, class_stats, load_run
@@ -97,6 +101,13 @@ def build_figures(run: RunData) -> dict[str, tuple[bytes, str]]:
         "per_class_accuracy": (plots.per_class_accuracy(run.confusion, run.class_names),
                                "Test accuracy of each class as horizontal bars"),
     }
+    s = run.summary
+    if "seeds" in s and all("test_accuracy_per_seed" in r for r in run.records):
+        figs["seed_accuracy"] = (
+            spread_plots.seed_accuracy(run.records, s["seeds"], s["test_accuracy_per_seed"],
+                                       s.get("test_accuracy_ci95")),
+            "Test accuracy of every seed per epoch, and each seed's final accuracy with the mean and its 95% CI",
+        )
     p = run.predictions
     if p is not None:
         idx = class_examples(p.labels, len(run.class_names))
@@ -120,6 +131,51 @@ def build_figures(run: RunData) -> dict[str, tuple[bytes, str]]:
     return {name: (plots.to_png(fig), alt) for name, (fig, alt) in figs.items()}
 
 
+def accuracy_text(s: dict) -> str:
+    """Test accuracy, with ± std over seeds when there are several."""
+    if s.get("test_accuracy_std") is None:
+        return pct(s.get("test_accuracy"))
+    return f"{pct(s.get('test_accuracy'))} ± {100 * s['test_accuracy_std']:.2f}%"
+
+
+def seeds_section(run: RunData, figs) -> str:
+    """Mean, spread and interval of test accuracy over seeds, and every seed's figures."""
+    s = run.summary
+    ci = s.get("test_accuracy_ci95")
+    cards = html.cards([
+        ("Seeds", f"{len(s['seeds'])} ({s['seeds'][0]}–{s['seeds'][-1]})"),
+        ("Mean ± std", accuracy_text(s)),
+        ("95% CI of the mean", f"{100 * ci[0]:.2f}–{100 * ci[1]:.2f}%" if ci else DASH),
+        ("Min – max", f"{pct(s.get('test_accuracy_min'))} – {pct(s.get('test_accuracy_max'))}"),
+    ])
+    mean = s["test_accuracy"]
+    rows = [[seed, pct(acc), num(loss), pct(train)] for seed, acc, loss, train in zip(
+        s["seeds"], s["test_accuracy_per_seed"], s["test_loss_per_seed"], s["train_accuracy_per_seed"])]
+    below = {i for i, a in enumerate(s["test_accuracy_per_seed"]) if a < mean}
+    table = html.html_table(["Seed", "Test accuracy", "Test loss", "Train accuracy"], rows, highlight=below)
+    note = _note(
+        f"{len(s['seeds'])} models with independent initialisation and shuffling, trained in one vmapped "
+        "program. Highlighted: seeds below the mean. The interval is the mean ± t(0.975, n − 1) · s / √n "
+        "(Student's t). Elsewhere on this page, figures are means over the seeds; the predictions and the "
+        f"confusion matrix are seed {s['seeds'][0]}'s; examples/s counts every model's examples."
+    )
+    fig = html.figure(*figs["seed_accuracy"]) if "seed_accuracy" in figs else ""
+    return cards + fig + table + note
+
+
+def target_table(s: dict) -> str:
+    of = "mean test accuracy" if "seeds" in s else "test accuracy"
+    if s["target_reached"]:
+        rows = [["Target", f"{pct(s['target_accuracy'])} {of}"],
+                ["Reached after", f"epoch {s['epochs_to_target']} of {s['epochs_planned']} (the run stopped there)"],
+                ["Time to target", f"{secs(s['time_to_target_seconds'])} training (compile and evaluation excluded)"],
+                ["With compile", secs(s["time_to_target_with_compile_seconds"])]]
+    else:
+        rows = [["Target", f"{pct(s['target_accuracy'])} {of}"],
+                ["Reached", f"no: {pct(s['test_accuracy'])} after all {s['epochs']} epochs"]]
+    return html.html_table(["", ""], rows, kv=True)
+
+
 def render_run_report(run: RunData, figs: dict[str, tuple[bytes, str]]) -> str:
     """The report page for `run` with `figs` (from `build_figures`) embedded."""
     s = run.summary
@@ -128,7 +184,7 @@ def render_run_report(run: RunData, figs: dict[str, tuple[bytes, str]]) -> str:
         return html.figure(*figs[name], caption)
 
     headline = html.cards([
-        ("Test accuracy", pct(s.get("test_accuracy"))),
+        ("Test accuracy" + (f" ({len(s['seeds'])} seeds)" if "seeds" in s else ""), accuracy_text(s)),
         ("Test loss", num(s.get("test_loss"))),
         ("Training time", secs(s.get("train_seconds"))),
         ("Examples/s", num(s.get("examples_per_second"), ",.0f")),
@@ -136,6 +192,10 @@ def render_run_report(run: RunData, figs: dict[str, tuple[bytes, str]]) -> str:
     ])
     summary = html.html_table(["", ""], [[k, v] for k, v, _ in summary_rows(run)], kv=True)
     sections = [("Summary", headline + summary)]
+    if "seeds" in s:
+        sections.append(("Seeds", seeds_section(run, figs)))
+    if "target_accuracy" in s:
+        sections.append(("Time to accuracy", target_table(s)))
     if "class_examples" in figs:
         sections.append(("Data", fig("class_examples", "The first test image of each class.")))
     curves = html.figure_grid([fig("loss_curves"), fig("accuracy_curves")])
@@ -154,7 +214,7 @@ def render_run_report(run: RunData, figs: dict[str, tuple[bytes, str]]) -> str:
     sections.append(("Per-epoch metrics", epoch_table(run)))
     config = [[k, json.dumps(v)] for k, v in flatten(run.config).items()]
     sections.append(("Configuration", html.html_table(["", ""], config, kv=True)))
-    subtitle = f"{dataset_title(s.get('dataset', ''))} · {pct(s.get('test_accuracy'))} test accuracy · {run.path.resolve()}"
+    subtitle = f"{dataset_title(s.get('dataset', ''))} · {accuracy_text(s)} test accuracy · {run.path.resolve()}"
     return html.render_page(f"jaxmnist run {run.name}", sections, subtitle)
 
 

@@ -1,0 +1,127 @@
+"""Device memory for many models: an estimate, the budget, and chunks that fit.
+
+Training N models in one vmapped program multiplies everything per model by N.
+Before anything is compiled, `estimate_memory` adds up what the run needs from
+the shapes alone (`jax.eval_shape`, nothing allocated):
+
+    shared      the training set (uint8) and the padded evaluation sets, once
+    resident    per model, kept for the whole run: parameters and optimizer state
+    transient   per model in the program that is running: gradients and updates,
+                the epoch's permutation and batch indices, one step's
+                activations (kept for the backward pass), one evaluation batch's
+                activations; times a safety factor for XLA's temporaries
+
+`plan_chunks` then splits the models into the fewest equal chunks whose
+transient memory fits beside everything resident: the chunks run one after
+another inside each epoch. If even one model at a time does not fit, it fails
+with one line saying what would, before any work starts. The budget is the
+device's free memory (`memory_stats`), the host's available memory on CPU
+(where XLA allocates from the process heap), or `memory_budget_mb` when set.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import numpy as np
+
+from jaxmnist.errors import ConfigError
+
+MB = 2**20
+TRANSIENT_SAFETY = 2.0  # XLA temporaries, fusion buffers, allocator slack: measured well under this
+HOST_FRACTION = 0.8  # of the host's available memory, on CPU: the process needs some too
+
+
+class MemoryEstimate(NamedTuple):
+    shared_bytes: int
+    resident_per_model: int
+    transient_per_model: int
+
+    def total(self, num_models: int, chunk: int) -> int:
+        return self.shared_bytes + num_models * self.resident_per_model + chunk * self.transient_per_model
+
+
+def _tree_bytes(tree) -> int:
+    return int(sum(np.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree)))
+
+
+def estimate_memory(cfg, state_shapes, input_dim: int, num_classes: int, num_train: int,
+                    num_eval: int) -> MemoryEstimate:
+    """cfg: Config; state_shapes: one model's TrainState as `jax.ShapeDtypeStruct`s
+    (from `jax.eval_shape`); num_eval: examples in all evaluation sets together."""
+    t = cfg.train
+    params = _tree_bytes(state_shapes.params)
+    resident = _tree_bytes(state_shapes)
+    widths = input_dim + 2 * sum(cfg.model.hidden) + 3 * num_classes  # input, pre/post activations, logits
+    step_activations = 2 * t.batch_size * widths * 4  # forward values kept, and their gradients
+    eval_activations = min(t.eval_batch_size, max(num_eval, 1)) * widths * 4
+    permutation = 3 * num_train * 4  # random bits, sort, indices (int32)
+    transient = 2 * params + permutation + max(step_activations, eval_activations)
+    shared = num_train * (input_dim + 4) + num_eval * (input_dim + 5)  # uint8 images, int32 labels, mask
+    return MemoryEstimate(shared, resident, int(transient * TRANSIENT_SAFETY))
+
+
+def _host_available_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def device_budget(cfg) -> tuple[int | None, str]:
+    """(bytes the models may use, where that figure comes from); None: unknown."""
+    if cfg.memory_budget_mb is not None:
+        return cfg.memory_budget_mb * MB, "memory_budget_mb"
+    device = jax.devices()[0]
+    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+    if stats and "bytes_limit" in stats:
+        return int(stats["bytes_limit"] - stats.get("bytes_in_use", 0)), f"free memory of {device.device_kind}"
+    available = _host_available_bytes()
+    if available is not None:
+        return int(available * HOST_FRACTION), "available host memory"
+    return None, "unknown"
+
+
+def plan_chunks(num_models: int, est: MemoryEstimate, budget: int | None, source: str = "budget") -> tuple[int, ...]:
+    """Sizes of the chunks the models train in: as few as fit, as equal as possible.
+
+    Raises ConfigError (one line) when the resident models alone, or one model's
+    working memory beside them, exceed `budget`.
+    """
+    if budget is None:
+        return (num_models,)
+    room = budget - est.shared_bytes - num_models * est.resident_per_model
+    if room < est.transient_per_model:
+        need = est.total(num_models, 1)
+        most = max(0, (budget - est.shared_bytes - est.transient_per_model) // max(est.resident_per_model, 1))
+        raise ConfigError(
+            f"{num_models} models need about {need / MB:,.0f} MB even one at a time "
+            f"({est.resident_per_model / MB:.1f} MB each kept, {est.shared_bytes / MB:.0f} MB of data) but "
+            f"{source} is {budget / MB:,.0f} MB; train at most {most} seeds or points, or a smaller model"
+        )
+    per_chunk = min(num_models, room // est.transient_per_model)
+    count = math.ceil(num_models / per_chunk)
+    base, extra = divmod(num_models, count)
+    return tuple(base + (i < extra) for i in range(count))
+
+
+def chunks_for(cfg, state_shapes, dataset, num_models: int) -> tuple[tuple[int, ...], dict]:
+    """(chunk sizes, what to tell the user) for `num_models` of `cfg` on `dataset`."""
+    n_train = len(dataset.train_labels)
+    num_eval = len(dataset.test_labels) + (n_train if cfg.train.eval_train else 0)
+    input_dim = int(np.prod(dataset.train_images.shape[1:]))
+    est = estimate_memory(cfg, state_shapes, input_dim, len(dataset.spec.class_names), n_train, num_eval)
+    budget, source = device_budget(cfg)
+    chunks = plan_chunks(num_models, est, budget, source)
+    return chunks, {
+        "chunks": list(chunks),
+        "memory_estimate_mb": round(est.total(num_models, max(chunks)) / MB, 1),
+        "memory_budget_mb": budget and round(budget / MB),
+        "memory_budget_source": source,
+    }

@@ -1,0 +1,115 @@
+"""sweep.html: a sweep's results on one self-contained page, in the run report's style.
+
+Sections: summary (the best point and how the sweep ran), results (every point,
+best first, mean ± std with the 95% confidence interval of the mean, range and
+per-seed accuracies), the plot (`spread_plots.sweep_figure`, also saved as
+sweep.png), the programs (which points shared one compiled program, with
+compile and training time), the base configuration, and the environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from jaxmnist.errors import ConfigError
+from jaxmnist.report import html, plots, spread_plots
+from jaxmnist.report.describe import DASH, flatten, pct, secs
+
+NOTE = (
+    "Mean ± sample standard deviation over the seeds of each point; the 95% confidence interval "
+    "of the mean uses Student's t with n − 1 degrees of freedom. Overlapping intervals mean the "
+    "sweep cannot tell those points apart: add seeds before trusting the ranking."
+)
+
+
+def _value(v) -> str:
+    return "x".join(map(str, v)) if isinstance(v, list) else f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _spread(x: dict) -> str:
+    std = x["test_accuracy_std"]
+    return pct(x["test_accuracy_mean"]) + (f" ± {100 * std:.2f}%" if std is not None else "")
+
+
+def results_table(sweep: dict) -> str:
+    target = sweep["target_accuracy"] is not None
+    header = ["Rank", *sweep["axes"], "Test accuracy", "95% CI", "Min", "Max", "Per seed"]
+    header += ["Epochs to target", "Time to target"] * target
+    rows = []
+    for x in sweep["results"]:
+        ci = x["test_accuracy_ci95"]
+        per_seed = ", ".join(f"{100 * a:.2f}" for a in x["test_accuracy_per_seed"])
+        if x["diverged_seeds"]:
+            per_seed += f" (diverged: seeds {', '.join(map(str, x['diverged_seeds']))})"
+        row = [x["rank"], *(_value(v) for v in x["values"].values()), _spread(x),
+               f"{100 * ci[0]:.2f}–{100 * ci[1]:.2f}%" if ci else DASH,
+               pct(x["test_accuracy_min"]), pct(x["test_accuracy_max"]), per_seed]
+        if target:
+            row += [x["epochs_to_target"] or "not reached", secs(x["time_to_target_seconds"])]
+        rows.append(row)
+    return html.html_table(header, rows, highlight={0}) + f'<p class="note">{html.esc(NOTE)}</p>'
+
+
+def programs_table(sweep: dict) -> str:
+    header = ["Program", "Fixed values", "Points", "Models", "Chunks", "Epochs", "Compile", "Training",
+              "Evaluation"]
+    rows = [
+        [g["group"] + 1, ", ".join(f"{k}={v}" for k, v in g["fixed"].items()) or "(all points)",
+         len(g["points"]), g["models"], " + ".join(map(str, g["chunks"])), g["epochs"],
+         secs(g["compile_seconds"]), secs(g["train_seconds"]), secs(g["eval_seconds"])]
+        for g in sweep["groups"]
+    ]
+    note = ("Points that differ only in learning rate, weight decay, momentum or seed share one "
+            "compiled program (those values are arrays in it); a value that changes a shape or the "
+            "program starts another, and programs run one after another.")
+    return html.html_table(header, rows) + f'<p class="note">{html.esc(note)}</p>'
+
+
+def render_sweep_page(sweep: dict, png: bytes) -> str:
+    best = sweep["results"][0]
+    n = sweep["seeds_per_point"]
+    headline = html.cards([
+        ("Best point", ", ".join(f"{k.rsplit('.', 1)[-1]}={_value(v)}" for k, v in best["values"].items())),
+        ("Its test accuracy", _spread(best)),
+        ("Points", f"{sweep['num_points']} × {n} seed{'s' * (n != 1)}"),
+        ("Programs", sweep["num_programs"]),
+        ("Wall time", secs(sweep["wall_seconds"])),
+    ])
+    env = sweep["environment"]
+    about = [
+        ["Swept", "; ".join(f"{k} ∈ {{{', '.join(_value(v) for v in vs)}}}" for k, vs in sweep["axes"].items())],
+        ["Seeds per point", f"{n} (seeds {sweep['first_seed']}…{sweep['first_seed'] + n - 1})"],
+        ["Target accuracy", pct(sweep["target_accuracy"]) if sweep["target_accuracy"] else DASH],
+        ["Backend and device", f"{env.get('backend')}: {', '.join(env.get('devices') or [])} "
+                               f"({env.get('device_kind')})"],
+        ["Host", f"{env.get('cpu_model', DASH)}, {env.get('cpu_count', DASH)} CPUs"],
+        ["Versions", ", ".join(f"{k} {env[k]}" for k in ("jaxmnist", "jax", "jaxlib", "optax") if env.get(k))],
+        ["Command", sweep.get("command") or "not recorded (not run from the command line)"],
+    ]
+    caption = {1: "Mean test accuracy against the swept value; bars: 95% CI of the mean; dots: seeds.",
+               2: "Mean test accuracy of every pair of values, ± the standard deviation over seeds."}
+    sections = [
+        ("Summary", headline + html.html_table(["", ""], about, kv=True)),
+        ("Results", results_table(sweep)),
+        ("Plot", html.figure(png, "Test accuracy across the sweep",
+                             caption.get(len(sweep["axes"]), "Every point's mean with its 95% CI, best first."))),
+        ("Programs", programs_table(sweep)),
+        ("Base configuration", html.html_table(
+            ["", ""], [[k, json.dumps(v)] for k, v in flatten(sweep["config"]).items()], kv=True)
+         + '<p class="note">Every point is this configuration with its swept values put in.</p>'),
+    ]
+    subtitle = f"best {best['label']}: {_spread(best)} test accuracy over {n} seed{'s' * (n != 1)}"
+    return html.render_page("jaxmnist sweep", sections, subtitle)
+
+
+def write_sweep_page(sweep: dict, page: str | os.PathLike, png_path: str | os.PathLike) -> Path:
+    """Writes the plot to `png_path` and the page to `page`; ConfigError if either cannot be written."""
+    png = plots.to_png(spread_plots.sweep_figure(sweep))
+    try:
+        Path(png_path).write_bytes(png)
+        Path(page).write_text(render_sweep_page(sweep, png), encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"{e.filename or page}: cannot write ({e.strerror or e})") from None
+    return Path(page)

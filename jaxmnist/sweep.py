@@ -1,0 +1,297 @@
+"""Hyperparameter sweeps: a grid of configs in as few compiled programs as the shapes allow.
+
+`parse_grid(["optimizer.lr=1e-3,3e-3", "optimizer.weight_decay=0,1e-4"], base)`
+reads the swept axes (values separated by commas; for a tuple field such as
+`model.hidden`, layer sizes inside one value are joined by `x`: `256x128`).
+`expand_grid` makes their cartesian product, each point a full validated
+`Config` trained with `train.seeds` seeds. Points whose configs differ only in
+values that live in arrays — learning rate, weight decay, momentum, seed
+(`population.TRACED_FIELDS`) — form one group and train as one vmapped
+population of points × seeds models; a field that changes a shape or the
+program (batch size, hidden sizes, optimizer, schedule, ...) starts another
+group, and the groups run one after another through the one run loop
+(`train.train_population`). A point that diverges is recorded, not fatal.
+
+`run_sweep` returns the result as a JSON-ready dict; `write_outputs` writes
+sweep.json, sweep.csv, the plot and the HTML page (`jaxmnist.report.sweep_report`).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import itertools
+import math
+import time
+from pathlib import Path
+from typing import Callable, NamedTuple
+
+import numpy as np
+
+from jaxmnist import config as config_lib
+from jaxmnist import stats
+from jaxmnist.errors import ConfigError
+from jaxmnist.population import TRACED_FIELDS, Member
+from jaxmnist.rundir import write_json
+from jaxmnist.train import Reporter, train_population
+
+FILES = {"json": "sweep.json", "csv": "sweep.csv", "png": "sweep.png", "html": "sweep.html"}
+
+
+class Axis(NamedTuple):
+    key: str  # dotted config field, e.g. "optimizer.lr"
+    values: tuple  # typed values, in the order given
+
+
+def get_field(cfg: config_lib.Config, key: str):
+    value = cfg
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def format_value(value) -> str:
+    """A grid value as written on the command line: 0.003, 256x128, true."""
+    if isinstance(value, tuple):
+        return "x".join(map(str, value))
+    if isinstance(value, bool):
+        return str(value).lower()
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def parse_grid(specs: list[str], base: config_lib.Config) -> list[Axis]:
+    """Typed axes from `section.field=v1,v2,...` strings; ConfigError (one line) if malformed."""
+    if not specs:
+        raise ConfigError("a sweep needs at least one --grid section.field=v1,v2,...")
+    axes, known = [], config_lib.field_names(base)
+    for spec in specs:
+        key, sep, text = (part.strip() for part in spec.partition("="))
+        if not sep or not key or not text:
+            raise ConfigError(f"--grid {spec!r} is not of the form section.field=v1,v2,...")
+        if key not in known:
+            raise ConfigError(f"unknown config field {key!r} in --grid; known fields: {', '.join(known)}")
+        if key == "train.seeds":
+            raise ConfigError("--grid train.seeds: give the number of seeds of every point with --seeds N")
+        if any(a.key == key for a in axes):
+            raise ConfigError(f"--grid {key} given twice; list all its values in one --grid")
+        raw = [v.strip() for v in text.split(",")]
+        if "" in raw:
+            raise ConfigError(f"--grid {spec!r}: an empty value (values are separated by commas)")
+        if isinstance(get_field(base, key), tuple):
+            raw = [v.replace("x", ",") for v in raw]  # model.hidden=256x128,512
+        values = tuple(get_field(config_lib.apply_overrides(base, {key: v}), key) for v in raw)
+        if len(set(values)) < len(values):
+            raise ConfigError(f"--grid {key}: a value is repeated ({text})")
+        axes.append(Axis(key, values))
+    return axes
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    index: int
+    values: dict  # axis key -> value
+    cfg: config_lib.Config
+
+    @property
+    def label(self) -> str:
+        return ", ".join(f"{k}={format_value(v)}" for k, v in self.values.items())
+
+
+def expand_grid(base: config_lib.Config, axes: list[Axis]) -> list[Point]:
+    """The cartesian product of `axes` over `base`, every point validated."""
+    points = []
+    for i, combo in enumerate(itertools.product(*(a.values for a in axes))):
+        values = dict(zip((a.key for a in axes), combo))
+        cfg = config_lib.apply_overrides(base, values)
+        point = Point(i, values, cfg)
+        try:
+            config_lib.validate(cfg)
+        except ConfigError as e:
+            raise ConfigError(f"grid point {point.label}: {e}") from None
+        points.append(point)
+    return points
+
+
+def program_key(cfg: config_lib.Config) -> config_lib.Config:
+    """`cfg` with the traced fields blanked: equal keys can share one compiled program."""
+    return config_lib.apply_overrides(cfg, {k: 0 if k == "train.seed" else 1.0 for k in TRACED_FIELDS})
+
+
+def group_points(points: list[Point]) -> list[list[Point]]:
+    """Points that can share a program, in order of first appearance."""
+    groups: dict = {}
+    for p in points:
+        groups.setdefault(program_key(p.cfg), []).append(p)
+    return list(groups.values())
+
+
+class SweepReporter(Reporter):
+    """Progress of one group as short lines through `log`."""
+
+    def __init__(self, log: Callable[[str], None], title: str, point_of: np.ndarray, num_points: int):
+        self.log, self.title, self.point_of, self.num_points = log, title, point_of, num_points
+
+    def on_start(self, info: dict) -> None:
+        chunks = info.get("chunks", [1])
+        split = f", in {len(chunks)} chunks of {max(chunks)}" if len(chunks) > 1 else ""
+        self.log(f"{self.title}: {info.get('models', 1)} models in one program{split}; "
+                 f"{info['epochs']} epoch{'s' * (info['epochs'] != 1)} x {info['steps_per_epoch']} steps")
+
+    def on_compiled(self, seconds: float) -> None:
+        self.log(f"  compiled in {seconds:.2f} s")
+
+    def on_epoch_end(self, r: dict) -> None:
+        acc = np.asarray(r.get("test_accuracy_per_seed", [r["test_accuracy"]]))
+        best = max(acc[self.point_of == p].mean() for p in range(self.num_points))
+        self.log(f"  epoch {r['epoch']}: best point mean test accuracy {best:.2%} ({r['epoch_seconds']:.2f} s)")
+
+
+def _finite(x):
+    return None if x is None or not math.isfinite(x) else x
+
+
+def _point_result(point: Point, group: int, seeds: list[int], test, idx, records, reached, diverged, compile_s) -> dict:
+    acc, loss = test.accuracy[idx], test.loss[idx]
+    spread = stats.spread(acc)
+    history = [
+        float(np.mean(np.asarray(r.get("test_accuracy_per_seed", [r["test_accuracy"]]))[idx])) for r in records
+    ]
+    return {
+        "point": point.index,
+        "values": {k: list(v) if isinstance(v, tuple) else v for k, v in point.values.items()},
+        "label": point.label,
+        "group": group,
+        "seeds": seeds,
+        **spread.to_json("test_accuracy"),
+        "test_accuracy_per_seed": acc.tolist(),
+        "test_loss_mean": _finite(float(loss.mean())),
+        "test_loss_per_seed": [_finite(x) for x in loss.tolist()],
+        "diverged_seeds": [seeds[i] for i in diverged],
+        "test_accuracy_by_epoch": history,
+        "epochs_to_target": reached and reached["epoch"],
+        "time_to_target_seconds": reached and reached["train_seconds"],
+        "time_to_target_with_compile_seconds": reached and reached["train_seconds"] + compile_s,
+    }
+
+
+def run_sweep(base: config_lib.Config, axes: list[Axis], *, dataset=None,
+              log: Callable[[str], None] | None = None) -> dict:
+    """Trains every grid point with `base.train.seeds` seeds; returns the sweep as a dict.
+
+    `dataset` (a `jaxmnist.data.Dataset`) is used for every point, for tests;
+    otherwise each point's `data` section says what to load.
+    """
+    from jaxmnist import runtime
+    from jaxmnist.data import load_dataset
+
+    wall_start = time.perf_counter()
+    log = log or (lambda line: None)
+    if base.compile_cache:
+        runtime.enable_compilation_cache()
+    points = expand_grid(base, axes)
+    groups = group_points(points)
+    seeds_per_point = base.train.seeds
+    datasets: dict = {}
+    results, group_info = [], []
+    for g, group in enumerate(groups):
+        cfg = group[0].cfg
+        d = cfg.data
+        if dataset is None and (d.dataset, d.data_dir) not in datasets:
+            datasets[d.dataset, d.data_dir] = load_dataset(d.dataset, d.data_dir, download=d.download)
+        data = dataset if dataset is not None else datasets[d.dataset, d.data_dir]
+        members = [Member.of(p.cfg, p.cfg.train.seed + s) for p in group for s in range(seeds_per_point)]
+        point_of = np.repeat(np.arange(len(group)), seeds_per_point)
+        fixed = {a.key: format_value(get_field(cfg, a.key)) for a in axes
+                 if a.key not in TRACED_FIELDS}
+        title = f"program {g + 1}/{len(groups)}" + (f" ({', '.join(f'{k}={v}' for k, v in fixed.items())})"
+                                                    if fixed else "")
+        reporter = SweepReporter(log, title, point_of, len(group))
+        r = train_population(cfg, members, data, reporter, points=point_of, stop_on_nonfinite=False)
+        for p, point in enumerate(group):
+            idx = np.flatnonzero(point_of == p)
+            seeds = [members[i].seed for i in idx]
+            diverged = [j for j, i in enumerate(idx) if i in r.diverged]
+            results.append(_point_result(point, g, seeds, r.test, idx, r.records, r.reached[p], diverged,
+                                         r.compile_seconds))
+        group_info.append({
+            "group": g, "fixed": fixed, "points": [p.index for p in group], "models": len(members),
+            "chunks": list(r.population.chunks), "epochs": len(r.records), "steps": r.steps,
+            "compile_seconds": r.compile_seconds, "train_seconds": r.train_seconds,
+            "eval_seconds": r.eval_seconds,
+        })
+    results.sort(key=lambda x: (-x["test_accuracy_mean"] if math.isfinite(x["test_accuracy_mean"]) else math.inf,
+                                x["point"]))
+    for rank, x in enumerate(results, start=1):
+        x["rank"] = rank
+    return {
+        "axes": {a.key: [list(v) if isinstance(v, tuple) else v for v in a.values] for a in axes},
+        "seeds_per_point": seeds_per_point,
+        "first_seed": base.train.seed,
+        "target_accuracy": base.train.target_accuracy,
+        "num_points": len(points),
+        "num_programs": len(groups),
+        "results": results,
+        "groups": group_info,
+        "config": base.to_dict(),
+        "environment": runtime.environment(),
+        "wall_seconds": time.perf_counter() - wall_start,
+    }
+
+
+def to_csv(sweep: dict) -> str:
+    """One row per point, best first: the axes' values, then the accuracy figures."""
+    keys = list(sweep["axes"])
+    target = sweep["target_accuracy"] is not None
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow(["rank", *keys, "group", "seeds", "test_accuracy_mean", "test_accuracy_std",
+                "test_accuracy_ci95_low", "test_accuracy_ci95_high", "test_accuracy_min", "test_accuracy_max",
+                "test_loss_mean", "diverged_seeds", *(["epochs_to_target", "time_to_target_seconds"] * target)])
+    for x in sweep["results"]:
+        ci = x["test_accuracy_ci95"] or [None, None]
+        row = [x["rank"], *(format_value(tuple(v) if isinstance(v, list) else v) for v in x["values"].values()),
+               x["group"], len(x["seeds"]), x["test_accuracy_mean"], x["test_accuracy_std"], *ci,
+               x["test_accuracy_min"], x["test_accuracy_max"], x["test_loss_mean"], len(x["diverged_seeds"])]
+        if target:
+            row += [x["epochs_to_target"], x["time_to_target_seconds"]]
+        w.writerow(["" if v is None else v for v in row])
+    return out.getvalue()
+
+
+def format_table(sweep: dict) -> str:
+    """The results for a terminal, best first."""
+    keys = list(sweep["axes"])
+    target = sweep["target_accuracy"] is not None
+    header = ["rank", *keys, "test accuracy (mean ± std)", "95% CI", "min", "max"]
+    header += ["epochs to target"] * target
+    rows = []
+    for x in sweep["results"]:
+        ci = x["test_accuracy_ci95"]
+        std = f" ± {100 * x['test_accuracy_std']:.2f}%" if x["test_accuracy_std"] is not None else ""
+        row = [str(x["rank"]), *(format_value(tuple(v) if isinstance(v, list) else v) for v in x["values"].values()),
+               f"{100 * x['test_accuracy_mean']:.2f}%{std}" + (" (diverged)" * bool(x["diverged_seeds"])),
+               f"{100 * ci[0]:.2f}–{100 * ci[1]:.2f}%" if ci else "—",
+               f"{100 * x['test_accuracy_min']:.2f}%", f"{100 * x['test_accuracy_max']:.2f}%"]
+        if target:
+            row.append(str(x["epochs_to_target"]) if x["epochs_to_target"] else "not reached")
+        rows.append(row)
+    widths = [max(len(h), *(len(r[j]) for r in rows)) for j, h in enumerate(header)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
+    n = sweep["seeds_per_point"]
+    lines.append(f"{sweep['num_points']} points x {n} seed{'s' * (n != 1)} in {sweep['num_programs']} "
+                 f"program{'s' * (sweep['num_programs'] != 1)}, {sweep['wall_seconds']:.1f} s")
+    return "\n".join(lines)
+
+
+def write_outputs(sweep: dict, out_dir: Path, command: str | None = None) -> dict[str, Path]:
+    """sweep.json, sweep.csv, sweep.png and sweep.html in `out_dir`; returns their paths."""
+    from jaxmnist.report.sweep_report import write_sweep_page
+
+    paths = {k: Path(out_dir) / name for k, name in FILES.items()}
+    sweep = {**sweep, "command": command}
+    write_json(paths["json"], sweep)
+    paths["csv"].write_text(to_csv(sweep))
+    write_sweep_page(sweep, paths["html"], paths["png"])
+    return paths
