@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import json
 import logging
 import os
 import sys
+import threading
 from pathlib import Path
 
 from jaxmnist import config as config_lib
@@ -35,6 +37,9 @@ FLAGS = {
     "--epochs": ("train.epochs", str, "number of epochs"),
     "--steps": ("train.steps", str, "number of steps (overrides --epochs)"),
     "--seed": ("train.seed", str, "random seed"),
+    "--seeds": ("train.seeds", str, "train N models (seeds SEED...SEED+N-1) in one program; report mean ± spread"),
+    "--target-accuracy": ("train.target_accuracy", str,
+                          "stop after the first epoch whose (mean) test accuracy reaches this fraction, e.g. 0.973"),
 }
 
 
@@ -43,6 +48,7 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     for flag, (key, _, help_) in FLAGS.items():
         p.add_argument(flag, dest=key, metavar=flag.lstrip("-").upper().replace("-", "_"), help=help_)
     p.add_argument("--no-compile-cache", action="store_true", help="turn off JAX's persistent compilation cache")
+    p.add_argument("--tensorboard", action="store_true", help="write TensorBoard event files in the run directory")
     p.add_argument(
         "overrides", nargs="*", metavar="KEY=VALUE",
         help="any config field, e.g. optimizer.grad_clip=1.0 train.eval_train=false (see `jaxmnist config`)",
@@ -56,6 +62,8 @@ def resolve_config(args: argparse.Namespace) -> tuple[config_lib.Config, str]:
     overrides.update(config_lib.parse_override(o) for o in args.overrides)
     if args.no_compile_cache:
         overrides["compile_cache"] = False
+    if args.tensorboard:
+        overrides["tensorboard"] = True
     cfg = config_lib.apply_overrides(cfg, overrides)
     config_lib.validate(cfg)
     return cfg, args.preset
@@ -79,11 +87,89 @@ def cmd_train(args) -> int:
     cfg, preset = resolve_config(args)
     workdir = Path(args.run_dir) if args.run_dir else _default_run_dir(preset, cfg)
     rundir.check_writable(workdir)
+    rundir.write_command(workdir, ["jaxmnist", *args.argv])
     mode = "json" if args.json else "quiet" if args.quiet else "normal"
     reporter = TerminalReporter(mode, workdir)
+    if not args.no_report:
+        # matplotlib takes ~1 s to import; do it while the device trains, not after.
+        threading.Thread(target=importlib.import_module, args=("jaxmnist.report.run_report",),
+                         daemon=True).start()
     summary = train_and_evaluate(cfg, workdir, reporter)
+    report = None
+    if not args.no_report:
+        from jaxmnist.report.run_report import write_run_report
+
+        report = write_run_report(workdir)
+        if mode == "normal":
+            print(f"report: {report}")
     if args.json:
-        print(json.dumps({"run_dir": str(workdir), **summary}, indent=2))
+        print(json.dumps({"run_dir": str(workdir), "report": report and str(report), **summary}, indent=2))
+    _check_target(summary)
+    return 0
+
+
+def _check_target(summary: dict) -> None:
+    """Exit 3, after everything was written, when --target-accuracy was not reached."""
+    if summary.get("target_reached") is False:
+        from jaxmnist.errors import TargetNotReached
+
+        seeds = len(summary.get("seeds", [0]))
+        of = f"mean test accuracy of {seeds} seeds" if seeds > 1 else "test accuracy"
+        raise TargetNotReached(
+            f"target {of} {summary['target_accuracy']:.2%} not reached: {summary['test_accuracy']:.2%} "
+            f"after all {summary['epochs']} epochs"
+        )
+
+
+def cmd_sweep(args) -> int:
+    import shlex
+
+    from jaxmnist import rundir, sweep
+
+    cfg, preset = resolve_config(args)
+    axes = sweep.parse_grid(args.grid or [], cfg)
+    sweep.expand_grid(cfg, axes)  # every point validated before anything is loaded
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = rundir.check_writable(args.out or Path("runs") / f"sweep-{preset}-{stamp}")
+    log = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
+    result = sweep.run_sweep(cfg, axes, log=log)
+    paths = sweep.write_outputs({"preset": preset, **result}, out, shlex.join(["jaxmnist", *args.argv]))
+    if args.json:
+        print(paths["json"].read_text(), end="")
+    else:
+        print(sweep.format_table(result))
+        print(f"wrote {paths['json']}, {paths['csv'].name}, {paths['png'].name}, {paths['html'].name}")
+    if cfg.train.target_accuracy is not None and not any(x["epochs_to_target"] for x in result["results"]):
+        from jaxmnist.errors import TargetNotReached
+
+        raise TargetNotReached(f"no grid point reached the target test accuracy {cfg.train.target_accuracy:.2%}")
+    return 0
+
+
+def _add_sweep_parser(sub) -> None:
+    p = sub.add_parser("sweep", allow_abbrev=False,
+                       help="train a grid of configs, many models per compiled program; mean ± CI per point")
+    _add_config_args(p)
+    p.add_argument("--grid", action="append", metavar="KEY=V1,V2,...",
+                   help="a swept field and its values, repeatable: --grid optimizer.lr=1e-3,3e-3 "
+                        "--grid optimizer.weight_decay=0,1e-4 (tuple fields: model.hidden=256x128,512)")
+    p.add_argument("--out", help="folder for sweep.json, sweep.csv, sweep.png, sweep.html "
+                                 "(default runs/sweep-<preset>-<time>)")
+    p.add_argument("--json", action="store_true", help="print sweep.json on stdout instead of the table")
+    p.set_defaults(func=cmd_sweep)
+
+
+def cmd_report(args) -> int:
+    from jaxmnist.report.run_report import write_run_report
+
+    print(write_run_report(args.run_dir, args.out))
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from jaxmnist.report.compare import write_comparison
+
+    print(write_comparison(args.run_dirs, args.out))
     return 0
 
 
@@ -138,8 +224,20 @@ def cmd_data(args) -> int:
     names = [args.dataset] if args.dataset else list(data.DATASETS)
     for name in names:
         data.get_spec(name)
+    if args.out and len(names) > 1:
+        raise config_lib.ConfigError("--out needs one DATASET")
     for name in names:
-        if args.action == "download":
+        if args.action == "show":
+            from jaxmnist.report.image_grids import dataset_examples_png
+
+            out = Path(args.out or f"{name}_examples.png")
+            png = dataset_examples_png(data.load_dataset(name, args.data_dir))
+            try:
+                out.write_bytes(png)
+            except OSError as e:
+                raise config_lib.ConfigError(f"{out}: cannot write ({e.strerror or e})") from None
+            print(out)
+        elif args.action == "download":
             folder = data.download_dataset(name, args.cache_dir)
             print(f"{name}: verified copy in {folder}")
         elif args.action == "verify":
@@ -147,6 +245,47 @@ def cmd_data(args) -> int:
         else:
             print_data_info(data.dataset_info(name, args.data_dir))
     return 0
+
+
+def cmd_bench(args) -> int:
+    import shlex
+
+    from jaxmnist import rundir
+    from jaxmnist.bench import make_options, run_bench
+    from jaxmnist.bench.output import format_table, to_json, write_outputs
+
+    cfg, preset = resolve_config(args)
+    opts = make_options(
+        modes=args.modes, dtypes=args.dtypes, batch_sizes=args.batch_sizes, sweep_mode=args.sweep_mode,
+        tokens_per_example=args.tokens_per_example, synthetic=args.synthetic, quick=args.quick,
+    )
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = rundir.check_writable(args.out or Path("runs") / f"bench-{preset}-{stamp}")
+    log = None if args.json else (lambda line: print(f"  {line}", file=sys.stderr, flush=True))
+    result = run_bench(cfg, opts, preset=preset, log=log, command=shlex.join(["jaxmnist", *args.argv]))
+    paths = write_outputs(result, out)
+    if args.json:
+        print(to_json(result), end="")
+    else:
+        print(format_table(result))
+        print(f"wrote {paths['json']}, {paths['png'].name}, {paths['html'].name}")
+    return 0
+
+
+def _add_bench_parser(sub) -> None:
+    p = sub.add_parser("bench", allow_abbrev=False,
+                       help="throughput: dispatch modes, dtypes, batch sizes, FLOP utilisation")
+    _add_config_args(p)
+    p.add_argument("--modes", help="comma-separated, of: python-dispatch, jit-step-host, jit-step-device, scan-epoch (default all)")
+    p.add_argument("--dtypes", help="compute dtypes to compare, e.g. float32,bfloat16 (default both)")
+    p.add_argument("--batch-sizes", help="batch-size sweep, e.g. 64,128,...,8192 (default 64 to 8192, doubling)")
+    p.add_argument("--sweep-mode", help="mode for the dtype comparison and batch sweep (default scan-epoch)")
+    p.add_argument("--tokens-per-example", help="also show tokens/s, labelled as a projection: examples/s x N")
+    p.add_argument("--synthetic", action="store_true", help="random data of the dataset's shape (no files needed)")
+    p.add_argument("--quick", action="store_true", help="a few seconds: short epochs, two sweep points (for tests)")
+    p.add_argument("--out", help="folder for bench.json, bench.png, bench.html (default runs/bench-<preset>-<time>)")
+    p.add_argument("--json", action="store_true", help="print bench.json on stdout instead of the table")
+    p.set_defaults(func=cmd_bench)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -161,7 +300,18 @@ def build_parser() -> argparse.ArgumentParser:
     out = p.add_mutually_exclusive_group()
     out.add_argument("--quiet", action="store_true", help="print only the final result line")
     out.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    p.add_argument("--no-report", action="store_true", help="do not write report.html and plots/")
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("report", help="(re)write a run's report.html and plots/")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--out", help="write the page here instead of RUN_DIR/report.html")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("compare", help="one HTML page comparing several runs")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    p.add_argument("--out", default="comparison.html", help="the page to write (default comparison.html)")
+    p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("eval", help="re-evaluate a run's saved parameters")
     p.add_argument("run_dir", metavar="RUN_DIR")
@@ -177,18 +327,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_devices)
 
-    p = sub.add_parser("data", help="download, verify or describe datasets")
-    p.add_argument("action", choices=("download", "verify", "info"))
+    p = sub.add_parser("data", help="download, verify, describe or show datasets")
+    p.add_argument("action", choices=("download", "verify", "info", "show"))
     p.add_argument("dataset", nargs="?", help="mnist or fashion_mnist (default: all)")
     p.add_argument("--data-dir", help="folder holding <dataset>/... to verify or describe")
     p.add_argument("--cache-dir", help="download into this folder instead of the user cache")
+    p.add_argument("--out", help="show: the PNG to write (default <dataset>_examples.png)")
     p.set_defaults(func=cmd_data)
+    _add_bench_parser(sub)
+    _add_sweep_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # recorded with the run
     try:
         return args.func(args)
     except JaxmnistError as e:

@@ -1,0 +1,15 @@
+"""`jaxmnist bench`: honest throughput of the training step, and how close it gets to the device's limit.
+
+Modules: `modes` (the four ways to drive the same training step), `timing`
+(warm-up, timed windows, the compile and transfer guards), `peak` (a large
+matmul's FLOP/s in a dtype), `options` (what to measure, and its validation),
+`run` (`run_bench(cfg, options) -> dict`), `schema` (the layout of bench.json,
+and a checker) and `output` (the terminal table, bench.json, the bar chart and
+the HTML page).
+"""
+
+from jaxmnist.bench.modes import MODES
+from jaxmnist.bench.options import BenchOptions, make_options
+from jaxmnist.bench.run import run_bench
+
+__all__ = ["MODES", "BenchOptions", "make_options", "run_bench"]

@@ -1,0 +1,197 @@
+"""What `jaxmnist bench` shows and writes: a terminal table, bench.json, a bar chart, a page.
+
+`format_table(result)` is the text the terminal shows. `write_outputs(result,
+out_dir)` writes bench.json (every figure, the config and the environment;
+non-finite numbers become null so that the file is strict JSON), bench.png
+(examples/s by mode, by dtype and by batch size, with the min-max range of
+the windows as error bars) and bench.html, a self-contained page built with
+the run report's template (`jaxmnist.report.html`). Tokens/s appears only as a
+projection, labelled as one, when the user gave tokens per example.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+JSON_NAME, PNG_NAME, HTML_NAME = "bench.json", "bench.png", "bench.html"
+
+
+def _eps(m: dict) -> float:
+    return m["examples_per_second"]["median"]
+
+
+def _ms(m: dict) -> float:
+    return 1e3 * m["step_seconds"]["median"]
+
+
+def _acc(x) -> str:
+    return "—" if x is None else f"{x:.2%}"
+
+
+def _num(x, fmt: str) -> str:
+    return "—" if x is None else format(x, fmt)
+
+
+def headline(result: dict) -> list[str]:
+    """Two lines: what was measured, and on what."""
+    d, m, env = result["data"], result["model"], result["environment"]
+    kind = "synthetic" if d["synthetic"] else "real"
+    peaks = ", ".join(
+        f"{p['dtype']} {p['flops_per_second']['median'] / 1e9:,.1f} GFLOP/s "
+        f"(±{p['flops_per_second']['rel_spread'] / 2:.0%})"
+        for p in result["peak"].values()
+    )
+    n = next(iter(result["peak"].values()))["matmul_shape"][0] if result["peak"] else 0
+    return [
+        f"preset {result['preset'] or '-'} | {d['dataset']} ({kind}, {d['num_train_examples']:,} "
+        f"training examples) | {m['name']} {m['num_params']:,} params | "
+        f"{m['flops_per_example']:,} FLOP/example (forward + backward)",
+        f"{device(env)} | jax {env['jax']} | measured peak ({n}^3 matmul): {peaks}",
+    ]
+
+
+def device(env: dict) -> str:
+    """'cpu: AMD EPYC (2 CPUs)' or 'gpu: NVIDIA H100 80GB HBM3 (host: ...)'."""
+    host = f"{env['cpu_model']}, {env['cpu_count']} CPUs"
+    if env["backend"] == "cpu":
+        return f"cpu: {host}"
+    return f"{env['backend']}: {env['device_kind']} x {env['device_count']} (host: {host})"
+
+
+def _token_cell(m: dict) -> str:
+    t = m.get("projected_tokens_per_second")
+    return "" if t is None else f"{t:>14,.0f}"
+
+
+def _timing_rows(rows: list[dict], first: str, key, tokens: bool, quality: bool) -> list[str]:
+    head = (f"{first:<16} {'compile s':>9} {'ms/step':>9} {'spread':>7} {'examples/s':>11} "
+            f"{'GFLOP/s':>8} {'MFU':>5}")
+    if quality:
+        head += f" {'steps':>6} {'train loss':>10} {'test acc':>8}"
+    if tokens:
+        head += f" {'tokens/s (proj.)':>16}"
+    lines = [head]
+    for m in rows:
+        line = (f"{key(m):<16} {m['compile_seconds']:>9.2f} {_ms(m):>9.3f} "
+                f"{m['step_seconds']['rel_spread']:>7.1%} {_eps(m):>11,.0f} "
+                f"{m['achieved_flops_per_second'] / 1e9:>8.1f} {m['mfu']:>5.2f}")
+        if quality:
+            line += (f" {m['steps_trained']:>6} {_num(m['final_train_loss'], '.4f'):>10} "
+                     f"{_acc(m['test_accuracy']):>8}")
+        if tokens:
+            line += f" {_token_cell(m):>16}"
+        lines.append(line)
+    return lines
+
+
+def format_table(result: dict) -> str:
+    """The terminal report: headline, then one table per comparison."""
+    tokens = result["tokens"] is not None
+    o = result["options"]
+    lines = headline(result)
+    modes, dtypes, sweep = result["modes"], result["dtypes"], result["batch_sweep"]
+    when = f"median of {o['windows']} timed windows after {o['warmup']} warm-up"
+    if modes:
+        lines += ["", f"Modes: batch {modes[0]['batch_size']}, {modes[0]['dtype']} ({when})"]
+        lines += _timing_rows(modes, "mode", lambda m: m["mode"], tokens, quality=False)
+        if any(m["mode"] == "python-dispatch" for m in modes):
+            lines.append("(python-dispatch compiles no whole step: its compile s is the first eager "
+                         "step, which compiles each op once)")
+        ratios = result["ratios"]
+        shown = [f"{k} {v:.2f}x" for k, v in ratios.items() if k != "bfloat16/float32"]
+        if shown:
+            lines.append("examples/s ratios: " + ", ".join(shown))
+        b = {k: v * 1e3 for k, v in result["breakdown"].items()}
+        if b:
+            lines.append("per step, ms: " + ", ".join(
+                f"{k.removesuffix('_seconds').replace('_', ' ')} {v:.3f}" for k, v in b.items()))
+    if dtypes:
+        lines += ["", f"Compute dtype: {dtypes[0]['mode']}, batch {dtypes[0]['batch_size']}"]
+        lines += _timing_rows(dtypes, "dtype", lambda m: m["dtype"], tokens, quality=True)
+        if "bfloat16/float32" in result["ratios"]:
+            lines.append(f"bfloat16/float32 examples/s: {result['ratios']['bfloat16/float32']:.2f}x")
+    if sweep:
+        lines += ["", f"Batch size: {sweep[0]['mode']}, {sweep[0]['dtype']}"]
+        lines += _timing_rows(sweep, "batch", lambda m: str(m["batch_size"]), tokens, quality=False)
+    if tokens:
+        t = result["tokens"]
+        lines += ["", f"tokens/s (proj.) = examples/s x {t['tokens_per_example']:g} tokens per "
+                      "example, as given: a projection, not a measurement"]
+    if result["data"]["synthetic"]:
+        lines += ["", "data are synthetic (random): speeds are real, losses and accuracies are not"]
+    return "\n".join(lines)
+
+
+def _strict(value):
+    """NaN and infinities become None, recursively, so that the JSON is strict."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(v) for v in value]
+    return value
+
+
+def to_json(result: dict) -> str:
+    return json.dumps(_strict(result), indent=2, allow_nan=False) + "\n"
+
+
+def bar_chart(result: dict) -> bytes:
+    """PNG bytes: examples/s by mode (log scale), by dtype and by batch size (with MFU)."""
+    import numpy as np
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    from jaxmnist.report.plots import new_figure, style, to_png
+
+    panels = [
+        ("modes", "mode", f"Modes (batch {_first(result['modes'], 'batch_size')})", True),
+        ("dtypes", "dtype", f"Compute dtype ({_first(result['dtypes'], 'mode')})", False),
+        ("batch_sweep", "batch_size", f"Batch size ({_first(result['batch_sweep'], 'mode')}; MFU on bars)", False),
+    ]
+    panels = [p for p in panels if result[p[0]]]
+    with style():
+        fig = new_figure(4.2 * len(panels), 3.8)
+        axes = np.atleast_1d(fig.subplots(1, len(panels)))
+        for ax, (section, key, title, log) in zip(axes, panels):
+            rows = result[section]
+            eps = np.array([_eps(m) for m in rows])
+            lo = eps - np.array([m["examples_per_second"]["min"] for m in rows])
+            hi = np.array([m["examples_per_second"]["max"] for m in rows]) - eps
+            x = np.arange(len(rows))
+            ax.bar(x, eps, color="#1f5fbf", yerr=[lo, hi], capsize=3, ecolor="#5b6475")
+            tilt = len(rows) >= 4
+            ax.set_xticks(x, [str(m[key]) for m in rows], rotation=30 if tilt else 0,
+                          ha="right" if tilt else "center", fontsize=8)
+            for xi, m in zip(x, rows):
+                label = f"{_eps(m):,.0f}" if section != "batch_sweep" else f"{m['mfu']:.2f}"
+                ax.annotate(label, (xi, m["examples_per_second"]["max"]), textcoords="offset points",
+                            xytext=(0, 3), ha="center", fontsize=7)
+            if log:
+                ax.set_yscale("log")
+                ax.yaxis.set_minor_formatter(NullFormatter())
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+            ax.margins(y=0.12)
+            ax.set(title=title, ylabel="examples/s (median, min-max)")
+            ax.grid(axis="x", visible=False)
+    return to_png(fig)
+
+
+def _first(rows: list[dict], key: str):
+    return rows[0][key] if rows else ""
+
+
+def write_outputs(result: dict, out_dir) -> dict[str, Path]:
+    """Writes bench.json, bench.png and bench.html into `out_dir`; returns their paths."""
+    from jaxmnist.bench.page import render_bench_page
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / JSON_NAME, "png": out / PNG_NAME, "html": out / HTML_NAME}
+    paths["json"].write_text(to_json(result))
+    png = bar_chart(result)
+    paths["png"].write_bytes(png)
+    paths["html"].write_text(render_bench_page(result, png, format_table(result)))
+    return paths

@@ -1,0 +1,294 @@
+"""`run_bench(cfg, options) -> dict`: every measurement of `jaxmnist bench`, in one run.
+
+Three comparisons, each made side by side in one process: the four modes at the
+config's batch size and compute dtype; the compute dtypes in `sweep_mode`; and
+the batch sizes in `sweep_mode`. A measurement is a short training run from the
+same initial parameters: compile, warm up, time the windows (`timing`), then
+evaluate on the test set, so that speed and quality are reported together. A
+measurement that appears in two comparisons is made once. Utilisation is
+analytic FLOPs per example (forward and backward, from the model's shapes)
+times examples/s, over the peak of a large matmul in the same dtype measured in
+the same run (`peak`). JAX's persistent compilation cache is not used, so that
+compile times are compile times. The result is one JSON-ready dict, laid out in
+`schema`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import time
+from typing import Callable
+
+import jax
+import numpy as np
+
+from jaxmnist import config as config_lib
+from jaxmnist import evaluate as evaluate_lib
+from jaxmnist import optim, runtime
+from jaxmnist.bench import options as options_lib
+from jaxmnist.bench import peak as peak_lib
+from jaxmnist.bench import timing
+from jaxmnist.bench.modes import HostData, build_runner
+from jaxmnist.bench.options import BenchOptions
+from jaxmnist.models import count_params, mlp
+from jaxmnist.train import init_state, place_train_data
+
+SCHEMA_VERSION = 1
+# Analytic FLOPs per training example, by model: (ModelConfig, input_shape, num_classes) -> int.
+FLOPS_PER_EXAMPLE = {"mlp": mlp.flops_per_example}
+SYNTHETIC_NOTE = "synthetic: uniform random pixels and labels of the dataset's shape (speed only; accuracy is chance)"
+
+
+def synthetic_dataset(name: str, seed: int = 0, train_size: int | None = None):
+    """A `Dataset` of random uint8 data with the real one's shapes and sizes."""
+    from jaxmnist.data import Dataset, get_spec
+
+    spec = get_spec(name)
+    rng = np.random.default_rng(seed)
+
+    def split(n):
+        images = rng.integers(0, 256, (n, *spec.image_shape), dtype=np.uint8)
+        return images, rng.integers(0, spec.num_classes, n, dtype=np.uint8)
+
+    return Dataset(spec, *split(train_size or spec.train_size), *split(spec.test_size), SYNTHETIC_NOTE)
+
+
+def _load(cfg, opts: BenchOptions):
+    """The dataset to measure on: real or synthetic, cut to `opts.train_examples`."""
+    from jaxmnist.data import load_dataset
+
+    if opts.synthetic:
+        return synthetic_dataset(cfg.data.dataset, cfg.train.seed, opts.train_examples)
+    ds = load_dataset(cfg.data.dataset, cfg.data.data_dir, download=cfg.data.download)
+    n = opts.train_examples
+    if n is None or n >= len(ds.train_labels):
+        return ds
+    return dataclasses.replace(ds, train_images=ds.train_images[:n], train_labels=ds.train_labels[:n],
+                               source=f"{ds.source} (first {n} training examples)")
+
+
+class _Bench:
+    """The state shared by one run's measurements: data on both sides, caches, peaks."""
+
+    def __init__(self, cfg, opts: BenchOptions, dataset, log):
+        self.cfg, self.opts, self.log = cfg, opts, log
+        self.input_shape = dataset.train_images.shape[1:]
+        self.num_classes = len(dataset.spec.class_names)
+        self.num_train = len(dataset.train_labels)
+        self.data = place_train_data(dataset.train_images, dataset.train_labels)
+        flat = dataset.train_images.reshape(self.num_train, -1)
+        self.host = HostData(flat, dataset.train_labels.astype(np.int32))
+        self.test_set = evaluate_lib.place_eval_data(
+            dataset.test_images, dataset.test_labels, cfg.train.eval_batch_size
+        )
+        self.flops_per_example = FLOPS_PER_EXAMPLE[cfg.model.name](
+            cfg.model, self.input_shape, self.num_classes
+        )
+        self.peaks: dict[str, dict] = {}
+        self._measured: dict[tuple, dict] = {}
+        self._evaluators: dict = {}
+
+    def peak(self, dtype: str) -> dict:
+        if dtype not in self.peaks:
+            n = self.opts.peak_size or peak_lib.default_size(jax.default_backend())
+            self.log(f"peak: {n}x{n} matmul in {dtype}")
+            self.peaks[dtype] = peak_lib.measure_matmul_peak(
+                dtype, n, windows=self.opts.windows, warmup=max(1, self.opts.warmup),
+                min_window_seconds=self.opts.peak_window_seconds,
+            )
+        return self.peaks[dtype]
+
+    def window_steps(self, mode: str, batch_size: int) -> int:
+        """One epoch (the last partial batch dropped); python-dispatch does fewer steps."""
+        steps = self.num_train // batch_size
+        if mode == "python-dispatch":
+            steps = min(steps, self.opts.dispatch_window_steps)
+        return steps
+
+    def measure(self, mode: str, dtype: str, batch_size: int) -> dict:
+        key = (mode, dtype, batch_size)
+        if key not in self._measured:
+            self._measured[key] = self._measure(mode, dtype, batch_size)
+        return self._measured[key]
+
+    def _measure(self, mode: str, dtype: str, batch_size: int) -> dict:
+        o = self.opts
+        cfg = dataclasses.replace(
+            self.cfg,
+            model=dataclasses.replace(self.cfg.model, dtype=dtype),
+            train=dataclasses.replace(self.cfg.train, batch_size=batch_size),
+        )
+        steps = self.window_steps(mode, batch_size)
+        label = f"{mode} {dtype} batch {batch_size}"
+        self.log(f"{label}: {o.warmup} warm-up + {o.windows} timed windows of {steps} steps")
+        # The schedule spans the steps this measurement trains (+1: python-dispatch's first step).
+        optimizer = optim.make_optimizer(cfg.optimizer, (o.warmup + o.windows) * steps + 1)
+        state = init_state(jax.random.key(cfg.train.seed), cfg, optimizer, self.input_shape, self.num_classes)
+        runner = build_runner(mode, cfg, optimizer, state, self.data, self.host, steps)
+        seconds, out = timing.time_windows(
+            runner.run, windows=o.windows, warmup=o.warmup, label=label,
+            prepare=runner.prepare, guard=runner.guard,
+        )
+        losses = runner.losses(out)
+        test = self._evaluator(cfg.model, runner.state.params)(runner.state.params, self.test_set)
+        step_stats = timing.stats(np.asarray(seconds) / steps)
+        eps = peak_lib.invert(timing.stats(seconds), steps * batch_size)
+        achieved = eps["median"] * self.flops_per_example
+        record = {
+            "mode": mode,
+            "dtype": dtype,
+            "batch_size": batch_size,
+            "steps_per_window": steps,
+            "windows": o.windows,
+            "warmup_windows": o.warmup,
+            "compile_seconds": runner.compile_seconds,
+            "window_seconds": seconds,
+            "step_seconds": step_stats,
+            "examples_per_second": eps,
+            "achieved_flops_per_second": achieved,
+            "mfu": achieved / self.peak(dtype)["flops_per_second"]["median"],
+            "compiles_in_windows": 0,  # time_windows raised otherwise
+            "transfer_guard": runner.guard.as_dict(),
+            "steps_trained": int(jax.device_get(runner.state.step)),
+            "final_train_loss": _finite(float(losses.mean())),
+            "test_loss": _finite(test.loss),
+            "test_accuracy": test.accuracy,
+        }
+        if o.tokens_per_example is not None:
+            record["projected_tokens_per_second"] = eps["median"] * o.tokens_per_example
+        return record
+
+    def _evaluator(self, model_cfg, params):
+        if model_cfg not in self._evaluators:
+            self._evaluators[model_cfg] = evaluate_lib.compile_evaluate(
+                model_cfg, params, self.test_set, self.num_classes
+            )
+        return self._evaluators[model_cfg]
+
+
+def _finite(x: float) -> float | None:
+    return x if np.isfinite(x) else None
+
+
+def run_bench(
+    cfg: config_lib.Config,
+    opts: BenchOptions,
+    *,
+    dataset=None,
+    preset: str | None = None,
+    command: str | None = None,
+    log: Callable[[str], None] | None = None,
+) -> dict:
+    """Runs every measurement `opts` asks for on the default device; returns the result.
+
+    `dataset` (a `jaxmnist.data.Dataset`) skips loading; otherwise the real data
+    are loaded, or random data of their shape with `opts.synthetic`. `log` gets
+    a line as each measurement starts; `preset` and `command` are recorded as
+    given. Raises ConfigError for bad options or a dtype the backend lacks.
+    """
+    wall_start = time.perf_counter()
+    log = log or (lambda line: None)
+    # A persistent-cache hit would report a cache load as compile time: the cache
+    # stays off, and the saved config says so.
+    cfg = dataclasses.replace(cfg, compile_cache=False)
+    options_lib.validate_options(opts)
+    config_lib.validate(cfg)
+    for dtype in dict.fromkeys((cfg.model.dtype, *opts.dtypes)):
+        options_lib.check_dtype_supported(dtype)
+    dataset = dataset if dataset is not None else _load(cfg, opts)
+    options_lib.check_batch_sizes(opts, cfg, len(dataset.train_labels))
+
+    bench = _Bench(cfg, opts, dataset, log)
+    for dtype in dict.fromkeys((cfg.model.dtype, *opts.dtypes)):
+        bench.peak(dtype)
+    batch, dtype = cfg.train.batch_size, cfg.model.dtype
+    modes = [bench.measure(m, dtype, batch) for m in opts.modes]
+    dtypes = [bench.measure(opts.sweep_mode, d, batch) for d in opts.dtypes]
+    sweep = [bench.measure(opts.sweep_mode, dtype, b) for b in opts.batch_sizes]
+
+    params = jax.eval_shape(lambda: init_state(
+        jax.random.key(0), cfg, optim.make_optimizer(cfg.optimizer, 1), bench.input_shape, bench.num_classes
+    ).params)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "preset": preset,
+        "command": command,
+        "config": cfg.to_dict(),
+        "options": options_lib.as_dict(opts),
+        "environment": runtime.environment(),
+        "data": {
+            "dataset": dataset.spec.name,
+            "source": dataset.source,
+            "synthetic": dataset.source.startswith(SYNTHETIC_NOTE),
+            "num_train_examples": bench.num_train,
+            "num_test_examples": len(dataset.test_labels),
+        },
+        "model": {
+            "name": cfg.model.name,
+            "num_params": count_params(params),
+            "flops_per_example": bench.flops_per_example,
+            "flops_note": "analytic matmul FLOPs of one training example, forward and backward "
+                          "(elementwise work and the optimizer update left out)",
+        },
+        "peak": bench.peaks,
+        "modes": modes,
+        "dtypes": dtypes,
+        "batch_sweep": sweep,
+        "ratios": _ratios(modes, dtypes),
+        "breakdown": _breakdown(modes),
+        "checks": _checks(modes),
+        "tokens": None if opts.tokens_per_example is None else {
+            "tokens_per_example": opts.tokens_per_example,
+            "note": "a projection, not a measurement: examples/s times the tokens per example you gave",
+        },
+        "wall_seconds": time.perf_counter() - wall_start,
+    }
+
+
+def _eps(records: list[dict], key: str, value: str) -> float | None:
+    for r in records:
+        if r[key] == value:
+            return r["examples_per_second"]["median"]
+    return None
+
+
+def _ratios(modes: list[dict], dtypes: list[dict]) -> dict:
+    """Examples/s ratios of the comparisons that matter, where both sides were measured."""
+    pairs = {
+        "scan-epoch/jit-step-host": (modes, "mode", "scan-epoch", "jit-step-host"),
+        "scan-epoch/jit-step-device": (modes, "mode", "scan-epoch", "jit-step-device"),
+        "jit-step-device/jit-step-host": (modes, "mode", "jit-step-device", "jit-step-host"),
+        "jit-step-device/python-dispatch": (modes, "mode", "jit-step-device", "python-dispatch"),
+        "bfloat16/float32": (dtypes, "dtype", "bfloat16", "float32"),
+    }
+    out = {}
+    for name, (records, key, a, b) in pairs.items():
+        ea, eb = _eps(records, key, a), _eps(records, key, b)
+        if ea is not None and eb is not None:
+            out[name] = ea / eb
+    return out
+
+
+def _breakdown(modes: list[dict]) -> dict:
+    """Where a step's time goes, as differences of median seconds per step between modes."""
+    t = {r["mode"]: r["step_seconds"]["median"] for r in modes}
+    parts = {
+        "compiled_step_seconds": ("scan-epoch", None),
+        "call_overhead_seconds": ("jit-step-device", "scan-epoch"),
+        "host_copy_seconds": ("jit-step-host", "jit-step-device"),
+        "eager_dispatch_seconds": ("python-dispatch", "jit-step-device"),
+    }
+    return {
+        name: t[a] - (t[b] if b else 0.0)
+        for name, (a, b) in parts.items()
+        if a in t and (b is None or b in t)
+    }
+
+
+def _checks(modes: list[dict]) -> dict:
+    order = ["scan-epoch", "jit-step-device", "python-dispatch"]
+    eps = [_eps(modes, "mode", m) for m in order]
+    holds = None if None in eps else all(a >= b for a, b in zip(eps, eps[1:]))
+    return {"scan-epoch >= jit-step-device >= python-dispatch": holds, "compiles_in_windows": 0}

@@ -1,0 +1,143 @@
+"""Timed windows: an untimed warm-up, then repeated synchronised windows, with guards.
+
+A measurement runs `warmup` untimed windows (they compile, fill caches and
+reach steady state), then `windows` timed ones. Work inside a window is
+enqueued asynchronously; `jax.block_until_ready` is called only at its edges:
+the clock starts after the previous window's results (and this window's untimed
+`prepare`) are ready, and stops when the window's last result is. Figures are
+the median over the timed windows, with the min, max and relative spread
+((max - min) / median) beside them.
+
+Hidden costs fail loudly inside timed windows. Every JAX compilation (tracing,
+lowering to MLIR or a backend compile, each reported through `jax.monitoring`)
+raises `RecompilationError`. Implicit transfers are refused by
+`jax.transfer_guard`; a `Guard` says which directions are refused, because the
+un-jitted step cannot run without uploading its Python-scalar constants (see
+`modes`). Explicit `jax.device_put` is always allowed by a transfer guard.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any, Callable, NamedTuple
+
+import jax
+import numpy as np
+
+# The events jax._src.dispatch records for every trace, lowering and backend
+# compile (the same ones `jax.log_compiles` reports). A persistent-cache hit
+# still traces and lowers, so it is counted too.
+COMPILE_EVENTS = frozenset({
+    "/jax/core/compile/jaxpr_trace_duration",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration",
+    "/jax/core/compile/backend_compile_duration",
+})
+
+
+class RecompilationError(RuntimeError):
+    """JAX compiled something inside a timed window: a bug in the benchmark."""
+
+
+class _CompileCounter:
+    """Counts compile events process-wide; registered once, never removed."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.registered = False
+
+    def __call__(self, event: str, duration_secs: float, **kwargs) -> None:
+        if event in COMPILE_EVENTS:
+            self.count += 1
+
+    def ensure_registered(self) -> None:
+        if not self.registered:
+            jax.monitoring.register_event_duration_secs_listener(self)
+            self.registered = True
+
+
+_COUNTER = _CompileCounter()
+
+
+def compile_count() -> int:
+    """Compile events seen so far in this process (starts counting on first call)."""
+    _COUNTER.ensure_registered()
+    return _COUNTER.count
+
+
+class Guard(NamedTuple):
+    """Transfer-guard level ("allow" or "disallow") for each direction of implicit copy."""
+
+    host_to_device: str = "disallow"
+    device_to_host: str = "disallow"
+    device_to_device: str = "disallow"
+
+    def as_dict(self) -> dict:
+        return self._asdict()
+
+
+@contextlib.contextmanager
+def no_compiles(label: str):
+    """Raises `RecompilationError` if JAX compiles anything inside the block."""
+    before = compile_count()
+    yield
+    compiled = compile_count() - before
+    if compiled:
+        raise RecompilationError(
+            f"{label}: {compiled} JAX compile event(s) inside a timed window; every program "
+            "must be compiled during warm-up (same shapes, dtypes and static arguments)"
+        )
+
+
+@contextlib.contextmanager
+def guarded(label: str, guard: Guard = Guard()):
+    """The context of a timed window: no compiles, and the given transfer guards."""
+    with (
+        jax.transfer_guard_host_to_device(guard.host_to_device),
+        jax.transfer_guard_device_to_host(guard.device_to_host),
+        jax.transfer_guard_device_to_device(guard.device_to_device),
+        no_compiles(label),
+    ):
+        yield
+
+
+def stats(values) -> dict:
+    """median, min, max and rel_spread = (max - min) / median of a few numbers."""
+    v = np.asarray(values, np.float64)
+    median = float(np.median(v))
+    return {
+        "median": median,
+        "min": float(v.min()),
+        "max": float(v.max()),
+        "rel_spread": float((v.max() - v.min()) / median) if median else 0.0,
+    }
+
+
+def time_windows(
+    run: Callable[[], Any],
+    *,
+    windows: int,
+    warmup: int,
+    label: str,
+    prepare: Callable[[int], Any] | None = None,
+    guard: Guard = Guard(),
+) -> tuple[list[float], Any]:
+    """Runs `warmup + windows` windows; returns the timed windows' seconds and the
+    last window's output.
+
+    `prepare(i)` (untimed, may return arrays to wait for) readies window `i`;
+    `run()` enqueues one window of work and returns what to wait for.
+    """
+    if windows < 1 or warmup < 0:
+        raise ValueError(f"need windows >= 1 and warmup >= 0, got {windows}, {warmup}")
+    seconds, out = [], None
+    for i in range(warmup + windows):
+        jax.block_until_ready(prepare(i) if prepare is not None else None)
+        if i < warmup:
+            out = jax.block_until_ready(run())
+            continue
+        with guarded(label, guard):
+            start = time.perf_counter()
+            out = jax.block_until_ready(run())
+            seconds.append(time.perf_counter() - start)
+    return seconds, out

@@ -1,0 +1,187 @@
+"""`jaxmnist bench`: the real CLI on --quick, its schema, its guards and its argument errors."""
+
+import dataclasses
+import json
+import os
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxmnist import cli
+from jaxmnist import config as config_lib
+from jaxmnist import optim
+from jaxmnist.bench import modes as modes_lib
+from jaxmnist.bench import options as options_lib
+from jaxmnist.bench import schema, timing
+from jaxmnist.bench.output import format_table
+from jaxmnist.train import init_state, place_train_data
+
+REAL_DATA_DIR = os.environ.get("JAXMNIST_DATA_DIR")
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    """One real `jaxmnist bench --quick` run, shared by the tests that read its output.
+
+    Batch 16: where a jitted call per step costs most relative to the step, so the
+    mode ordering is checked with a wide margin even on a busy machine. Real data
+    when JAXMNIST_DATA_DIR is set, random data of MNIST's shape otherwise.
+    """
+    out = tmp_path_factory.mktemp("bench")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("XDG_CACHE_HOME", str(out / "cache"))
+    data = ["--data-dir", REAL_DATA_DIR, "data.download=false"] if REAL_DATA_DIR else ["--synthetic"]
+    argv = ["bench", "--quick", "--no-compile-cache", "--batch-size", "16", "--batch-sizes", "16,256",
+            "--tokens-per-example", "100", "--out", str(out / "result"), *data]
+    try:
+        code = cli.main(argv)
+    finally:
+        mp.undo()
+    return code, out / "result"
+
+
+def test_quick_cli_writes_json_matching_schema(quick_run, capsys):
+    code, out = quick_run
+    assert code == 0
+    text = (out / "bench.json").read_text()
+    result = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict JSON: {c}"))
+    assert schema.check(result) == []
+    assert result["schema_version"] == 1
+    assert [m["mode"] for m in result["modes"]] == list(modes_lib.MODES)
+    assert [m["dtype"] for m in result["dtypes"]] == ["float32", "bfloat16"]
+    assert [m["batch_size"] for m in result["batch_sweep"]] == [16, 256]
+    assert set(result["peak"]) == {"float32", "bfloat16"}
+    assert result["data"]["synthetic"] == (REAL_DATA_DIR is None)
+    assert result["environment"]["backend"] == jax.default_backend()
+    assert result["config"]["train"]["batch_size"] == 16
+    for m in result["modes"] + result["dtypes"] + result["batch_sweep"]:
+        assert len(m["window_seconds"]) == m["windows"] >= 5
+        assert m["compiles_in_windows"] == 0
+        assert 0 < m["mfu"] < 2 and m["examples_per_second"]["median"] > 0
+        assert m["projected_tokens_per_second"] == pytest.approx(100 * m["examples_per_second"]["median"])
+        assert m["steps_trained"] >= (m["windows"] + m["warmup_windows"]) * m["steps_per_window"]
+    assert (out / "bench.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    page = (out / "bench.html").read_text()
+    assert "jaxmnist bench: tpu101" in page and "data:image/png;base64," in page
+    assert "projection" in page
+
+
+def test_mode_ordering_holds(quick_run):
+    """scan-epoch >= jit-step-device >= python-dispatch in examples/s, on any backend."""
+    result = json.loads((quick_run[1] / "bench.json").read_text())
+    eps = {m["mode"]: m["examples_per_second"]["median"] for m in result["modes"]}
+    assert eps["scan-epoch"] >= eps["jit-step-device"] >= eps["python-dispatch"], eps
+    assert result["checks"]["scan-epoch >= jit-step-device >= python-dispatch"] is True
+
+
+def test_guards_are_the_documented_ones(quick_run):
+    result = json.loads((quick_run[1] / "bench.json").read_text())
+    for m in result["modes"]:
+        expected = "allow" if m["mode"] == "python-dispatch" else "disallow"
+        assert m["transfer_guard"] == {
+            "host_to_device": expected, "device_to_host": "disallow", "device_to_device": "disallow",
+        }
+
+
+def test_table_labels_tokens_as_a_projection(quick_run):
+    result = json.loads((quick_run[1] / "bench.json").read_text())
+    table = format_table(result)
+    assert "tokens/s (proj.)" in table and "a projection, not a measurement" in table
+    assert "scan-epoch/jit-step-host" in table
+    no_tokens = format_table({**result, "tokens": None})
+    assert "tokens" not in no_tokens
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--modes", "scan-epoch,warp-drive"], "unknown mode 'warp-drive'"),
+    (["--sweep-mode", "eager"], "unknown mode 'eager'"),
+    (["--batch-sizes", "0,64"], "batch sizes must be positive, got 0"),
+    (["--batch-sizes", "64,lots"], "batch size: expected an integer"),
+    (["--batch-size", "0"], "batch size must be between 1"),
+    (["--dtypes", "float8"], "unknown dtype 'float8'"),
+    (["--tokens-per-example", "-3"], "tokens per example must be positive"),
+    (["--modes", "scan-epoch,scan-epoch"], "without repeats"),
+])
+def test_bad_arguments_are_one_line_and_exit_2(args, message, tmp_path, capsys):
+    assert cli.main(["bench", "--quick", "--synthetic", "--out", str(tmp_path), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("jaxmnist bench: error: ") and message in err
+
+
+def test_batch_size_beyond_the_data_is_exit_2(tmp_path, capsys):
+    argv = ["bench", "--quick", "--synthetic", "--no-compile-cache", "--batch-sizes", "8192",
+            "--dtypes", "float32", "--out", str(tmp_path)]
+    assert cli.main(argv) == 2
+    assert "batch size 8192 exceeds the 4096 training examples" in capsys.readouterr().err
+
+
+def test_dtype_the_backend_lacks_is_exit_2(tmp_path, capsys, monkeypatch):
+    def ones(shape, dtype):
+        if jnp.dtype(dtype) == jnp.bfloat16:
+            raise RuntimeError("UNIMPLEMENTED: bf16 dot")
+        return jnp.ones(shape, dtype)
+
+    monkeypatch.setattr(options_lib, "jnp", types.SimpleNamespace(ones=ones, matmul=jnp.matmul))
+    assert cli.main(["bench", "--quick", "--synthetic", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert f"dtype bfloat16 is not supported by the {jax.default_backend()} backend" in err
+
+
+def test_compile_inside_a_timed_window_raises():
+    x = jnp.ones(4)
+    calls = iter(range(100))
+
+    def fresh_program():  # a new function object each call: a new trace and compile
+        return jax.jit(lambda v: v + next(calls))(x)
+
+    with pytest.raises(timing.RecompilationError, match="compile event"):
+        timing.time_windows(fresh_program, windows=2, warmup=1, label="test")
+    same = jax.jit(lambda v: v * 2)
+    seconds, _ = timing.time_windows(lambda: same(x), windows=5, warmup=1, label="test")
+    assert len(seconds) == 5 and min(seconds) > 0
+
+
+def test_implicit_transfer_inside_a_timed_window_raises():
+    double = jax.jit(lambda v: v * 2)
+    double(jnp.ones(4))
+    with pytest.raises(Exception, match="[Dd]isallowed host-to-device"):
+        timing.time_windows(lambda: double(np.ones(4, np.float32)), windows=1, warmup=1, label="t")
+    explicit = lambda: double(jax.device_put(np.ones(4, np.float32)))  # noqa: E731
+    timing.time_windows(explicit, windows=1, warmup=1, label="t")
+
+
+def test_stats():
+    s = timing.stats([2.0, 1.0, 4.0])
+    assert s == {"median": 2.0, "min": 1.0, "max": 4.0, "rel_spread": 1.5}
+
+
+def test_device_and_scan_modes_train_identically(tiny_dataset):
+    """The same step is measured: jit-step-device and scan-epoch see the same batches
+    in the same order, so one window of each gives the same parameters."""
+    cfg = config_lib.get_preset("tpu101")
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, batch_size=32))
+    optimizer = optim.make_optimizer(cfg.optimizer, 100)
+    data = place_train_data(tiny_dataset.train_images, tiny_dataset.train_labels)
+    host = modes_lib.HostData(np.asarray(data.images), np.asarray(data.labels))
+    params = {}
+    for mode in ("jit-step-device", "scan-epoch"):
+        state = init_state(jax.random.key(0), cfg, optimizer, (28, 28), 10)
+        runner = modes_lib.build_runner(mode, cfg, optimizer, state, data, host, 20)
+        runner.prepare(0)
+        losses = runner.losses(runner.run())
+        assert losses.shape == (20,) and int(runner.state.step) == 20
+        params[mode] = jax.device_get(runner.state.params)
+    for a, b in zip(jax.tree.leaves(params["jit-step-device"]), jax.tree.leaves(params["scan-epoch"])):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_schema_check_reports_problems():
+    assert schema.check({}) and "bench: missing 'modes'" in schema.check({})
+    bad_measurement = {k: None for k in schema.MEASUREMENT}
+    problems = schema.check({"modes": [bad_measurement]})
+    assert "bench.modes[0].batch_size: expected int, got NoneType" in problems
+    assert "bench.modes[0].final_train_loss: expected int or float or null, got NoneType" not in problems
