@@ -13,7 +13,6 @@ import datetime
 import importlib
 import json
 import logging
-import os
 import sys
 import threading
 from pathlib import Path

@@ -30,6 +30,17 @@ def learnable_arrays(train_size=640, test_size=150, seed=0) -> dict[str, np.ndar
     return out
 
 
+@pytest.fixture
+def arrays():
+    """Random (unlearnable) tiny arrays, for the data layer's tests."""
+    return synthetic.tiny_arrays()
+
+
+@pytest.fixture
+def spec(arrays):
+    return synthetic.tiny_spec(arrays)
+
+
 @pytest.fixture(scope="session")
 def tiny_arrays():
     return learnable_arrays()

@@ -84,16 +84,6 @@ def isolated_env(tmp_path, monkeypatch):
         monkeypatch.delenv(var, raising=False)
 
 
-@pytest.fixture
-def arrays():
-    return synthetic.tiny_arrays()
-
-
-@pytest.fixture
-def spec(arrays):
-    return synthetic.tiny_spec(arrays)
-
-
 def gz_files(arrays):
     return {f"{n}.gz": gzip.compress(synthetic.idx_bytes(arrays[r]))
             for n, r in zip(IDX_NAMES, ROLES)}

@@ -16,16 +16,6 @@ from jaxmnist.data.registry import ROLES
 from jaxmnist.errors import DataError
 
 
-@pytest.fixture
-def arrays():
-    return synthetic.tiny_arrays()
-
-
-@pytest.fixture
-def spec(arrays):
-    return synthetic.tiny_spec(arrays)
-
-
 def idx_paths(folder, spec, compress=True):
     return {f.role: folder / (f.name + (".gz" if compress else "")) for f in spec.files}
 

@@ -21,16 +21,6 @@ def isolated_env(tmp_path, monkeypatch):
 
 
 @pytest.fixture
-def arrays():
-    return synthetic.tiny_arrays()
-
-
-@pytest.fixture
-def spec(arrays):
-    return synthetic.tiny_spec(arrays)
-
-
-@pytest.fixture
 def roots(tmp_path):
     """Keyword arguments that confine the search to tmp_path (and never download)."""
     return {"cache_dir": tmp_path / "cache", "system_root": tmp_path / "system"}
