@@ -156,6 +156,18 @@ def test_transient_failure_is_retried_on_same_mirror(tmp_path, server, arrays, s
     assert all(server.hits[f"/flaky/{n}.gz"] == 2 for n in IDX_NAMES)
 
 
+def test_unreachable_host_is_not_asked_for_every_file(tmp_path, server, arrays, spec, caplog):
+    dead = Server()
+    dead_url = f"{dead.base}/m/"
+    dead.stop()  # nothing listens on its port any more: connection refused
+    good = server.serve("good", gz_files(arrays))
+    folder = download_dataset(spec, tmp_path / "c", sources=[dead_url, dead.base + "/npz/x.npz", good],
+                              policy=FAST)
+    assert_valid_cache(folder, spec, arrays)
+    asked = {r.getMessage().split(": ")[0] for r in caplog.records if dead.base in r.getMessage()}
+    assert asked == {dead_url + "train-images-idx3-ubyte.gz"}  # one file, then the host is skipped
+
+
 def test_cache_hit_needs_no_network(tmp_path, server, arrays, spec):
     url = server.serve("m", gz_files(arrays))
     folder = download_dataset(spec, tmp_path / "c", sources=[url], policy=FAST)

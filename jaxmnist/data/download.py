@@ -71,6 +71,10 @@ def _is_transient(err: Exception) -> bool:
                             requests.exceptions.ChunkedEncodingError))
 
 
+UNREACHABLE = ("connection failed", "timed out")
+"""Reasons that condemn a host for the rest of a download, not just one file."""
+
+
 def _reason(err: Exception, url: str) -> str:
     import requests
 
@@ -160,6 +164,7 @@ def _download_into(spec: DatasetSpec, folder: Path, sources: tuple[str, ...],
         return []
     fetched: list[str] = []
     attempts: list[tuple[str, str]] = []
+    unreachable: set[str] = set()  # hosts that failed to connect even after retries
 
     def attempt(url, verify, final_name) -> Path | None:
         try:
@@ -167,9 +172,13 @@ def _download_into(spec: DatasetSpec, folder: Path, sources: tuple[str, ...],
         except (DataError, OSError) as err:  # requests' errors are OSErrors too
             attempts.append((url, _reason(err, url)))
             log.warning("%s: %s", url, attempts[-1][1])
+            if attempts[-1][1] in UNREACHABLE:
+                unreachable.add(hosts([url])[0])
             return None
 
     for source in sources:
+        if hosts([source])[0] in unreachable:  # offline or down: no use asking it again
+            continue
         if source.endswith(".npz"):
             if spec.npz_name and attempt(
                     source, lambda p, u=source: formats.load_npz(p, spec, label=u),
@@ -181,6 +190,8 @@ def _download_into(spec: DatasetSpec, folder: Path, sources: tuple[str, ...],
             dest = attempt(url, lambda p, u=url, r=f.role: formats.load_idx_file(p, spec, r, label=u),
                            lambda p, n=f.name: n + ".gz" if _is_gzip(p) else n)
             if dest is None:
+                if hosts([url])[0] in unreachable:
+                    break
                 continue
             # Drop a stale copy under the other name (raw vs .gz) so scans agree.
             other = f.name if dest.name.endswith(".gz") else f.name + ".gz"
