@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxmnist.models import get_model
+from jaxmnist.models import apply_uint8, get_model
 
 
 class EvalData(NamedTuple):
@@ -52,12 +52,10 @@ def place_eval_data(images: np.ndarray, labels: np.ndarray, batch_size: int) -> 
 
 def make_evaluate(model_cfg, num_classes: int) -> Callable:
     """Returns the pure `evaluate(params, data: EvalData) -> (loss_sum, correct, confusion)`."""
-    apply = get_model(model_cfg.name).apply
-
     def evaluate(params, data: EvalData):
         def batch_stats(batch):
             images, labels, mask = batch
-            logits = apply(params, images.astype(jnp.float32) * (1.0 / 255.0), model_cfg)
+            logits = apply_uint8(params, images, model_cfg)
             losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
             pred = jnp.argmax(logits, -1)
             weight = mask.astype(jnp.int32)
@@ -95,12 +93,9 @@ def evaluate_stacked(model_cfg, params: Any, data: EvalData, num_classes: int) -
 
 @functools.lru_cache(maxsize=16)
 def _compiled_predict(model_cfg) -> Callable:
-    apply = get_model(model_cfg.name).apply
-
     def predict(params, images):  # uint8 (num_batches, batch, D) -> float32 (num_batches, batch, C)
         def batch_probs(x):
-            logits = apply(params, x.astype(jnp.float32) * (1.0 / 255.0), model_cfg)
-            return jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+            return jax.nn.softmax(apply_uint8(params, x, model_cfg), axis=-1)
 
         return jax.lax.map(batch_probs, images)
 

@@ -13,7 +13,6 @@ from importlib import metadata
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxmnist.data.locate import default_cache_dir
@@ -76,13 +75,11 @@ def placement_report() -> dict:
     Places a small MLP's parameters and a uint8 batch with `jax.device_put`, runs
     one forward pass, and reports each array's devices."""
     from jaxmnist.config import ModelConfig
-    from jaxmnist.models import mlp
+    from jaxmnist.models import apply_uint8, mlp
 
     params = jax.jit(lambda k: mlp.init(k, ModelConfig()))(jax.random.key(0))
     batch = jax.device_put(np.zeros((128, 28, 28), np.uint8))
-    logits = jax.jit(lambda p, x: mlp.apply(p, x.astype(jnp.float32) / 255.0, ModelConfig()))(
-        params, batch
-    )
+    logits = jax.jit(lambda p, x: apply_uint8(p, x, ModelConfig()))(params, batch)
 
     def where(x) -> list[str]:
         return sorted(str(d) for d in x.devices())

@@ -32,7 +32,7 @@ from jaxmnist import config as config_lib
 from jaxmnist import evaluate as evaluate_lib
 from jaxmnist import optim, rundir, runtime
 from jaxmnist.errors import TrainingError
-from jaxmnist.models import count_params, get_model
+from jaxmnist.models import apply_uint8, count_params, get_model
 
 
 class TrainState(NamedTuple):
@@ -58,10 +58,8 @@ def init_state(key, cfg: config_lib.Config, optimizer, input_shape, num_classes)
 
 def make_train_step(cfg: config_lib.Config, optimizer) -> Callable:
     """Returns `step(state, images_u8 (B, D), labels (B,)) -> (state, (loss, correct))`."""
-    apply = get_model(cfg.model.name).apply
-
     def loss_fn(params, images, labels):
-        logits = apply(params, images.astype(jnp.float32) * (1.0 / 255.0), cfg.model)
+        logits = apply_uint8(params, images, cfg.model)
         loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
         return loss, logits
 

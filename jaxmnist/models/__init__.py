@@ -8,6 +8,7 @@ logits are float32 `(batch, num_classes)`. A CNN joins by adding an entry.
 from typing import Callable, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxmnist.models import mlp
@@ -25,8 +26,14 @@ def get_model(name: str) -> Model:
     return MODELS[name]
 
 
+def apply_uint8(params, images, cfg) -> jax.Array:
+    """Logits for uint8 images (B, H, W) or (B, H*W): the one place that scales the
+    device-resident bytes to [0, 1] before `cfg.name`'s apply. cfg: ModelConfig."""
+    return get_model(cfg.name).apply(params, images.astype(jnp.float32) * (1.0 / 255.0), cfg)
+
+
 def count_params(params) -> int:
     return int(sum(np.prod(x.shape) for x in jax.tree.leaves(params)))
 
 
-__all__ = ["MODELS", "Model", "count_params", "get_model", "mlp"]
+__all__ = ["MODELS", "Model", "apply_uint8", "count_params", "get_model", "mlp"]

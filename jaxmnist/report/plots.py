@@ -78,6 +78,12 @@ def _smooth(values: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:
     return np.arange(len(means)) + (window - 1) / 2, means
 
 
+def _loss_trend(steps, losses) -> tuple[np.ndarray, np.ndarray]:
+    """The per-step training loss as a moving average over ~1/40 of the run, on the step axis."""
+    pos, mean = _smooth(np.asarray(losses, float), max(1, len(losses) // 40))
+    return np.interp(pos, np.arange(len(steps)), steps), mean
+
+
 def _log_y(ax) -> None:
     """Log scale with plain tick labels (0.3, not 3x10^-1); minor ticks at 2, 3 and
     5 times a power of ten are labelled too when the axis spans few decades."""
@@ -117,10 +123,8 @@ def loss_curves(records: list[dict], steps: np.ndarray, losses: np.ndarray) -> F
         ax = fig.subplots()
         if len(losses):
             ax.plot(steps, losses, color=TRAIN, alpha=0.18, lw=0.8, label="train, each step")
-            pos, mean = _smooth(np.asarray(losses, float), max(1, len(losses) // 40))
             ax.plot(
-                np.interp(pos, np.arange(len(steps)), steps),
-                mean,
+                *_loss_trend(steps, losses),
                 color=TRAIN,
                 lw=1.4,
                 label="train, moving average",
@@ -274,10 +278,8 @@ def compare_curves(runs: list[tuple[str, list[dict], np.ndarray, np.ndarray]]) -
                 c = colors(k % 10)
                 epochs = [r["epoch"] for r in records]
                 if name == "train_loss" and len(losses):
-                    pos, mean = _smooth(np.asarray(losses, float), max(1, len(losses) // 40))
                     ax.plot(
-                        np.interp(pos, np.arange(len(steps)), steps),
-                        mean,
+                        *_loss_trend(steps, losses),
                         color=c,
                         lw=1.4,
                         label=label,
