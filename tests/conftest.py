@@ -58,6 +58,17 @@ def tiny_dataset(tiny_arrays, tiny_spec) -> Dataset:
 
 
 @pytest.fixture
+def train_argv(tiny_data_dir):
+    """`jaxmnist train` arguments on the tiny dataset; later flags in `extra` win."""
+
+    def argv(run_dir, *extra):
+        return ["train", "--dataset", "tiny", "--data-dir", str(tiny_data_dir), "--run-dir",
+                str(run_dir), "--batch-size", "32", "--epochs", "3", "--no-compile-cache", *extra]
+
+    return argv
+
+
+@pytest.fixture
 def tiny_data_dir(tmp_path, tiny_arrays, tiny_spec, monkeypatch) -> Path:
     """A data folder holding the tiny dataset, registered as dataset `tiny`."""
     monkeypatch.setitem(registry.DATASETS, "tiny", tiny_spec)

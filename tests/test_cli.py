@@ -10,14 +10,9 @@ import pytest
 from jaxmnist.cli import main
 
 
-def train_args(data_dir, run_dir, *extra):
-    return ["train", "--dataset", "tiny", "--data-dir", str(data_dir), "--run-dir", str(run_dir),
-            "--batch-size", "32", "--epochs", "3", "--no-compile-cache", *extra]
-
-
-def test_train_then_eval_end_to_end(tiny_data_dir, tmp_path, capsys):
+def test_train_then_eval_end_to_end(tiny_data_dir, train_argv, tmp_path, capsys):
     run = tmp_path / "run"
-    assert main(train_args(tiny_data_dir, run, "--hidden", "64", "optimizer.grad_clip=5")) == 0
+    assert main(train_argv(run, "--hidden", "64", "optimizer.grad_clip=5")) == 0
     out = capsys.readouterr().out
     lines = [line for line in out.splitlines() if line.strip()[:1].isdigit()]
     assert len(lines) == 3  # one line per epoch
@@ -46,11 +41,11 @@ def test_train_then_eval_end_to_end(tiny_data_dir, tmp_path, capsys):
     assert result["confusion_matrix"] == confusion["matrix"]
 
 
-def test_train_json_and_quiet(tiny_data_dir, tmp_path, capsys):
-    assert main(train_args(tiny_data_dir, tmp_path / "a", "--json", "--steps", "5")) == 0
+def test_train_json_and_quiet(train_argv, tmp_path, capsys):
+    assert main(train_argv(tmp_path / "a", "--json", "--steps", "5")) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["steps"] == 5 and summary["epochs"] == 1
-    assert main(train_args(tiny_data_dir, tmp_path / "b", "--quiet", "--steps", "5")) == 0
+    assert main(train_argv(tmp_path / "b", "--quiet", "--steps", "5")) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert out[0].startswith("test accuracy")
 

@@ -202,22 +202,9 @@ def test_predict_probabilities_is_softmax_of_apply():
     np.testing.assert_allclose(probs, jax.nn.softmax(logits), atol=1e-6)
 
 
-def test_cli_train_writes_report_and_command(tiny_data_dir, tmp_path, capsys):
+def test_cli_train_writes_report_and_command(train_argv, tmp_path, capsys):
     run = tmp_path / "run"
-    args = [
-        "train",
-        "--dataset",
-        "tiny",
-        "--data-dir",
-        str(tiny_data_dir),
-        "--run-dir",
-        str(run),
-        "--batch-size",
-        "32",
-        "--steps",
-        "30",
-        "--no-compile-cache",
-    ]
+    args = train_argv(run, "--steps", "30")
     assert main(args) == 0
     out = capsys.readouterr().out
     assert f"report: {run / 'report.html'}" in out

@@ -114,14 +114,12 @@ def test_target_accuracy_stops_early_and_records_times(tiny_dataset, tmp_path):
     assert len(lines) == summary["epochs"]
 
 
-def cli_args(data_dir, run_dir, *extra):
-    return ["train", "--dataset", "tiny", "--data-dir", str(data_dir), "--run-dir", str(run_dir),
-            "--batch-size", "32", "--epochs", "2", "--hidden", "32", "--no-compile-cache", *extra]
+SMALL = ("--epochs", "2", "--hidden", "32")  # a quick model for the CLI tests
 
 
-def test_cli_seeds_end_to_end_with_report_and_eval(tiny_data_dir, tmp_path, capsys):
+def test_cli_seeds_end_to_end_with_report_and_eval(tiny_data_dir, train_argv, tmp_path, capsys):
     run = tmp_path / "run"
-    assert main(cli_args(tiny_data_dir, run, "--seeds", "3", "--seed", "4")) == 0
+    assert main(train_argv(run, *SMALL, "--seeds", "3", "--seed", "4")) == 0
     out = capsys.readouterr().out
     assert "3 models, seeds 4-6" in out and "test accuracy over 3 seeds:" in out and "95% CI" in out
 
@@ -149,9 +147,9 @@ def test_cli_seeds_end_to_end_with_report_and_eval(tiny_data_dir, tmp_path, caps
     assert "seeds        3: test accuracy" in capsys.readouterr().out
 
 
-def test_cli_target_not_reached_exits_3_after_writing(tiny_data_dir, tmp_path, capsys):
+def test_cli_target_not_reached_exits_3_after_writing(train_argv, tmp_path, capsys):
     run = tmp_path / "run"
-    code = main(cli_args(tiny_data_dir, run, "--steps", "2", "--target-accuracy", "0.999", "--no-report"))
+    code = main(train_argv(run, *SMALL, "--steps", "2", "--target-accuracy", "0.999", "--no-report"))
     captured = capsys.readouterr()
     assert code == 3
     assert len(captured.err.strip().splitlines()) == 1 and "target test accuracy 99.90% not reached" in captured.err
@@ -178,8 +176,8 @@ def test_bad_seed_arguments_exit_2(args, message, tmp_path, capsys):
     assert not run.exists()
 
 
-def test_too_many_seeds_for_the_memory_fail_before_training(tiny_data_dir, tmp_path, capsys):
-    code = main(cli_args(tiny_data_dir, tmp_path / "run", "--seeds", "50", "memory_budget_mb=2", "--no-report"))
+def test_too_many_seeds_for_the_memory_fail_before_training(train_argv, tmp_path, capsys):
+    code = main(train_argv(tmp_path / "run", *SMALL, "--seeds", "50", "memory_budget_mb=2", "--no-report"))
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "50 models need about" in err
     assert not (tmp_path / "run" / "metrics.jsonl").exists()

@@ -53,30 +53,10 @@ def test_events_hold_every_tag_at_the_right_steps(tiny_dataset, tmp_path):
         assert image.encoded_image_string.startswith(b"\x89PNG")
 
 
-def test_cli_flag_writes_events(tiny_data_dir, tmp_path, capsys):
+def test_cli_flag_writes_events(train_argv, tmp_path, capsys):
     run = tmp_path / "run"
-    assert (
-        main(
-            [
-                "train",
-                "--dataset",
-                "tiny",
-                "--data-dir",
-                str(tiny_data_dir),
-                "--run-dir",
-                str(run),
-                "--batch-size",
-                "64",
-                "--steps",
-                "5",
-                "--no-compile-cache",
-                "--no-report",
-                "--quiet",
-                "--tensorboard",
-            ]
-        )
-        == 0
-    )
+    argv = train_argv(run, "--batch-size", "64", "--steps", "5", "--no-report", "--quiet", "--tensorboard")
+    assert main(argv) == 0
     assert json.loads((run / "config.json").read_text())["tensorboard"] is True
     assert [e.step for e in read_events(run).Scalars("loss/test")] == [5]
     assert not (run / "report.html").exists()  # --no-report
