@@ -55,7 +55,9 @@ class JaxmnistEpoch:
     def __init__(self, ds, cfg):
         plan = config_lib.plan_steps(cfg.train, len(ds.train_labels))
         optimizer = optim.make_optimizer(cfg.optimizer, plan.total_steps)
-        self.state = jax.jit(lambda k: init_state(k, cfg, optimizer, (28, 28), 10))(jax.random.key(0))
+        self.state = jax.jit(lambda k: init_state(k, cfg, optimizer, (28, 28), 10))(
+            jax.random.key(0)
+        )
         self.data = place_train_data(ds.train_images, ds.train_labels)
         self.key = jax.random.key(1)
         fn = make_train_epoch(cfg, optimizer, plan.steps_per_epoch)
@@ -97,8 +99,9 @@ print(json.dumps({"wall": wall, "maxrss_kb": usage.ru_maxrss, "rc": os.waitstatu
 
 def run_program(cmd: list[str], env: dict) -> tuple[float, float]:
     """Runs `cmd`; returns (wall seconds, peak RSS in MB) of that process alone."""
-    out = subprocess.run([sys.executable, "-c", RUNNER, *cmd], env=env, capture_output=True,
-                         text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", RUNNER, *cmd], env=env, capture_output=True, text=True, check=True
+    )
     r = json.loads(out.stdout)
     if r["rc"] != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({r['rc']}): {r['stderr'].strip()}")
@@ -111,8 +114,17 @@ def time_programs(runs: int) -> dict:
     env = dict(os.environ)
     with tempfile.TemporaryDirectory() as tmp:
         env["XDG_CACHE_HOME"] = tmp  # a private compilation cache, empty at first
-        train = [sys.executable, "-m", "jaxmnist", "train", "--preset", "tpu101", "--quiet",
-                 "--run-dir", f"{tmp}/run"]
+        train = [
+            sys.executable,
+            "-m",
+            "jaxmnist",
+            "train",
+            "--preset",
+            "tpu101",
+            "--quiet",
+            "--run-dir",
+            f"{tmp}/run",
+        ]
         cmds = {
             "tutorial": [sys.executable, str(HERE / "tutorial_tpu101.py")],
             "jaxmnist": [*train, "--no-report"],
@@ -136,7 +148,12 @@ def time_programs(runs: int) -> dict:
 
 
 def stats(xs: list[float]) -> dict:
-    return {"median": float(np.median(xs)), "min": float(min(xs)), "max": float(max(xs)), "n": len(xs)}
+    return {
+        "median": float(np.median(xs)),
+        "min": float(min(xs)),
+        "max": float(max(xs)),
+        "n": len(xs),
+    }
 
 
 def main() -> None:
@@ -152,8 +169,13 @@ def main() -> None:
     steps = len(ds.train_labels) // cfg.train.batch_size
     epoch_flops = mlp.flops_per_example(cfg.model) * steps * cfg.train.batch_size
 
-    times = time_epochs({"tutorial": TutorialLoop(ds.train_images, ds.train_labels),
-                         "jaxmnist": JaxmnistEpoch(ds, cfg)}, args.rounds)
+    times = time_epochs(
+        {
+            "tutorial": TutorialLoop(ds.train_images, ds.train_labels),
+            "jaxmnist": JaxmnistEpoch(ds, cfg),
+        },
+        args.rounds,
+    )
     peak_report = measure_matmul_peak("float32", default_size(jax.default_backend()))
     peak = peak_report["flops_per_second"]["median"]
     tut, ours = (stats(times[k]) for k in ("tutorial", "jaxmnist"))
@@ -166,8 +188,10 @@ def main() -> None:
         "matmul_peak_gflops": peak / 1e9,
         "matmul_peak": peak_report,
         "matmul_limited_epoch_seconds": epoch_flops / peak,
-        "peak_fraction": {"tutorial": epoch_flops / tut["median"] / peak,
-                          "jaxmnist": epoch_flops / ours["median"] / peak},
+        "peak_fraction": {
+            "tutorial": epoch_flops / tut["median"] / peak,
+            "jaxmnist": epoch_flops / ours["median"] / peak,
+        },
     }
 
     if not args.skip_programs:
@@ -182,10 +206,14 @@ def main() -> None:
 def print_table(r: dict) -> None:
     e = r["epoch_seconds"]
     env = r["environment"]
-    print(f"{env['backend']} / {env['device_kind']} / {env['cpu_model']} ({env['cpu_count']} cores), jax {env['jax']}")
+    print(
+        f"{env['backend']} / {env['device_kind']} / {env['cpu_model']} ({env['cpu_count']} cores), jax {env['jax']}"
+    )
     n = r["matmul_peak"]["matmul_shape"][0]
-    print(f"matmul peak ({n}^3 float32): {r['matmul_peak_gflops']:.1f} GFLOP/s; "
-          f"epoch = {r['epoch_gflop']:.1f} GFLOP -> {r['matmul_limited_epoch_seconds']:.3f} s at peak")
+    print(
+        f"matmul peak ({n}^3 float32): {r['matmul_peak_gflops']:.1f} GFLOP/s; "
+        f"epoch = {r['epoch_gflop']:.1f} GFLOP -> {r['matmul_limited_epoch_seconds']:.3f} s at peak"
+    )
     print(f"{'':28}{'tutorial':>12}{'jaxmnist':>12}{'ratio':>8}{'target':>10}")
 
     def row(name, a, b, ratio, target, fmt="{:.3f}"):
@@ -193,19 +221,39 @@ def print_table(r: dict) -> None:
         t = "" if target is None else f"<= {target}"
         print(f"{name:28}{fmt.format(a):>12}{fmt.format(b):>12}{ratio:>8.2f}{t:>10}{ok}")
 
-    row("steady epoch s (median)", e["tutorial"]["median"], e["jaxmnist"]["median"], r["epoch_ratio"], TARGETS["epoch_ratio"])
+    row(
+        "steady epoch s (median)",
+        e["tutorial"]["median"],
+        e["jaxmnist"]["median"],
+        r["epoch_ratio"],
+        TARGETS["epoch_ratio"],
+    )
     pf = r["peak_fraction"]
-    print(f"{'fraction of matmul peak':28}{pf['tutorial']:>12.2f}{pf['jaxmnist']:>12.2f}{'':>8}"
-          f"{'>= ' + str(TARGETS['peak_fraction']):>10}{'  ok' if pf['jaxmnist'] >= TARGETS['peak_fraction'] else '  MISS'}")
+    print(
+        f"{'fraction of matmul peak':28}{pf['tutorial']:>12.2f}{pf['jaxmnist']:>12.2f}{'':>8}"
+        f"{'>= ' + str(TARGETS['peak_fraction']):>10}{'  ok' if pf['jaxmnist'] >= TARGETS['peak_fraction'] else '  MISS'}"
+    )
     if "programs" in r:
         p = r["programs"]
         w = p["wall_seconds"]
-        row("whole program wall s", w["tutorial"]["median"], w["jaxmnist"]["median"], p["wall_ratio"], TARGETS["wall_ratio"])
-        print(f"{'  jaxmnist, empty cache':28}{'':>12}{p['jaxmnist_cold_cache_wall_seconds']:>12.3f}{p['wall_ratio_cold_cache']:>8.2f}")
-        print(f"{'  jaxmnist, with report':28}{'':>12}{w['jaxmnist_with_report']['median']:>12.3f}{p['wall_ratio_with_report']:>8.2f}")
+        row(
+            "whole program wall s",
+            w["tutorial"]["median"],
+            w["jaxmnist"]["median"],
+            p["wall_ratio"],
+            TARGETS["wall_ratio"],
+        )
+        print(
+            f"{'  jaxmnist, empty cache':28}{'':>12}{p['jaxmnist_cold_cache_wall_seconds']:>12.3f}{p['wall_ratio_cold_cache']:>8.2f}"
+        )
+        print(
+            f"{'  jaxmnist, with report':28}{'':>12}{w['jaxmnist_with_report']['median']:>12.3f}{p['wall_ratio_with_report']:>8.2f}"
+        )
         m = p["peak_rss_mb"]
-        print(f"{'peak resident MB':28}{m['tutorial']:>12.0f}{m['jaxmnist']:>12.0f}{'':>8}{'<= 600':>10}"
-              f"{'  ok' if m['jaxmnist'] <= TARGETS['peak_rss_mb'] else '  MISS'}")
+        print(
+            f"{'peak resident MB':28}{m['tutorial']:>12.0f}{m['jaxmnist']:>12.0f}{'':>8}{'<= 600':>10}"
+            f"{'  ok' if m['jaxmnist'] <= TARGETS['peak_rss_mb'] else '  MISS'}"
+        )
         print(f"{'  jaxmnist, with report':28}{'':>12}{m['jaxmnist_with_report']:>12.0f}")
 
 

@@ -43,19 +43,38 @@ def run_program(cmd: list[str], env: dict, run_dir: Path) -> dict:
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"{' '.join(cmd)} failed: {err.strip()[-500:]}")
     summary = json.loads((run_dir / "summary.json").read_text())
-    keep = ("test_accuracy", "test_accuracy_std", "test_accuracy_ci95", "test_accuracy_per_seed",
-            "compile_seconds", "train_seconds", "eval_seconds", "wall_seconds", "steady_epoch_seconds")
-    return {"wall_seconds": wall, "peak_rss_mb": usage.ru_maxrss / 1024,
-            **{k: summary[k] for k in keep if k in summary}}
+    keep = (
+        "test_accuracy",
+        "test_accuracy_std",
+        "test_accuracy_ci95",
+        "test_accuracy_per_seed",
+        "compile_seconds",
+        "train_seconds",
+        "eval_seconds",
+        "wall_seconds",
+        "steady_epoch_seconds",
+    )
+    return {
+        "wall_seconds": wall,
+        "peak_rss_mb": usage.ru_maxrss / 1024,
+        **{k: summary[k] for k in keep if k in summary},
+    }
 
 
 def spread(xs: list[float]) -> dict:
-    return {"median": float(np.median(xs)), "min": float(min(xs)), "max": float(max(xs)), "n": len(xs)}
+    return {
+        "median": float(np.median(xs)),
+        "min": float(min(xs)),
+        "max": float(max(xs)),
+        "n": len(xs),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs of each program (warm cache)")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="timed runs of each program (warm cache)"
+    )
     parser.add_argument("--seeds", type=int, default=8)
     parser.add_argument("--preset", default="tpu101")
     parser.add_argument("--out", default=str(HERE / "results" / "seeds_vs_single.json"))
@@ -66,10 +85,22 @@ def main() -> None:
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "XDG_CACHE_HOME": tmp}  # a private compilation cache, empty at first
-        base = [sys.executable, "-m", "jaxmnist", "train", "--preset", args.preset, "--no-report", "--quiet"]
+        base = [
+            sys.executable,
+            "-m",
+            "jaxmnist",
+            "train",
+            "--preset",
+            args.preset,
+            "--no-report",
+            "--quiet",
+        ]
         cmds = {
             "single": (base + ["--run-dir", f"{tmp}/single"], Path(tmp) / "single"),
-            "seeds": (base + ["--seeds", str(args.seeds), "--run-dir", f"{tmp}/seeds"], Path(tmp) / "seeds"),
+            "seeds": (
+                base + ["--seeds", str(args.seeds), "--run-dir", f"{tmp}/seeds"],
+                Path(tmp) / "seeds",
+            ),
         }
         cold = {name: run_program(cmd, env, d) for name, (cmd, d) in cmds.items()}
         runs = {"single": [], "seeds": []}
@@ -82,22 +113,34 @@ def main() -> None:
     last = runs["seeds"][-1]
     acc = stats.spread(last["test_accuracy_per_seed"])
     result = {
-        "command": {k: " ".join(["jaxmnist", *c[4:]]).replace(f"{tmp}/", "") for k, (c, _) in cmds.items()},
+        "command": {
+            k: " ".join(["jaxmnist", *c[4:]]).replace(f"{tmp}/", "") for k, (c, _) in cmds.items()
+        },
         "targets": TARGETS,
         "seeds": args.seeds,
         "wall_seconds": walls,
         "wall_ratio": walls["seeds"]["median"] / walls["single"]["median"],
-        "paired_wall_ratios": [s["wall_seconds"] / o["wall_seconds"] for s, o in zip(runs["seeds"], runs["single"])],
+        "paired_wall_ratios": [
+            s["wall_seconds"] / o["wall_seconds"] for s, o in zip(runs["seeds"], runs["single"])
+        ],
         "cold_cache": {k: v["wall_seconds"] for k, v in cold.items()},
         "wall_ratio_cold_cache": cold["seeds"]["wall_seconds"] / cold["single"]["wall_seconds"],
         "train_seconds": {k: spread([x["train_seconds"] for x in v]) for k, v in runs.items()},
         "eval_seconds": {k: spread([x["eval_seconds"] for x in v]) for k, v in runs.items()},
-        "train_ratio": (np.median([x["train_seconds"] for x in runs["seeds"]])
-                        / np.median([x["train_seconds"] for x in runs["single"]])),
+        "train_ratio": (
+            np.median([x["train_seconds"] for x in runs["seeds"]])
+            / np.median([x["train_seconds"] for x in runs["single"]])
+        ),
         "peak_rss_mb": {k: max(x["peak_rss_mb"] for x in v) for k, v in runs.items()},
         "single_test_accuracy": runs["single"][-1]["test_accuracy"],
-        "seeds_test_accuracy": {"mean": acc.mean, "std": acc.std, "ci95": acc.ci95, "min": acc.min,
-                                "max": acc.max, "per_seed": last["test_accuracy_per_seed"]},
+        "seeds_test_accuracy": {
+            "mean": acc.mean,
+            "std": acc.std,
+            "ci95": acc.ci95,
+            "min": acc.min,
+            "max": acc.max,
+            "per_seed": last["test_accuracy_per_seed"],
+        },
         "load_average": {"before": load_before, "after": os.getloadavg()},
         "runs": runs,
         "cold_runs": cold,
@@ -111,29 +154,46 @@ def main() -> None:
 
 def print_table(r: dict) -> None:
     env, w, n = r["environment"], r["wall_seconds"], r["seeds"]
-    print(f"{env['backend']} / {env['cpu_model']} ({env['cpu_count']} cores), jax {env['jax']}; "
-          f"load average before {r['load_average']['before'][0]:.2f}, after {r['load_average']['after'][0]:.2f}")
+    print(
+        f"{env['backend']} / {env['cpu_model']} ({env['cpu_count']} cores), jax {env['jax']}; "
+        f"load average before {r['load_average']['before'][0]:.2f}, after {r['load_average']['after'][0]:.2f}"
+    )
     print(f"{'':34}{'1 seed':>10}{f'{n} seeds':>10}{'ratio':>8}{'target':>10}")
     ok = "ok" if r["wall_ratio"] <= TARGETS["wall_ratio"] else "MISS"
-    print(f"{'whole program wall s (median)':34}{w['single']['median']:>10.2f}{w['seeds']['median']:>10.2f}"
-          f"{r['wall_ratio']:>8.2f}{'<= 5':>10}  {ok}")
-    print(f"{'  range':34}{w['single']['min']:>5.1f}-{w['single']['max']:<4.1f}{w['seeds']['min']:>5.1f}-"
-          f"{w['seeds']['max']:<4.1f}  paired ratios " + ", ".join(f"{x:.2f}" for x in r["paired_wall_ratios"]))
+    print(
+        f"{'whole program wall s (median)':34}{w['single']['median']:>10.2f}{w['seeds']['median']:>10.2f}"
+        f"{r['wall_ratio']:>8.2f}{'<= 5':>10}  {ok}"
+    )
+    print(
+        f"{'  range':34}{w['single']['min']:>5.1f}-{w['single']['max']:<4.1f}{w['seeds']['min']:>5.1f}-"
+        f"{w['seeds']['max']:<4.1f}  paired ratios "
+        + ", ".join(f"{x:.2f}" for x in r["paired_wall_ratios"])
+    )
     c = r["cold_cache"]
-    print(f"{'  empty compilation cache':34}{c['single']:>10.2f}{c['seeds']:>10.2f}{r['wall_ratio_cold_cache']:>8.2f}")
+    print(
+        f"{'  empty compilation cache':34}{c['single']:>10.2f}{c['seeds']:>10.2f}{r['wall_ratio_cold_cache']:>8.2f}"
+    )
     t, e = r["train_seconds"], r["eval_seconds"]
-    print(f"{'training s (compiled epochs)':34}{t['single']['median']:>10.2f}{t['seeds']['median']:>10.2f}"
-          f"{r['train_ratio']:>8.2f}")
-    print(f"{'evaluation s':34}{e['single']['median']:>10.2f}{e['seeds']['median']:>10.2f}"
-          f"{e['seeds']['median'] / e['single']['median']:>8.2f}")
+    print(
+        f"{'training s (compiled epochs)':34}{t['single']['median']:>10.2f}{t['seeds']['median']:>10.2f}"
+        f"{r['train_ratio']:>8.2f}"
+    )
+    print(
+        f"{'evaluation s':34}{e['single']['median']:>10.2f}{e['seeds']['median']:>10.2f}"
+        f"{e['seeds']['median'] / e['single']['median']:>8.2f}"
+    )
     m = r["peak_rss_mb"]
     print(f"{'peak resident MB':34}{m['single']:>10.0f}{m['seeds']:>10.0f}")
     a = r["seeds_test_accuracy"]
     ok = "ok" if a["mean"] >= TARGETS["mean_test_accuracy"] else "MISS"
-    print(f"{'test accuracy':34}{100 * r['single_test_accuracy']:>9.2f}%{100 * a['mean']:>9.2f}%{'':>8}"
-          f"{'>= 97.3%':>10}  {ok}")
-    print(f"  {n} seeds: {100 * a['mean']:.2f}% ± {100 * a['std']:.2f}% (95% CI {100 * a['ci95'][0]:.2f}–"
-          f"{100 * a['ci95'][1]:.2f}%), min {100 * a['min']:.2f}%, max {100 * a['max']:.2f}%")
+    print(
+        f"{'test accuracy':34}{100 * r['single_test_accuracy']:>9.2f}%{100 * a['mean']:>9.2f}%{'':>8}"
+        f"{'>= 97.3%':>10}  {ok}"
+    )
+    print(
+        f"  {n} seeds: {100 * a['mean']:.2f}% ± {100 * a['std']:.2f}% (95% CI {100 * a['ci95'][0]:.2f}–"
+        f"{100 * a['ci95'][1]:.2f}%), min {100 * a['min']:.2f}%, max {100 * a['max']:.2f}%"
+    )
 
 
 if __name__ == "__main__":

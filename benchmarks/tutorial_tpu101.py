@@ -29,8 +29,10 @@ BATCH, EPOCHS, LR = 128, 5, 1e-3
 def init_params(key):
     k1, k2 = jax.random.split(key)
     return {
-        "w1": jax.random.normal(k1, (784, 256)) * np.sqrt(2 / 784), "b1": jnp.zeros(256),
-        "w2": jax.random.normal(k2, (256, 10)) * np.sqrt(2 / 256), "b2": jnp.zeros(10),
+        "w1": jax.random.normal(k1, (784, 256)) * np.sqrt(2 / 784),
+        "b1": jnp.zeros(256),
+        "w2": jax.random.normal(k2, (256, 10)) * np.sqrt(2 / 256),
+        "b2": jnp.zeros(10),
     }
 
 
@@ -94,8 +96,11 @@ def main() -> None:
         seconds = time.perf_counter() - t0
         train_acc = float(accuracy(loop.params, loop.x, loop.y))
         test_acc = float(accuracy(loop.params, x_test, y_test))
-        print(f"epoch {epoch}: loss {loss:.4f} train acc {train_acc:.4f} test acc {test_acc:.4f} "
-              f"({seconds:.2f} s)", file=sys.stderr)
+        print(
+            f"epoch {epoch}: loss {loss:.4f} train acc {train_acc:.4f} test acc {test_acc:.4f} "
+            f"({seconds:.2f} s)",
+            file=sys.stderr,
+        )
     print(json.dumps({"test_accuracy": test_acc, "wall_seconds": time.perf_counter() - start}))
 
 

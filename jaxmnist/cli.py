@@ -23,7 +23,11 @@ from jaxmnist.errors import JaxmnistError
 # Plain flags for the fields people change most: flag -> (dotted key, type, help).
 FLAGS = {
     "--dataset": ("data.dataset", str, "mnist or fashion_mnist"),
-    "--data-dir": ("data.data_dir", str, "folder holding <dataset>/... (default: $JAXMNIST_DATA_DIR, cache, system, download)"),
+    "--data-dir": (
+        "data.data_dir",
+        str,
+        "folder holding <dataset>/... (default: $JAXMNIST_DATA_DIR, cache, system, download)",
+    ),
     "--model": ("model.name", str, "model (mlp)"),
     "--hidden": ("model.hidden", str, "hidden sizes, e.g. 256,128"),
     "--activation": ("model.activation", str, "relu or gelu"),
@@ -36,20 +40,43 @@ FLAGS = {
     "--epochs": ("train.epochs", str, "number of epochs"),
     "--steps": ("train.steps", str, "number of steps (overrides --epochs)"),
     "--seed": ("train.seed", str, "random seed"),
-    "--seeds": ("train.seeds", str, "train N models (seeds SEED...SEED+N-1) in one program; report mean ± spread"),
-    "--target-accuracy": ("train.target_accuracy", str,
-                          "stop after the first epoch whose (mean) test accuracy reaches this fraction, e.g. 0.973"),
+    "--seeds": (
+        "train.seeds",
+        str,
+        "train N models (seeds SEED...SEED+N-1) in one program; report mean ± spread",
+    ),
+    "--target-accuracy": (
+        "train.target_accuracy",
+        str,
+        "stop after the first epoch whose (mean) test accuracy reaches this fraction, e.g. 0.973",
+    ),
 }
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", default="tpu101", help=f"starting config: {', '.join(config_lib.PRESETS)} (default tpu101)")
-    for flag, (key, _, help_) in FLAGS.items():
-        p.add_argument(flag, dest=key, metavar=flag.lstrip("-").upper().replace("-", "_"), help=help_)
-    p.add_argument("--no-compile-cache", action="store_true", help="turn off JAX's persistent compilation cache")
-    p.add_argument("--tensorboard", action="store_true", help="write TensorBoard event files in the run directory")
     p.add_argument(
-        "overrides", nargs="*", metavar="KEY=VALUE",
+        "--preset",
+        default="tpu101",
+        help=f"starting config: {', '.join(config_lib.PRESETS)} (default tpu101)",
+    )
+    for flag, (key, _, help_) in FLAGS.items():
+        p.add_argument(
+            flag, dest=key, metavar=flag.lstrip("-").upper().replace("-", "_"), help=help_
+        )
+    p.add_argument(
+        "--no-compile-cache",
+        action="store_true",
+        help="turn off JAX's persistent compilation cache",
+    )
+    p.add_argument(
+        "--tensorboard",
+        action="store_true",
+        help="write TensorBoard event files in the run directory",
+    )
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
         help="any config field, e.g. optimizer.grad_clip=1.0 train.eval_train=false (see `jaxmnist config`)",
     )
 
@@ -57,7 +84,9 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 def resolve_config(args: argparse.Namespace) -> tuple[config_lib.Config, str]:
     """Preset, then plain flags, then KEY=VALUE overrides; validated."""
     cfg = config_lib.get_preset(args.preset)
-    overrides = {key: getattr(args, key) for key, _, _ in FLAGS.values() if getattr(args, key) is not None}
+    overrides = {
+        key: getattr(args, key) for key, _, _ in FLAGS.values() if getattr(args, key) is not None
+    }
     overrides.update(config_lib.parse_override(o) for o in args.overrides)
     if args.no_compile_cache:
         overrides["compile_cache"] = False
@@ -91,8 +120,9 @@ def cmd_train(args) -> int:
     reporter = TerminalReporter(mode, workdir)
     if not args.no_report:
         # matplotlib takes ~1 s to import; do it while the device trains, not after.
-        threading.Thread(target=importlib.import_module, args=("jaxmnist.report.run_report",),
-                         daemon=True).start()
+        threading.Thread(
+            target=importlib.import_module, args=("jaxmnist.report.run_report",), daemon=True
+        ).start()
     summary = train_and_evaluate(cfg, workdir, reporter)
     report = None
     if not args.no_report:
@@ -102,7 +132,11 @@ def cmd_train(args) -> int:
         if mode == "normal":
             print(f"report: {report}")
     if args.json:
-        print(json.dumps({"run_dir": str(workdir), "report": report and str(report), **summary}, indent=2))
+        print(
+            json.dumps(
+                {"run_dir": str(workdir), "report": report and str(report), **summary}, indent=2
+            )
+        )
     _check_target(summary)
     return 0
 
@@ -132,29 +166,49 @@ def cmd_sweep(args) -> int:
     out = rundir.check_writable(args.out or Path("runs") / f"sweep-{preset}-{stamp}")
     log = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
     result = sweep.run_sweep(cfg, axes, log=log)
-    paths = sweep.write_outputs({"preset": preset, **result}, out, shlex.join(["jaxmnist", *args.argv]))
+    paths = sweep.write_outputs(
+        {"preset": preset, **result}, out, shlex.join(["jaxmnist", *args.argv])
+    )
     if args.json:
         print(paths["json"].read_text(), end="")
     else:
         print(sweep.format_table(result))
-        print(f"wrote {paths['json']}, {paths['csv'].name}, {paths['png'].name}, {paths['html'].name}")
-    if cfg.train.target_accuracy is not None and not any(x["epochs_to_target"] for x in result["results"]):
+        print(
+            f"wrote {paths['json']}, {paths['csv'].name}, {paths['png'].name}, {paths['html'].name}"
+        )
+    if cfg.train.target_accuracy is not None and not any(
+        x["epochs_to_target"] for x in result["results"]
+    ):
         from jaxmnist.errors import TargetNotReached
 
-        raise TargetNotReached(f"no grid point reached the target test accuracy {cfg.train.target_accuracy:.2%}")
+        raise TargetNotReached(
+            f"no grid point reached the target test accuracy {cfg.train.target_accuracy:.2%}"
+        )
     return 0
 
 
 def _add_sweep_parser(sub) -> None:
-    p = sub.add_parser("sweep", allow_abbrev=False,
-                       help="train a grid of configs, many models per compiled program; mean ± CI per point")
+    p = sub.add_parser(
+        "sweep",
+        allow_abbrev=False,
+        help="train a grid of configs, many models per compiled program; mean ± CI per point",
+    )
     _add_config_args(p)
-    p.add_argument("--grid", action="append", metavar="KEY=V1,V2,...",
-                   help="a swept field and its values, repeatable: --grid optimizer.lr=1e-3,3e-3 "
-                        "--grid optimizer.weight_decay=0,1e-4 (tuple fields: model.hidden=256x128,512)")
-    p.add_argument("--out", help="folder for sweep.json, sweep.csv, sweep.png, sweep.html "
-                                 "(default runs/sweep-<preset>-<time>)")
-    p.add_argument("--json", action="store_true", help="print sweep.json on stdout instead of the table")
+    p.add_argument(
+        "--grid",
+        action="append",
+        metavar="KEY=V1,V2,...",
+        help="a swept field and its values, repeatable: --grid optimizer.lr=1e-3,3e-3 "
+        "--grid optimizer.weight_decay=0,1e-4 (tuple fields: model.hidden=256x128,512)",
+    )
+    p.add_argument(
+        "--out",
+        help="folder for sweep.json, sweep.csv, sweep.png, sweep.html "
+        "(default runs/sweep-<preset>-<time>)",
+    )
+    p.add_argument(
+        "--json", action="store_true", help="print sweep.json on stdout instead of the table"
+    )
     p.set_defaults(func=cmd_sweep)
 
 
@@ -198,7 +252,9 @@ def cmd_devices(args) -> int:
         print(json.dumps(report, indent=2))
         return 0
     env, place = report["environment"], report["placement"]
-    print(f"backend      {env['backend']} ({env['device_kind']}), jax {env['jax']}, jaxlib {env['jaxlib']}")
+    print(
+        f"backend      {env['backend']} ({env['device_kind']}), jax {env['jax']}, jaxlib {env['jaxlib']}"
+    )
     for d in env["devices"]:
         print(f"device       {d}")
     print(f"default      {place['default_device']}")
@@ -206,8 +262,11 @@ def cmd_devices(args) -> int:
         print(f"params{name:<8}{', '.join(where)}")
     print(f"batch        {', '.join(place['batch'])}")
     print(f"logits       {', '.join(place['logits'])}")
-    print("placement    ok: everything is on the default device" if place["on_default_device"]
-          else "placement    WARNING: some arrays are not on the default device")
+    print(
+        "placement    ok: everything is on the default device"
+        if place["on_default_device"]
+        else "placement    WARNING: some arrays are not on the default device"
+    )
     return 0
 
 
@@ -255,13 +314,20 @@ def cmd_bench(args) -> int:
 
     cfg, preset = resolve_config(args)
     opts = make_options(
-        modes=args.modes, dtypes=args.dtypes, batch_sizes=args.batch_sizes, sweep_mode=args.sweep_mode,
-        tokens_per_example=args.tokens_per_example, synthetic=args.synthetic, quick=args.quick,
+        modes=args.modes,
+        dtypes=args.dtypes,
+        batch_sizes=args.batch_sizes,
+        sweep_mode=args.sweep_mode,
+        tokens_per_example=args.tokens_per_example,
+        synthetic=args.synthetic,
+        quick=args.quick,
     )
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = rundir.check_writable(args.out or Path("runs") / f"bench-{preset}-{stamp}")
     log = None if args.json else (lambda line: print(f"  {line}", file=sys.stderr, flush=True))
-    result = run_bench(cfg, opts, preset=preset, log=log, command=shlex.join(["jaxmnist", *args.argv]))
+    result = run_bench(
+        cfg, opts, preset=preset, log=log, command=shlex.join(["jaxmnist", *args.argv])
+    )
     paths = write_outputs(result, out)
     if args.json:
         print(to_json(result), end="")
@@ -272,30 +338,61 @@ def cmd_bench(args) -> int:
 
 
 def _add_bench_parser(sub) -> None:
-    p = sub.add_parser("bench", allow_abbrev=False,
-                       help="throughput: dispatch modes, dtypes, batch sizes, FLOP utilisation")
+    p = sub.add_parser(
+        "bench",
+        allow_abbrev=False,
+        help="throughput: dispatch modes, dtypes, batch sizes, FLOP utilisation",
+    )
     _add_config_args(p)
-    p.add_argument("--modes", help="comma-separated, of: python-dispatch, jit-step-host, jit-step-device, scan-epoch (default all)")
-    p.add_argument("--dtypes", help="compute dtypes to compare, e.g. float32,bfloat16 (default both)")
-    p.add_argument("--batch-sizes", help="batch-size sweep, e.g. 64,128,...,8192 (default 64 to 8192, doubling)")
-    p.add_argument("--sweep-mode", help="mode for the dtype comparison and batch sweep (default scan-epoch)")
-    p.add_argument("--tokens-per-example", help="also show tokens/s, labelled as a projection: examples/s x N")
-    p.add_argument("--synthetic", action="store_true", help="random data of the dataset's shape (no files needed)")
-    p.add_argument("--quick", action="store_true", help="a few seconds: short epochs, two sweep points (for tests)")
-    p.add_argument("--out", help="folder for bench.json, bench.png, bench.html (default runs/bench-<preset>-<time>)")
-    p.add_argument("--json", action="store_true", help="print bench.json on stdout instead of the table")
+    p.add_argument(
+        "--modes",
+        help="comma-separated, of: python-dispatch, jit-step-host, jit-step-device, scan-epoch (default all)",
+    )
+    p.add_argument(
+        "--dtypes", help="compute dtypes to compare, e.g. float32,bfloat16 (default both)"
+    )
+    p.add_argument(
+        "--batch-sizes",
+        help="batch-size sweep, e.g. 64,128,...,8192 (default 64 to 8192, doubling)",
+    )
+    p.add_argument(
+        "--sweep-mode", help="mode for the dtype comparison and batch sweep (default scan-epoch)"
+    )
+    p.add_argument(
+        "--tokens-per-example", help="also show tokens/s, labelled as a projection: examples/s x N"
+    )
+    p.add_argument(
+        "--synthetic",
+        action="store_true",
+        help="random data of the dataset's shape (no files needed)",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a few seconds: short epochs, two sweep points (for tests)",
+    )
+    p.add_argument(
+        "--out",
+        help="folder for bench.json, bench.png, bench.html (default runs/bench-<preset>-<time>)",
+    )
+    p.add_argument(
+        "--json", action="store_true", help="print bench.json on stdout instead of the table"
+    )
     p.set_defaults(func=cmd_bench)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="jaxmnist", description="Train and benchmark MNIST-family classifiers with JAX and Optax."
+        prog="jaxmnist",
+        description="Train and benchmark MNIST-family classifiers with JAX and Optax.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("train", help="train a model and write a run directory")
     _add_config_args(p)
-    p.add_argument("--run-dir", help="where to write the run (default runs/<preset>-<dataset>-<time>)")
+    p.add_argument(
+        "--run-dir", help="where to write the run (default runs/<preset>-<dataset>-<time>)"
+    )
     out = p.add_mutually_exclusive_group()
     out.add_argument("--quiet", action="store_true", help="print only the final result line")
     out.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
@@ -309,7 +406,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("compare", help="one HTML page comparing several runs")
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
-    p.add_argument("--out", default="comparison.html", help="the page to write (default comparison.html)")
+    p.add_argument(
+        "--out", default="comparison.html", help="the page to write (default comparison.html)"
+    )
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("eval", help="re-evaluate a run's saved parameters")

@@ -58,7 +58,9 @@ class TrainConfig:
     steps: int | None = None  # if set, overrides epochs; the last epoch may be partial
     seed: int = 0
     seeds: int = 1  # models trained together in one program, seeds seed ... seed+seeds-1
-    target_accuracy: float | None = None  # stop after the first epoch whose (mean) test accuracy reaches it
+    target_accuracy: float | None = (
+        None  # stop after the first epoch whose (mean) test accuracy reaches it
+    )
     eval_batch_size: int = 2000
     eval_train: bool = True  # accuracy on the full training set every epoch
     progress_every: int = 0  # steps between progress reports from the device; 0: auto

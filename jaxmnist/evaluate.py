@@ -52,6 +52,7 @@ def place_eval_data(images: np.ndarray, labels: np.ndarray, batch_size: int) -> 
 
 def make_evaluate(model_cfg, num_classes: int) -> Callable:
     """Returns the pure `evaluate(params, data: EvalData) -> (loss_sum, correct, confusion)`."""
+
     def evaluate(params, data: EvalData):
         def batch_stats(batch):
             images, labels, mask = batch
@@ -59,7 +60,9 @@ def make_evaluate(model_cfg, num_classes: int) -> Callable:
             losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
             pred = jnp.argmax(logits, -1)
             weight = mask.astype(jnp.int32)
-            confusion = jnp.zeros((num_classes, num_classes), jnp.int32).at[labels, pred].add(weight)
+            confusion = (
+                jnp.zeros((num_classes, num_classes), jnp.int32).at[labels, pred].add(weight)
+            )
             return jnp.sum(jnp.where(mask, losses, 0.0)), confusion
 
         loss_sums, confusions = jax.lax.map(batch_stats, tuple(data))
@@ -76,7 +79,9 @@ def compile_evaluate(model_cfg, params: Any, data: EvalData, num_classes: int) -
 
     def run(params, data: EvalData) -> EvalResult:
         loss_sum, correct, confusion = jax.device_get(compiled(params, data))
-        return EvalResult(float(loss_sum) / count, int(correct) / count, count, np.asarray(confusion, np.int64))
+        return EvalResult(
+            float(loss_sum) / count, int(correct) / count, count, np.asarray(confusion, np.int64)
+        )
 
     return run
 
@@ -87,8 +92,10 @@ def evaluate_stacked(model_cfg, params: Any, data: EvalData, num_classes: int) -
     evaluate = jax.jit(jax.vmap(make_evaluate(model_cfg, num_classes), in_axes=(0, None)))
     loss_sums, correct, confusion = jax.device_get(evaluate(params, data))
     count = int(np.asarray(jax.device_get(data.mask)).sum())
-    return [EvalResult(float(ls) / count, int(c) / count, count, np.asarray(m, np.int64))
-            for ls, c, m in zip(loss_sums, correct, confusion)]
+    return [
+        EvalResult(float(ls) / count, int(c) / count, count, np.asarray(m, np.int64))
+        for ls, c, m in zip(loss_sums, correct, confusion)
+    ]
 
 
 @functools.lru_cache(maxsize=16)
@@ -102,7 +109,9 @@ def _compiled_predict(model_cfg) -> Callable:
     return jax.jit(predict)
 
 
-def predict_probabilities(model_cfg, params: Any, images_u8: np.ndarray, batch_size: int = 2000) -> np.ndarray:
+def predict_probabilities(
+    model_cfg, params: Any, images_u8: np.ndarray, batch_size: int = 2000
+) -> np.ndarray:
     """Softmax probabilities, float32 (N, C), for uint8 images (N, H, W) or (N, H*W).
 
     One jitted call over the padded batches (cached per model config); the padded
@@ -130,10 +139,14 @@ def evaluate_run(run_dir, data_dir=None) -> dict:
         cfg = config_lib.from_dict(run["config"])
     except Exception as e:  # a hand-edited or foreign config.json
         raise rundir.JaxmnistError(f"{run_dir}/config.json: not a jaxmnist config ({e})") from None
-    dataset = load_dataset(cfg.data.dataset, data_dir or cfg.data.data_dir, download=cfg.data.download)
+    dataset = load_dataset(
+        cfg.data.dataset, data_dir or cfg.data.data_dir, download=cfg.data.download
+    )
     num_classes = len(dataset.spec.class_names)
     init = get_model(cfg.model.name).init
-    like = jax.eval_shape(lambda: init(jax.random.key(0), cfg.model, dataset.test_images.shape[1:], num_classes))
+    like = jax.eval_shape(
+        lambda: init(jax.random.key(0), cfg.model, dataset.test_images.shape[1:], num_classes)
+    )
     seeds = cfg.train.seeds
     if seeds > 1:
         like = jax.tree.map(lambda x: jax.ShapeDtypeStruct((seeds, *x.shape), x.dtype), like)
@@ -142,7 +155,9 @@ def evaluate_run(run_dir, data_dir=None) -> dict:
     if seeds > 1:
         return _evaluate_seeds(run_dir, cfg, dataset, params, test_set, num_classes)
     test = compile_evaluate(cfg.model, params, test_set, num_classes)(params, test_set)
-    train_set = place_eval_data(dataset.train_images, dataset.train_labels, cfg.train.eval_batch_size)
+    train_set = place_eval_data(
+        dataset.train_images, dataset.train_labels, cfg.train.eval_batch_size
+    )
     train = compile_evaluate(cfg.model, params, train_set, num_classes)(params, train_set)
     return {
         "run_dir": str(run_dir),
@@ -159,7 +174,9 @@ def evaluate_run(run_dir, data_dir=None) -> dict:
 
 
 def _evaluate_seeds(run_dir, cfg, dataset, params, test_set, num_classes: int) -> dict:
-    train_set = place_eval_data(dataset.train_images, dataset.train_labels, cfg.train.eval_batch_size)
+    train_set = place_eval_data(
+        dataset.train_images, dataset.train_labels, cfg.train.eval_batch_size
+    )
     test = evaluate_stacked(cfg.model, params, test_set, num_classes)
     train = evaluate_stacked(cfg.model, params, train_set, num_classes)
     return {

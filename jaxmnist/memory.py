@@ -40,26 +40,35 @@ class MemoryEstimate(NamedTuple):
     transient_per_model: int
 
     def total(self, num_models: int, chunk: int) -> int:
-        return self.shared_bytes + num_models * self.resident_per_model + chunk * self.transient_per_model
+        return (
+            self.shared_bytes
+            + num_models * self.resident_per_model
+            + chunk * self.transient_per_model
+        )
 
 
 def _tree_bytes(tree) -> int:
     return int(sum(np.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree)))
 
 
-def estimate_memory(cfg, state_shapes, input_dim: int, num_classes: int, num_train: int,
-                    num_eval: int) -> MemoryEstimate:
+def estimate_memory(
+    cfg, state_shapes, input_dim: int, num_classes: int, num_train: int, num_eval: int
+) -> MemoryEstimate:
     """cfg: Config; state_shapes: one model's TrainState as `jax.ShapeDtypeStruct`s
     (from `jax.eval_shape`); num_eval: examples in all evaluation sets together."""
     t = cfg.train
     params = _tree_bytes(state_shapes.params)
     resident = _tree_bytes(state_shapes)
-    widths = input_dim + 2 * sum(cfg.model.hidden) + 3 * num_classes  # input, pre/post activations, logits
+    widths = (
+        input_dim + 2 * sum(cfg.model.hidden) + 3 * num_classes
+    )  # input, pre/post activations, logits
     step_activations = 2 * t.batch_size * widths * 4  # forward values kept, and their gradients
     eval_activations = min(t.eval_batch_size, max(num_eval, 1)) * widths * 4
     permutation = 3 * num_train * 4  # random bits, sort, indices (int32)
     transient = 2 * params + permutation + max(step_activations, eval_activations)
-    shared = num_train * (input_dim + 4) + num_eval * (input_dim + 5)  # uint8 images, int32 labels, mask
+    shared = num_train * (input_dim + 4) + num_eval * (
+        input_dim + 5
+    )  # uint8 images, int32 labels, mask
     return MemoryEstimate(shared, resident, int(transient * TRANSIENT_SAFETY))
 
 
@@ -81,14 +90,18 @@ def device_budget(cfg) -> tuple[int | None, str]:
     device = jax.devices()[0]
     stats = device.memory_stats() if hasattr(device, "memory_stats") else None
     if stats and "bytes_limit" in stats:
-        return int(stats["bytes_limit"] - stats.get("bytes_in_use", 0)), f"free memory of {device.device_kind}"
+        return int(
+            stats["bytes_limit"] - stats.get("bytes_in_use", 0)
+        ), f"free memory of {device.device_kind}"
     available = _host_available_bytes()
     if available is not None:
         return int(available * HOST_FRACTION), "available host memory"
     return None, "unknown"
 
 
-def plan_chunks(num_models: int, est: MemoryEstimate, budget: int | None, source: str = "budget") -> tuple[int, ...]:
+def plan_chunks(
+    num_models: int, est: MemoryEstimate, budget: int | None, source: str = "budget"
+) -> tuple[int, ...]:
     """Sizes of the chunks the models train in: as few as fit, as equal as possible.
 
     Raises ConfigError (one line) when the resident models alone, or one model's
@@ -99,7 +112,10 @@ def plan_chunks(num_models: int, est: MemoryEstimate, budget: int | None, source
     room = budget - est.shared_bytes - num_models * est.resident_per_model
     if room < est.transient_per_model:
         need = est.total(num_models, 1)
-        most = max(0, (budget - est.shared_bytes - est.transient_per_model) // max(est.resident_per_model, 1))
+        most = max(
+            0,
+            (budget - est.shared_bytes - est.transient_per_model) // max(est.resident_per_model, 1),
+        )
         raise ConfigError(
             f"{num_models} models need about {need / MB:,.0f} MB even one at a time "
             f"({est.resident_per_model / MB:.1f} MB each kept, {est.shared_bytes / MB:.0f} MB of data) but "
@@ -116,7 +132,9 @@ def chunks_for(cfg, state_shapes, dataset, num_models: int) -> tuple[tuple[int, 
     n_train = len(dataset.train_labels)
     num_eval = len(dataset.test_labels) + (n_train if cfg.train.eval_train else 0)
     input_dim = int(np.prod(dataset.train_images.shape[1:]))
-    est = estimate_memory(cfg, state_shapes, input_dim, len(dataset.spec.class_names), n_train, num_eval)
+    est = estimate_memory(
+        cfg, state_shapes, input_dim, len(dataset.spec.class_names), n_train, num_eval
+    )
     budget, source = device_budget(cfg)
     chunks = plan_chunks(num_models, est, budget, source)
     return chunks, {

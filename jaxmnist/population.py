@@ -107,7 +107,9 @@ class Population:
 
     def state_shapes(self):
         """One member's TrainState as shapes (nothing allocated)."""
-        return jax.eval_shape(self._init, self.init_keys[0] if not self.stacked else self.init_keys[0][0])
+        return jax.eval_shape(
+            self._init, self.init_keys[0] if not self.stacked else self.init_keys[0][0]
+        )
 
     def init_states(self) -> list:
         """One state per chunk; stacked states carry each member's hyperparameters."""
@@ -117,11 +119,18 @@ class Population:
         states = []
         for s, keys in zip(self.slices, self.init_keys):
             state = init(keys)
-            values = {h: np.array([getattr(m, h) for m in self.members[s]], np.float32) for h in HYPERPARAMS}
-            states.append(state._replace(opt_state=optim.set_hyperparams(state.opt_state, **values)))
+            values = {
+                h: np.array([getattr(m, h) for m in self.members[s]], np.float32)
+                for h in HYPERPARAMS
+            }
+            states.append(
+                state._replace(opt_state=optim.set_hyperparams(state.opt_state, **values))
+            )
         return states
 
-    def compile(self, states, epoch_steps, train_data, eval_sets: dict, progress=None, progress_every=0):
+    def compile(
+        self, states, epoch_steps, train_data, eval_sets: dict, progress=None, progress_every=0
+    ):
         """Compiles the epoch for every (chunk size, steps) and evaluation for every
         (chunk size, set) ahead of time; `eval_sets` maps a name to its EvalData."""
         vmap = (lambda f, axes: jax.vmap(f, in_axes=axes)) if self.stacked else (lambda f, axes: f)
@@ -129,14 +138,21 @@ class Population:
         for i, size in enumerate(self.chunks):
             first.setdefault(size, i)
         for n in sorted(set(epoch_steps)):
-            fn = vmap(make_train_epoch(self.cfg, self.optimizer, n, progress, progress_every), (0, 0, None))
+            fn = vmap(
+                make_train_epoch(self.cfg, self.optimizer, n, progress, progress_every),
+                (0, 0, None),
+            )
             for size, i in first.items():
-                lowered = jax.jit(fn, donate_argnums=0).lower(states[i], self.epoch_keys[0][i], train_data)
+                lowered = jax.jit(fn, donate_argnums=0).lower(
+                    states[i], self.epoch_keys[0][i], train_data
+                )
                 self.epoch_fns[size, n] = lowered.compile()
         evaluate = vmap(evaluate_lib.make_evaluate(self.cfg.model, self.num_classes), (0, None))
         for name, data in eval_sets.items():
             for size, i in first.items():
-                self.eval_fns[size, name] = jax.jit(evaluate).lower(states[i].params, data).compile()
+                self.eval_fns[size, name] = (
+                    jax.jit(evaluate).lower(states[i].params, data).compile()
+                )
             self.counts[name] = int(np.asarray(jax.device_get(data.mask)).sum())
 
     def train_epoch(self, states, epoch_index: int, num_steps: int, data, before_chunk=None):
@@ -160,14 +176,20 @@ class Population:
 
     def evaluate(self, states, name: str, data) -> Evaluation:
         """Exact evaluation of every member on the set compiled as `name`."""
-        parts = jax.device_get([self.eval_fns[size, name](s.params, data) for size, s in zip(self.chunks, states)])
+        parts = jax.device_get(
+            [self.eval_fns[size, name](s.params, data) for size, s in zip(self.chunks, states)]
+        )
         if self.stacked:
             loss_sum, correct, confusion = (np.concatenate([p[k] for p in parts]) for k in range(3))
         else:
             loss_sum, correct, confusion = (np.asarray(x)[None] for x in parts[0])
         count = self.counts[name]
-        return Evaluation(loss_sum.astype(np.float64) / count, correct.astype(np.float64) / count,
-                          confusion.astype(np.int64), count)
+        return Evaluation(
+            loss_sum.astype(np.float64) / count,
+            correct.astype(np.float64) / count,
+            confusion.astype(np.int64),
+            count,
+        )
 
     def learning_rates(self, states) -> np.ndarray | None:
         """float64 (N,): the learning rate each member's last update used."""
@@ -192,8 +214,17 @@ class Population:
         raise IndexError(index)
 
 
-def epoch_record(epoch: int, step: int, examples: int, losses, correct, test: Evaluation,
-                 train_eval: Evaluation | None, learning_rates, seconds: float) -> dict:
+def epoch_record(
+    epoch: int,
+    step: int,
+    examples: int,
+    losses,
+    correct,
+    test: Evaluation,
+    train_eval: Evaluation | None,
+    learning_rates,
+    seconds: float,
+) -> dict:
     """One metrics.jsonl line. losses: float32 (N, steps); correct: (N,) right in the
     epoch's batches; examples: training examples per member this epoch.
 

@@ -34,7 +34,11 @@ class TerminalReporter(Reporter):
         )
         if "models" in info:
             seeds, chunks = info["seeds"], info["chunks"]
-            split = f"in {len(chunks)} chunks ({' + '.join(map(str, chunks))})" if len(chunks) > 1 else "at once"
+            split = (
+                f"in {len(chunks)} chunks ({' + '.join(map(str, chunks))})"
+                if len(chunks) > 1
+                else "at once"
+            )
             budget = ""
             if info["memory_budget_mb"]:
                 budget = f" of {info['memory_budget_mb']:,} MB ({info['memory_budget_source']})"
@@ -45,14 +49,18 @@ class TerminalReporter(Reporter):
 
     def on_compiled(self, seconds: float) -> None:
         self._print(f"compiled in {seconds:.2f} s")
-        self._print(f"{'epoch':>5} {'step':>6} {'train loss':>10} {'train acc':>9} {'test loss':>9} {'test acc':>8} {'time s':>7}")
+        self._print(
+            f"{'epoch':>5} {'step':>6} {'train loss':>10} {'train acc':>9} {'test loss':>9} {'test acc':>8} {'time s':>7}"
+        )
 
     def on_epoch_start(self, epoch: int, num_steps: int, first_step: int) -> None:
         if self.wants_progress:
             from tqdm import tqdm
 
             self._first_step = first_step
-            self._bar = tqdm(total=num_steps, desc=f"epoch {epoch}", leave=False, file=sys.stderr, unit="step")
+            self._bar = tqdm(
+                total=num_steps, desc=f"epoch {epoch}", leave=False, file=sys.stderr, unit="step"
+            )
 
     def on_progress(self, global_step) -> None:
         if self._bar is not None:
@@ -64,7 +72,9 @@ class TerminalReporter(Reporter):
             self._bar = None
         spread = ""
         if "test_accuracy_std" in r:  # several seeds: the figures are means
-            spread = f"  ± {r['test_accuracy_std']:.2%} (mean of {len(r['test_accuracy_per_seed'])})"
+            spread = (
+                f"  ± {r['test_accuracy_std']:.2%} (mean of {len(r['test_accuracy_per_seed'])})"
+            )
         self._print(
             f"{r['epoch']:>5} {r['step']:>6} {r['train_loss']:>10.4f} {r['train_accuracy']:>9.2%} "
             f"{r['test_loss']:>9.4f} {r['test_accuracy']:>8.2%} {r['epoch_seconds']:>7.3f}{spread}"
@@ -91,7 +101,9 @@ def seed_lines(s: dict) -> list[str]:
     from jaxmnist import stats
 
     spread = stats.spread(s["test_accuracy_per_seed"])
-    per_seed = "  ".join(f"{seed}: {a:.2%}" for seed, a in zip(s["seeds"], s["test_accuracy_per_seed"]))
+    per_seed = "  ".join(
+        f"{seed}: {a:.2%}" for seed, a in zip(s["seeds"], s["test_accuracy_per_seed"])
+    )
     return [
         f"test accuracy over {spread.n} seeds: {stats.format_spread(spread)}; "
         f"min {spread.min:.2%}, max {spread.max:.2%}",
@@ -130,14 +142,20 @@ def print_eval(result: dict) -> None:
 
         spread = stats.spread(result["test_accuracy_per_seed"])
         print(f"seeds        {len(result['seeds'])}: test accuracy {stats.format_spread(spread)}")
-        for seed, acc, loss in zip(result["seeds"], result["test_accuracy_per_seed"], result["test_loss_per_seed"]):
+        for seed, acc, loss in zip(
+            result["seeds"], result["test_accuracy_per_seed"], result["test_loss_per_seed"]
+        ):
             print(f"  seed {seed:<6} accuracy {acc:.2%}  loss {loss:.4f}")
         print(f"(below: means over the seeds; the confusion matrix is seed {result['seeds'][0]}'s)")
-    print(f"test         accuracy {result['test_accuracy']:.2%}  loss {result['test_loss']:.4f}  "
-          f"({result['num_test_examples']:,} examples)")
+    print(
+        f"test         accuracy {result['test_accuracy']:.2%}  loss {result['test_loss']:.4f}  "
+        f"({result['num_test_examples']:,} examples)"
+    )
     if result.get("train_accuracy") is not None:
-        print(f"train        accuracy {result['train_accuracy']:.2%}  loss {result['train_loss']:.4f}  "
-              f"({result['num_train_examples']:,} examples)")
+        print(
+            f"train        accuracy {result['train_accuracy']:.2%}  loss {result['train_loss']:.4f}  "
+            f"({result['num_train_examples']:,} examples)"
+        )
     print("confusion matrix (test):")
     print(format_confusion(result["confusion_matrix"], result["class_names"]))
 

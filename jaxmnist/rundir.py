@@ -59,18 +59,25 @@ def check_writable(workdir: str | os.PathLike) -> Path:
         with tempfile.TemporaryFile(dir=path):
             pass
     except OSError as e:
-        raise ConfigError(f"run directory {str(path)!r} is not writable: {e.strerror or e}") from None
+        raise ConfigError(
+            f"run directory {str(path)!r} is not writable: {e.strerror or e}"
+        ) from None
     return path
 
 
 def write_command(workdir: str | os.PathLike, argv: list[str]) -> None:
     """command.txt: the command line that produced the run, shell-quoted."""
-    _atomic_write(Path(workdir) / COMMAND_FILE, lambda f: f.write((shlex.join(argv) + "\n").encode()))
+    _atomic_write(
+        Path(workdir) / COMMAND_FILE, lambda f: f.write((shlex.join(argv) + "\n").encode())
+    )
 
 
 def save_params(path: Path, params) -> None:
     """One array per leaf, keyed by its pytree path (e.g. `[0]['w']`)."""
-    flat = {jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_leaves_with_path(params)}
+    flat = {
+        jax.tree_util.keystr(k): np.asarray(v)
+        for k, v in jax.tree_util.tree_leaves_with_path(params)
+    }
     _atomic_write(path, lambda f: np.savez(f, **flat))
 
 
@@ -85,7 +92,9 @@ def load_params(path: Path, like):
     for key, ref in jax.tree_util.tree_leaves_with_path(like):
         name = jax.tree_util.keystr(key)
         if name not in stored or stored[name].shape != ref.shape:
-            raise JaxmnistError(f"{path}: parameter {name} missing or of the wrong shape for this config")
+            raise JaxmnistError(
+                f"{path}: parameter {name} missing or of the wrong shape for this config"
+            )
         leaves.append(stored[name])
     return jax.tree.unflatten(jax.tree.structure(like), leaves)
 
@@ -95,7 +104,13 @@ class RunWriter:
 
     def __init__(self, workdir: str | os.PathLike):
         self.path = check_writable(workdir)
-        for name in ("metrics.jsonl", "step_loss.csv", "summary.json", "test_predictions.npz", "report.html"):
+        for name in (
+            "metrics.jsonl",
+            "step_loss.csv",
+            "summary.json",
+            "test_predictions.npz",
+            "report.html",
+        ):
             (self.path / name).unlink(missing_ok=True)
 
     def write_start(self, cfg, info: dict) -> None:
@@ -111,8 +126,14 @@ class RunWriter:
         with open(self.path / "step_loss.csv", "a") as f:
             f.writelines(f"{first + i + 1},{loss:.6g}\n" for i, loss in enumerate(step_losses))
 
-    def write_end(self, summary: dict, confusion: np.ndarray, params, class_names,
-                  confusion_per_seed: np.ndarray | None = None) -> None:
+    def write_end(
+        self,
+        summary: dict,
+        confusion: np.ndarray,
+        params,
+        class_names,
+        confusion_per_seed: np.ndarray | None = None,
+    ) -> None:
         """With several seeds, `confusion` and the predictions are the first seed's;
         `confusion_per_seed` (S, C, C) adds every seed's as `matrix_per_seed`."""
         matrices = {"matrix": confusion.tolist()}
@@ -120,8 +141,12 @@ class RunWriter:
             matrices.update(seed=summary["seeds"][0], matrix_per_seed=confusion_per_seed.tolist())
         write_json(
             self.path / "confusion_matrix.json",
-            {"class_names": list(class_names), "rows": "true class", "columns": "predicted class",
-             **matrices},
+            {
+                "class_names": list(class_names),
+                "rows": "true class",
+                "columns": "predicted class",
+                **matrices,
+            },
         )
         save_params(self.path / PARAMS_FILE, params)
         write_json(self.path / "summary.json", summary)

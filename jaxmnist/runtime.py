@@ -86,7 +86,10 @@ def placement_report() -> dict:
 
     return {
         "default_device": str(jax.devices()[0]),
-        "params": {jax.tree_util.keystr(k): where(v) for k, v in jax.tree_util.tree_leaves_with_path(params)},
+        "params": {
+            jax.tree_util.keystr(k): where(v)
+            for k, v in jax.tree_util.tree_leaves_with_path(params)
+        },
         "batch": where(batch),
         "logits": where(logits),
         "on_default_device": all(

@@ -62,7 +62,9 @@ def spread(values) -> Spread:
     std = float(x.std(ddof=1))
     sem = std / math.sqrt(x.size)
     half = t_quantile(x.size) * sem
-    return Spread(x.size, mean, std, sem, (mean - half, mean + half), float(x.min()), float(x.max()))
+    return Spread(
+        x.size, mean, std, sem, (mean - half, mean + half), float(x.min()), float(x.max())
+    )
 
 
 def format_spread(s: Spread, percent: bool = True) -> str:

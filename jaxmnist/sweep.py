@@ -70,9 +70,13 @@ def parse_grid(specs: list[str], base: config_lib.Config) -> list[Axis]:
         if not sep or not key or not text:
             raise ConfigError(f"--grid {spec!r} is not of the form section.field=v1,v2,...")
         if key not in known:
-            raise ConfigError(f"unknown config field {key!r} in --grid; known fields: {', '.join(known)}")
+            raise ConfigError(
+                f"unknown config field {key!r} in --grid; known fields: {', '.join(known)}"
+            )
         if key == "train.seeds":
-            raise ConfigError("--grid train.seeds: give the number of seeds of every point with --seeds N")
+            raise ConfigError(
+                "--grid train.seeds: give the number of seeds of every point with --seeds N"
+            )
         if any(a.key == key for a in axes):
             raise ConfigError(f"--grid {key} given twice; list all its values in one --grid")
         raw = [v.strip() for v in text.split(",")]
@@ -115,7 +119,9 @@ def expand_grid(base: config_lib.Config, axes: list[Axis]) -> list[Point]:
 
 def program_key(cfg: config_lib.Config) -> config_lib.Config:
     """`cfg` with the traced fields blanked: equal keys can share one compiled program."""
-    return config_lib.apply_overrides(cfg, {k: 0 if k == "train.seed" else 1.0 for k in TRACED_FIELDS})
+    return config_lib.apply_overrides(
+        cfg, {k: 0 if k == "train.seed" else 1.0 for k in TRACED_FIELDS}
+    )
 
 
 def group_points(points: list[Point]) -> list[list[Point]]:
@@ -129,14 +135,18 @@ def group_points(points: list[Point]) -> list[list[Point]]:
 class SweepReporter(Reporter):
     """Progress of one group as short lines through `log`."""
 
-    def __init__(self, log: Callable[[str], None], title: str, point_of: np.ndarray, num_points: int):
+    def __init__(
+        self, log: Callable[[str], None], title: str, point_of: np.ndarray, num_points: int
+    ):
         self.log, self.title, self.point_of, self.num_points = log, title, point_of, num_points
 
     def on_start(self, info: dict) -> None:
         chunks = info.get("chunks", [1])
         split = f", in {len(chunks)} chunks of {max(chunks)}" if len(chunks) > 1 else ""
-        self.log(f"{self.title}: {info.get('models', 1)} models in one program{split}; "
-                 f"{info['epochs']} epoch{'s' * (info['epochs'] != 1)} x {info['steps_per_epoch']} steps")
+        self.log(
+            f"{self.title}: {info.get('models', 1)} models in one program{split}; "
+            f"{info['epochs']} epoch{'s' * (info['epochs'] != 1)} x {info['steps_per_epoch']} steps"
+        )
 
     def on_compiled(self, seconds: float) -> None:
         self.log(f"  compiled in {seconds:.2f} s")
@@ -144,18 +154,23 @@ class SweepReporter(Reporter):
     def on_epoch_end(self, r: dict) -> None:
         acc = np.asarray(r.get("test_accuracy_per_seed", [r["test_accuracy"]]))
         best = max(acc[self.point_of == p].mean() for p in range(self.num_points))
-        self.log(f"  epoch {r['epoch']}: best point mean test accuracy {best:.2%} ({r['epoch_seconds']:.2f} s)")
+        self.log(
+            f"  epoch {r['epoch']}: best point mean test accuracy {best:.2%} ({r['epoch_seconds']:.2f} s)"
+        )
 
 
 def _finite(x):
     return None if x is None or not math.isfinite(x) else x
 
 
-def _point_result(point: Point, group: int, seeds: list[int], test, idx, records, reached, diverged, compile_s) -> dict:
+def _point_result(
+    point: Point, group: int, seeds: list[int], test, idx, records, reached, diverged, compile_s
+) -> dict:
     acc, loss = test.accuracy[idx], test.loss[idx]
     spread = stats.spread(acc)
     history = [
-        float(np.mean(np.asarray(r.get("test_accuracy_per_seed", [r["test_accuracy"]]))[idx])) for r in records
+        float(np.mean(np.asarray(r.get("test_accuracy_per_seed", [r["test_accuracy"]]))[idx]))
+        for r in records
     ]
     return {
         "point": point.index,
@@ -175,8 +190,13 @@ def _point_result(point: Point, group: int, seeds: list[int], test, idx, records
     }
 
 
-def run_sweep(base: config_lib.Config, axes: list[Axis], *, dataset=None,
-              log: Callable[[str], None] | None = None) -> dict:
+def run_sweep(
+    base: config_lib.Config,
+    axes: list[Axis],
+    *,
+    dataset=None,
+    log: Callable[[str], None] | None = None,
+) -> dict:
     """Trains every grid point with `base.train.seeds` seeds; returns the sweep as a dict.
 
     `dataset` (a `jaxmnist.data.Dataset`) is used for every point, for tests;
@@ -198,30 +218,59 @@ def run_sweep(base: config_lib.Config, axes: list[Axis], *, dataset=None,
         cfg = group[0].cfg
         d = cfg.data
         if dataset is None and (d.dataset, d.data_dir) not in datasets:
-            datasets[d.dataset, d.data_dir] = load_dataset(d.dataset, d.data_dir, download=d.download)
+            datasets[d.dataset, d.data_dir] = load_dataset(
+                d.dataset, d.data_dir, download=d.download
+            )
         data = dataset if dataset is not None else datasets[d.dataset, d.data_dir]
-        members = [Member.of(p.cfg, p.cfg.train.seed + s) for p in group for s in range(seeds_per_point)]
+        members = [
+            Member.of(p.cfg, p.cfg.train.seed + s) for p in group for s in range(seeds_per_point)
+        ]
         point_of = np.repeat(np.arange(len(group)), seeds_per_point)
-        fixed = {a.key: format_value(get_field(cfg, a.key)) for a in axes
-                 if a.key not in TRACED_FIELDS}
-        title = f"program {g + 1}/{len(groups)}" + (f" ({', '.join(f'{k}={v}' for k, v in fixed.items())})"
-                                                    if fixed else "")
+        fixed = {
+            a.key: format_value(get_field(cfg, a.key)) for a in axes if a.key not in TRACED_FIELDS
+        }
+        title = f"program {g + 1}/{len(groups)}" + (
+            f" ({', '.join(f'{k}={v}' for k, v in fixed.items())})" if fixed else ""
+        )
         reporter = SweepReporter(log, title, point_of, len(group))
         r = train_population(cfg, members, data, reporter, points=point_of, stop_on_nonfinite=False)
         for p, point in enumerate(group):
             idx = np.flatnonzero(point_of == p)
             seeds = [members[i].seed for i in idx]
             diverged = [j for j, i in enumerate(idx) if i in r.diverged]
-            results.append(_point_result(point, g, seeds, r.test, idx, r.records, r.reached[p], diverged,
-                                         r.compile_seconds))
-        group_info.append({
-            "group": g, "fixed": fixed, "points": [p.index for p in group], "models": len(members),
-            "chunks": list(r.population.chunks), "epochs": len(r.records), "steps": r.steps,
-            "compile_seconds": r.compile_seconds, "train_seconds": r.train_seconds,
-            "eval_seconds": r.eval_seconds,
-        })
-    results.sort(key=lambda x: (-x["test_accuracy_mean"] if math.isfinite(x["test_accuracy_mean"]) else math.inf,
-                                x["point"]))
+            results.append(
+                _point_result(
+                    point,
+                    g,
+                    seeds,
+                    r.test,
+                    idx,
+                    r.records,
+                    r.reached[p],
+                    diverged,
+                    r.compile_seconds,
+                )
+            )
+        group_info.append(
+            {
+                "group": g,
+                "fixed": fixed,
+                "points": [p.index for p in group],
+                "models": len(members),
+                "chunks": list(r.population.chunks),
+                "epochs": len(r.records),
+                "steps": r.steps,
+                "compile_seconds": r.compile_seconds,
+                "train_seconds": r.train_seconds,
+                "eval_seconds": r.eval_seconds,
+            }
+        )
+    results.sort(
+        key=lambda x: (
+            -x["test_accuracy_mean"] if math.isfinite(x["test_accuracy_mean"]) else math.inf,
+            x["point"],
+        )
+    )
     for rank, x in enumerate(results, start=1):
         x["rank"] = rank
     return {
@@ -245,14 +294,38 @@ def to_csv(sweep: dict) -> str:
     target = sweep["target_accuracy"] is not None
     out = io.StringIO()
     w = csv.writer(out, lineterminator="\n")
-    w.writerow(["rank", *keys, "group", "seeds", "test_accuracy_mean", "test_accuracy_std",
-                "test_accuracy_ci95_low", "test_accuracy_ci95_high", "test_accuracy_min", "test_accuracy_max",
-                "test_loss_mean", "diverged_seeds", *(["epochs_to_target", "time_to_target_seconds"] * target)])
+    w.writerow(
+        [
+            "rank",
+            *keys,
+            "group",
+            "seeds",
+            "test_accuracy_mean",
+            "test_accuracy_std",
+            "test_accuracy_ci95_low",
+            "test_accuracy_ci95_high",
+            "test_accuracy_min",
+            "test_accuracy_max",
+            "test_loss_mean",
+            "diverged_seeds",
+            *(["epochs_to_target", "time_to_target_seconds"] * target),
+        ]
+    )
     for x in sweep["results"]:
         ci = x["test_accuracy_ci95"] or [None, None]
-        row = [x["rank"], *(format_value(tuple(v) if isinstance(v, list) else v) for v in x["values"].values()),
-               x["group"], len(x["seeds"]), x["test_accuracy_mean"], x["test_accuracy_std"], *ci,
-               x["test_accuracy_min"], x["test_accuracy_max"], x["test_loss_mean"], len(x["diverged_seeds"])]
+        row = [
+            x["rank"],
+            *(format_value(tuple(v) if isinstance(v, list) else v) for v in x["values"].values()),
+            x["group"],
+            len(x["seeds"]),
+            x["test_accuracy_mean"],
+            x["test_accuracy_std"],
+            *ci,
+            x["test_accuracy_min"],
+            x["test_accuracy_max"],
+            x["test_loss_mean"],
+            len(x["diverged_seeds"]),
+        ]
         if target:
             row += [x["epochs_to_target"], x["time_to_target_seconds"]]
         w.writerow(["" if v is None else v for v in row])
@@ -268,11 +341,18 @@ def format_table(sweep: dict) -> str:
     rows = []
     for x in sweep["results"]:
         ci = x["test_accuracy_ci95"]
-        std = f" ± {100 * x['test_accuracy_std']:.2f}%" if x["test_accuracy_std"] is not None else ""
-        row = [str(x["rank"]), *(format_value(tuple(v) if isinstance(v, list) else v) for v in x["values"].values()),
-               f"{100 * x['test_accuracy_mean']:.2f}%{std}" + (" (diverged)" * bool(x["diverged_seeds"])),
-               f"{100 * ci[0]:.2f}–{100 * ci[1]:.2f}%" if ci else "—",
-               f"{100 * x['test_accuracy_min']:.2f}%", f"{100 * x['test_accuracy_max']:.2f}%"]
+        std = (
+            f" ± {100 * x['test_accuracy_std']:.2f}%" if x["test_accuracy_std"] is not None else ""
+        )
+        row = [
+            str(x["rank"]),
+            *(format_value(tuple(v) if isinstance(v, list) else v) for v in x["values"].values()),
+            f"{100 * x['test_accuracy_mean']:.2f}%{std}"
+            + (" (diverged)" * bool(x["diverged_seeds"])),
+            f"{100 * ci[0]:.2f}–{100 * ci[1]:.2f}%" if ci else "—",
+            f"{100 * x['test_accuracy_min']:.2f}%",
+            f"{100 * x['test_accuracy_max']:.2f}%",
+        ]
         if target:
             row.append(str(x["epochs_to_target"]) if x["epochs_to_target"] else "not reached")
         rows.append(row)
@@ -280,8 +360,10 @@ def format_table(sweep: dict) -> str:
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths))]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
     n = sweep["seeds_per_point"]
-    lines.append(f"{sweep['num_points']} points x {n} seed{'s' * (n != 1)} in {sweep['num_programs']} "
-                 f"program{'s' * (sweep['num_programs'] != 1)}, {sweep['wall_seconds']:.1f} s")
+    lines.append(
+        f"{sweep['num_points']} points x {n} seed{'s' * (n != 1)} in {sweep['num_programs']} "
+        f"program{'s' * (sweep['num_programs'] != 1)}, {sweep['wall_seconds']:.1f} s"
+    )
     return "\n".join(lines)
 
 

@@ -58,6 +58,7 @@ def init_state(key, cfg: config_lib.Config, optimizer, input_shape, num_classes)
 
 def make_train_step(cfg: config_lib.Config, optimizer) -> Callable:
     """Returns `step(state, images_u8 (B, D), labels (B,)) -> (state, (loss, correct))`."""
+
     def loss_fn(params, images, labels):
         logits = apply_uint8(params, images, cfg.model)
         loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
@@ -116,7 +117,9 @@ def make_train_epoch(
             jax.debug.callback(progress, state.step)
             return state, out
 
-        state, (loss, correct) = jax.lax.scan(chunk, state, idx[: chunks * every].reshape(chunks, every, -1))
+        state, (loss, correct) = jax.lax.scan(
+            chunk, state, idx[: chunks * every].reshape(chunks, every, -1)
+        )
         loss, correct = loss.reshape(-1), correct.reshape(-1)
         if rest:
             state, (loss_r, correct_r) = chunk(state, idx[chunks * every :])
@@ -145,7 +148,9 @@ def place_train_data(images: np.ndarray, labels: np.ndarray) -> TrainData:
     return TrainData(jax.device_put(flat), jax.device_put(labels.astype(np.int32)))
 
 
-def _check_finite(losses: np.ndarray, epoch: int, first_step: int, members, stop: bool) -> list[int]:
+def _check_finite(
+    losses: np.ndarray, epoch: int, first_step: int, members, stop: bool
+) -> list[int]:
     """Members (indices) whose loss went non-finite; with `stop`, a TrainingError for the first.
 
     losses: float32 (members, steps) of this epoch.
@@ -177,12 +182,23 @@ class RunResult(NamedTuple):
     train_seconds: float  # compiled epochs only
     eval_seconds: float
     steps: int  # steps run: fewer than planned when the target accuracy stopped the run
-    reached: list  # per point: {"epoch", "train_seconds"} when its mean reached the target, else None
+    reached: (
+        list  # per point: {"epoch", "train_seconds"} when its mean reached the target, else None
+    )
     diverged: list[int]  # members whose loss became non-finite (when not stopping for it)
 
 
-def train_population(cfg, members, dataset, reporter: Reporter | None = None, *, points=None,
-                     run=None, events=None, stop_on_nonfinite: bool = True) -> RunResult:
+def train_population(
+    cfg,
+    members,
+    dataset,
+    reporter: Reporter | None = None,
+    *,
+    points=None,
+    run=None,
+    events=None,
+    stop_on_nonfinite: bool = True,
+) -> RunResult:
     """Trains `members` (`jaxmnist.population.Member`s: seed and hyperparameters) of `cfg`.
 
     One member is today's single-model run. Several train in one vmapped program
@@ -201,7 +217,9 @@ def train_population(cfg, members, dataset, reporter: Reporter | None = None, *,
     plan = config_lib.plan_steps(cfg.train, n_train)
     input_shape, num_classes = dataset.train_images.shape[1:], len(spec.class_names)
     optimizer = optim.make_optimizer(cfg.optimizer, plan.total_steps)
-    shapes = jax.eval_shape(lambda k: init_state(k, cfg, optimizer, input_shape, num_classes), jax.random.key(0))
+    shapes = jax.eval_shape(
+        lambda k: init_state(k, cfg, optimizer, input_shape, num_classes), jax.random.key(0)
+    )
     info = {
         "dataset": spec.name,
         "source": dataset.source,
@@ -216,14 +234,20 @@ def train_population(cfg, members, dataset, reporter: Reporter | None = None, *,
     if len(members) > 1:  # estimated before allocating anything: chunks that fit, or one clear line
         chunks, about = memory.chunks_for(cfg, shapes, dataset, len(members))
         info.update(models=len(members), seeds=sorted({m.seed for m in members}), **about)
-    pop = Population(cfg, optimizer, members, chunks, input_shape, num_classes, len(plan.epoch_steps))
+    pop = Population(
+        cfg, optimizer, members, chunks, input_shape, num_classes, len(plan.epoch_steps)
+    )
     states = pop.init_states()
     train_data = place_train_data(dataset.train_images, dataset.train_labels)
-    eval_sets = {"test": evaluate_lib.place_eval_data(dataset.test_images, dataset.test_labels,
-                                                      cfg.train.eval_batch_size)}
+    eval_sets = {
+        "test": evaluate_lib.place_eval_data(
+            dataset.test_images, dataset.test_labels, cfg.train.eval_batch_size
+        )
+    }
     if cfg.train.eval_train:
-        eval_sets["train"] = evaluate_lib.place_eval_data(dataset.train_images, dataset.train_labels,
-                                                          cfg.train.eval_batch_size)
+        eval_sets["train"] = evaluate_lib.place_eval_data(
+            dataset.train_images, dataset.train_labels, cfg.train.eval_batch_size
+        )
     if run:
         run.write_start(cfg, info)
     reporter.on_start(info)
@@ -232,7 +256,11 @@ def train_population(cfg, members, dataset, reporter: Reporter | None = None, *,
     # measured on its own and training never compiles.
     compile_start = time.perf_counter()
     chunk_offset = [0]  # steps of this epoch done by earlier chunks, for the progress bar
-    progress = (lambda step: reporter.on_progress(int(step) + chunk_offset[0])) if reporter.wants_progress else None
+    progress = (
+        (lambda step: reporter.on_progress(int(step) + chunk_offset[0]))
+        if reporter.wants_progress
+        else None
+    )
     pop.compile(states, plan.epoch_steps, train_data, eval_sets, progress, cfg.train.progress_every)
     compile_seconds = time.perf_counter() - compile_start
     reporter.on_compiled(compile_seconds)
@@ -251,8 +279,13 @@ def train_population(cfg, members, dataset, reporter: Reporter | None = None, *,
 
         t0 = time.perf_counter()
         with jax.transfer_guard("disallow"):
-            states, metrics = pop.train_epoch(states, epoch - 1, num_steps, train_data,
-                                              before_chunk if progress and len(chunks) > 1 else None)
+            states, metrics = pop.train_epoch(
+                states,
+                epoch - 1,
+                num_steps,
+                train_data,
+                before_chunk if progress and len(chunks) > 1 else None,
+            )
             metrics = jax.block_until_ready(metrics)
         epoch_seconds = time.perf_counter() - t0
         train_seconds += epoch_seconds
@@ -263,11 +296,22 @@ def train_population(cfg, members, dataset, reporter: Reporter | None = None, *,
 
         t0 = time.perf_counter()
         test = pop.evaluate(states, "test", eval_sets["test"])
-        train_eval = pop.evaluate(states, "train", eval_sets["train"]) if cfg.train.eval_train else None
+        train_eval = (
+            pop.evaluate(states, "train", eval_sets["train"]) if cfg.train.eval_train else None
+        )
         eval_seconds += time.perf_counter() - t0
         first_step += num_steps
-        record = epoch_record(epoch, first_step, num_steps * cfg.train.batch_size, losses, correct, test,
-                              train_eval, pop.learning_rates(states), epoch_seconds)
+        record = epoch_record(
+            epoch,
+            first_step,
+            num_steps * cfg.train.batch_size,
+            losses,
+            correct,
+            test,
+            train_eval,
+            pop.learning_rates(states),
+            epoch_seconds,
+        )
         records.append(record)
         mean_losses = losses[0] if len(members) == 1 else losses.mean(0)
         if run:
@@ -281,8 +325,20 @@ def train_population(cfg, members, dataset, reporter: Reporter | None = None, *,
                     reached[p] = {"epoch": epoch, "train_seconds": train_seconds}
             if all(reached):
                 break
-    return RunResult(pop, states, plan, records, test, info, compile_seconds, train_seconds,
-                     eval_seconds, first_step, reached, diverged)
+    return RunResult(
+        pop,
+        states,
+        plan,
+        records,
+        test,
+        info,
+        compile_seconds,
+        train_seconds,
+        eval_seconds,
+        first_step,
+        reached,
+        diverged,
+    )
 
 
 def train_and_evaluate(
@@ -339,8 +395,13 @@ def train_and_evaluate(
         params = r.population.member_params(r.states, 0)  # predictions: the first seed's model
         _save_predictions(run, cfg, params, dataset, r.test.confusion[0], events, r.steps)
         per_seed = r.test.confusion if models > 1 else None
-        run.write_end(summary, r.test.confusion[0], r.population.params(r.states),
-                      dataset.spec.class_names, confusion_per_seed=per_seed)
+        run.write_end(
+            summary,
+            r.test.confusion[0],
+            r.population.params(r.states),
+            dataset.spec.class_names,
+            confusion_per_seed=per_seed,
+        )
     reporter.on_finish(summary)
     return summary
 
@@ -353,7 +414,8 @@ def _target_summary(cfg, r: RunResult) -> dict:
         "epochs_planned": len(r.plan.epoch_steps),
         "epochs_to_target": reached and reached["epoch"],
         "time_to_target_seconds": reached and reached["train_seconds"],
-        "time_to_target_with_compile_seconds": reached and reached["train_seconds"] + r.compile_seconds,
+        "time_to_target_with_compile_seconds": reached
+        and reached["train_seconds"] + r.compile_seconds,
     }
 
 
@@ -370,15 +432,25 @@ def _save_predictions(run, cfg, params, dataset, confusion, events, step: int) -
     """test_predictions.npz for reports (and the final TensorBoard images)."""
     from jaxmnist.report.predictions import save_test_predictions
 
-    probs = evaluate_lib.predict_probabilities(cfg.model, params, dataset.test_images, cfg.train.eval_batch_size)
+    probs = evaluate_lib.predict_probabilities(
+        cfg.model, params, dataset.test_images, cfg.train.eval_batch_size
+    )
     save_test_predictions(run.path, probs, dataset.test_labels, dataset.test_images)
     if events:
-        events.write_final(step, confusion, dataset.spec.class_names,
-                           probs, dataset.test_labels, dataset.test_images)
+        events.write_final(
+            step,
+            confusion,
+            dataset.spec.class_names,
+            probs,
+            dataset.test_labels,
+            dataset.test_images,
+        )
         events.close()
 
 
 def _steady_epoch_seconds(records: list[dict], plan) -> float | None:
     """Median time of full epochs after the first (which may still warm caches)."""
-    full = [r["epoch_seconds"] for r, n in zip(records, plan.epoch_steps) if n == plan.steps_per_epoch]
+    full = [
+        r["epoch_seconds"] for r, n in zip(records, plan.epoch_steps) if n == plan.steps_per_epoch
+    ]
     return float(np.median(full[1:])) if len(full) > 1 else None

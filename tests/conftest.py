@@ -54,7 +54,14 @@ def tiny_spec(tiny_arrays):
 @pytest.fixture(scope="session")
 def tiny_dataset(tiny_arrays, tiny_spec) -> Dataset:
     a = tiny_arrays
-    return Dataset(tiny_spec, a["train_images"], a["train_labels"], a["test_images"], a["test_labels"], "memory")
+    return Dataset(
+        tiny_spec,
+        a["train_images"],
+        a["train_labels"],
+        a["test_images"],
+        a["test_labels"],
+        "memory",
+    )
 
 
 @pytest.fixture
@@ -62,8 +69,21 @@ def train_argv(tiny_data_dir):
     """`jaxmnist train` arguments on the tiny dataset; later flags in `extra` win."""
 
     def argv(run_dir, *extra):
-        return ["train", "--dataset", "tiny", "--data-dir", str(tiny_data_dir), "--run-dir",
-                str(run_dir), "--batch-size", "32", "--epochs", "3", "--no-compile-cache", *extra]
+        return [
+            "train",
+            "--dataset",
+            "tiny",
+            "--data-dir",
+            str(tiny_data_dir),
+            "--run-dir",
+            str(run_dir),
+            "--batch-size",
+            "32",
+            "--epochs",
+            "3",
+            "--no-compile-cache",
+            *extra,
+        ]
 
     return argv
 

@@ -22,7 +22,9 @@ def real_dataset(name):
 
 @pytest.mark.realdata
 def test_tpu101_reaches_97_3_percent_on_mnist(tmp_path):
-    summary = train_and_evaluate(config_lib.get_preset("tpu101"), tmp_path, dataset=real_dataset("mnist"))
+    summary = train_and_evaluate(
+        config_lib.get_preset("tpu101"), tmp_path, dataset=real_dataset("mnist")
+    )
     assert summary["num_test_examples"] == 10_000 and summary["steps"] == 5 * 468
     assert summary["test_accuracy"] >= 0.973, summary["test_accuracy"]
 

@@ -33,9 +33,23 @@ def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     mp = pytest.MonkeyPatch()
     mp.setenv("XDG_CACHE_HOME", str(out / "cache"))
-    data = ["--data-dir", REAL_DATA_DIR, "data.download=false"] if REAL_DATA_DIR else ["--synthetic"]
-    argv = ["bench", "--quick", "--no-compile-cache", "--batch-size", "16", "--batch-sizes", "16,256",
-            "--tokens-per-example", "100", "--out", str(out / "result"), *data]
+    data = (
+        ["--data-dir", REAL_DATA_DIR, "data.download=false"] if REAL_DATA_DIR else ["--synthetic"]
+    )
+    argv = [
+        "bench",
+        "--quick",
+        "--no-compile-cache",
+        "--batch-size",
+        "16",
+        "--batch-sizes",
+        "16,256",
+        "--tokens-per-example",
+        "100",
+        "--out",
+        str(out / "result"),
+        *data,
+    ]
     try:
         code = cli.main(argv)
     finally:
@@ -61,7 +75,9 @@ def test_quick_cli_writes_json_matching_schema(quick_run, capsys):
         assert len(m["window_seconds"]) == m["windows"] >= 5
         assert m["compiles_in_windows"] == 0
         assert 0 < m["mfu"] < 2 and m["examples_per_second"]["median"] > 0
-        assert m["projected_tokens_per_second"] == pytest.approx(100 * m["examples_per_second"]["median"])
+        assert m["projected_tokens_per_second"] == pytest.approx(
+            100 * m["examples_per_second"]["median"]
+        )
         assert m["steps_trained"] >= (m["windows"] + m["warmup_windows"]) * m["steps_per_window"]
     assert (out / "bench.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     page = (out / "bench.html").read_text()
@@ -82,7 +98,9 @@ def test_guards_are_the_documented_ones(quick_run):
     for m in result["modes"]:
         expected = "allow" if m["mode"] == "python-dispatch" else "disallow"
         assert m["transfer_guard"] == {
-            "host_to_device": expected, "device_to_host": "disallow", "device_to_device": "disallow",
+            "host_to_device": expected,
+            "device_to_host": "disallow",
+            "device_to_device": "disallow",
         }
 
 
@@ -95,16 +113,19 @@ def test_table_labels_tokens_as_a_projection(quick_run):
     assert "tokens" not in no_tokens
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--modes", "scan-epoch,warp-drive"], "unknown mode 'warp-drive'"),
-    (["--sweep-mode", "eager"], "unknown mode 'eager'"),
-    (["--batch-sizes", "0,64"], "batch sizes must be positive, got 0"),
-    (["--batch-sizes", "64,lots"], "batch size: expected an integer"),
-    (["--batch-size", "0"], "batch size must be between 1"),
-    (["--dtypes", "float8"], "unknown dtype 'float8'"),
-    (["--tokens-per-example", "-3"], "tokens per example must be positive"),
-    (["--modes", "scan-epoch,scan-epoch"], "without repeats"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--modes", "scan-epoch,warp-drive"], "unknown mode 'warp-drive'"),
+        (["--sweep-mode", "eager"], "unknown mode 'eager'"),
+        (["--batch-sizes", "0,64"], "batch sizes must be positive, got 0"),
+        (["--batch-sizes", "64,lots"], "batch size: expected an integer"),
+        (["--batch-size", "0"], "batch size must be between 1"),
+        (["--dtypes", "float8"], "unknown dtype 'float8'"),
+        (["--tokens-per-example", "-3"], "tokens per example must be positive"),
+        (["--modes", "scan-epoch,scan-epoch"], "without repeats"),
+    ],
+)
 def test_bad_arguments_are_one_line_and_exit_2(args, message, tmp_path, capsys):
     assert cli.main(["bench", "--quick", "--synthetic", "--out", str(tmp_path), *args]) == 2
     err = capsys.readouterr().err
@@ -112,8 +133,18 @@ def test_bad_arguments_are_one_line_and_exit_2(args, message, tmp_path, capsys):
 
 
 def test_batch_size_beyond_the_data_is_exit_2(tmp_path, capsys):
-    argv = ["bench", "--quick", "--synthetic", "--no-compile-cache", "--batch-sizes", "8192",
-            "--dtypes", "float32", "--out", str(tmp_path)]
+    argv = [
+        "bench",
+        "--quick",
+        "--synthetic",
+        "--no-compile-cache",
+        "--batch-sizes",
+        "8192",
+        "--dtypes",
+        "float32",
+        "--out",
+        str(tmp_path),
+    ]
     assert cli.main(argv) == 2
     assert "batch size 8192 exceeds the 4096 training examples" in capsys.readouterr().err
 
@@ -175,7 +206,9 @@ def test_device_and_scan_modes_train_identically(tiny_dataset):
         losses = runner.losses(runner.run())
         assert losses.shape == (20,) and int(runner.state.step) == 20
         params[mode] = jax.device_get(runner.state.params)
-    for a, b in zip(jax.tree.leaves(params["jit-step-device"]), jax.tree.leaves(params["scan-epoch"])):
+    for a, b in zip(
+        jax.tree.leaves(params["jit-step-device"]), jax.tree.leaves(params["scan-epoch"])
+    ):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
@@ -184,4 +217,7 @@ def test_schema_check_reports_problems():
     bad_measurement = {k: None for k in schema.MEASUREMENT}
     problems = schema.check({"modes": [bad_measurement]})
     assert "bench.modes[0].batch_size: expected int, got NoneType" in problems
-    assert "bench.modes[0].final_train_loss: expected int or float or null, got NoneType" not in problems
+    assert (
+        "bench.modes[0].final_train_loss: expected int or float or null, got NoneType"
+        not in problems
+    )

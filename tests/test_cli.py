@@ -19,13 +19,29 @@ def test_train_then_eval_end_to_end(tiny_data_dir, train_argv, tmp_path, capsys)
     assert "test accuracy" in out and str(run) in out
 
     summary = json.loads((run / "summary.json").read_text())
-    for key in ("test_accuracy", "test_loss", "compile_seconds", "train_seconds",
-                "examples_per_second", "epochs", "steps", "num_test_examples"):
+    for key in (
+        "test_accuracy",
+        "test_loss",
+        "compile_seconds",
+        "train_seconds",
+        "examples_per_second",
+        "epochs",
+        "steps",
+        "num_test_examples",
+    ):
         assert key in summary, key
     assert summary["num_test_examples"] == 150 and summary["epochs"] == 3
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in records] == [1, 2, 3]
-    for key in ("epoch", "step", "train_loss", "train_accuracy", "test_loss", "test_accuracy", "epoch_seconds"):
+    for key in (
+        "epoch",
+        "step",
+        "train_loss",
+        "train_accuracy",
+        "test_loss",
+        "test_accuracy",
+        "epoch_seconds",
+    ):
         assert all(key in r for r in records), key
     config = json.loads((run / "config.json").read_text())
     assert config["model"]["hidden"] == [64] and config["optimizer"]["grad_clip"] == 5.0
@@ -95,8 +111,19 @@ def test_eval_of_a_non_run_dir_is_one_line(tmp_path, capsys):
 def test_missing_data_offline_lists_places(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.delenv("JAXMNIST_DATA_DIR", raising=False)
-    assert main(["train", "--run-dir", str(tmp_path / "run"), "--data-dir", str(tmp_path / "empty"),
-                 "data.download=false"]) == 1
+    assert (
+        main(
+            [
+                "train",
+                "--run-dir",
+                str(tmp_path / "run"),
+                "--data-dir",
+                str(tmp_path / "empty"),
+                "data.download=false",
+            ]
+        )
+        == 1
+    )
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and str(tmp_path / "empty") in err
 
@@ -125,7 +152,12 @@ def test_data_info_and_verify(tiny_data_dir, capsys):
 
 def test_real_entry_point_runs_as_a_program(tiny_data_dir, tmp_path):
     """The installed console script, in a fresh process: argument errors exit 2."""
-    proc = subprocess.run([sys.executable, "-m", "jaxmnist", "train", "--epochs", "0"],
-                          capture_output=True, text=True, env={**os.environ}, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxmnist", "train", "--epochs", "0"],
+        capture_output=True,
+        text=True,
+        env={**os.environ},
+        timeout=120,
+    )
     assert proc.returncode == 2 and "epochs must be positive" in proc.stderr
     assert "Traceback" not in proc.stderr

@@ -19,8 +19,12 @@ from jaxmnist.data.registry import ROLES
 from jaxmnist.errors import DataError
 
 FAST = DownloadPolicy(timeout=5.0, retries=1, backoff=0.0)
-IDX_NAMES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
-             "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+IDX_NAMES = (
+    "train-images-idx3-ubyte",
+    "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte",
+)
 
 
 class Server:
@@ -85,8 +89,9 @@ def isolated_env(tmp_path, monkeypatch):
 
 
 def gz_files(arrays):
-    return {f"{n}.gz": gzip.compress(synthetic.idx_bytes(arrays[r]))
-            for n, r in zip(IDX_NAMES, ROLES)}
+    return {
+        f"{n}.gz": gzip.compress(synthetic.idx_bytes(arrays[r])) for n, r in zip(IDX_NAMES, ROLES)
+    }
 
 
 def leftovers(folder):
@@ -102,8 +107,9 @@ def assert_valid_cache(folder, spec, arrays):
 
 def test_download_gz_then_load(tmp_path, server, arrays, spec):
     url = server.serve("m", gz_files(arrays))
-    ds = load_dataset(spec, cache_dir=tmp_path / "c", system_root=tmp_path / "s",
-                      sources=[url], policy=FAST)
+    ds = load_dataset(
+        spec, cache_dir=tmp_path / "c", system_root=tmp_path / "s", sources=[url], policy=FAST
+    )
     for role in ROLES:
         np.testing.assert_array_equal(getattr(ds, role), arrays[role])
     folder = tmp_path / "c" / spec.folder
@@ -114,7 +120,9 @@ def test_download_gz_then_load(tmp_path, server, arrays, spec):
 
 def test_download_npz(tmp_path, server, arrays, spec):
     server.routes["/k/mnist.npz"] = [(200, synthetic.npz_bytes(arrays))]
-    folder = download_dataset(spec, tmp_path / "c", sources=[server.base + "/k/mnist.npz"], policy=FAST)
+    folder = download_dataset(
+        spec, tmp_path / "c", sources=[server.base + "/k/mnist.npz"], policy=FAST
+    )
     assert [p.name for p in folder.iterdir() if not p.name.startswith(".")] == ["mnist.npz"]
     assert_valid_cache(folder, spec, arrays)
 
@@ -122,7 +130,9 @@ def test_download_npz(tmp_path, server, arrays, spec):
 def test_raw_content_under_gz_url_is_stored_raw(tmp_path, server, arrays, spec):
     raw = {f"{n}.gz": synthetic.idx_bytes(arrays[r]) for n, r in zip(IDX_NAMES, ROLES)}
     folder = download_dataset(spec, tmp_path / "c", sources=[server.serve("raw", raw)], policy=FAST)
-    assert sorted(p.name for p in folder.iterdir() if not p.name.startswith(".")) == sorted(IDX_NAMES)
+    assert sorted(p.name for p in folder.iterdir() if not p.name.startswith(".")) == sorted(
+        IDX_NAMES
+    )
     assert_valid_cache(folder, spec, arrays)
 
 
@@ -141,7 +151,9 @@ def test_404_and_500_mirrors_fall_back(tmp_path, server, arrays, spec):
     broken = server.serve("broken", gz_files(arrays), (500, b"oops"), (500, b"oops"))
     html = server.serve("html", {f"{n}.gz": b"<!DOCTYPE html><p>moved</p>" for n in IDX_NAMES})
     good = server.serve("good", gz_files(arrays))
-    folder = download_dataset(spec, tmp_path / "c", sources=[missing, broken, html, good], policy=FAST)
+    folder = download_dataset(
+        spec, tmp_path / "c", sources=[missing, broken, html, good], policy=FAST
+    )
     assert_valid_cache(folder, spec, arrays)
     name = "train-images-idx3-ubyte.gz"
     assert server.hits[f"/missing/{name}"] == 1  # 404 is final
@@ -161,8 +173,9 @@ def test_unreachable_host_is_not_asked_for_every_file(tmp_path, server, arrays, 
     dead_url = f"{dead.base}/m/"
     dead.stop()  # nothing listens on its port any more: connection refused
     good = server.serve("good", gz_files(arrays))
-    folder = download_dataset(spec, tmp_path / "c", sources=[dead_url, dead.base + "/npz/x.npz", good],
-                              policy=FAST)
+    folder = download_dataset(
+        spec, tmp_path / "c", sources=[dead_url, dead.base + "/npz/x.npz", good], policy=FAST
+    )
     assert_valid_cache(folder, spec, arrays)
     asked = {r.getMessage().split(": ")[0] for r in caplog.records if dead.base in r.getMessage()}
     assert asked == {dead_url + "train-images-idx3-ubyte.gz"}  # one file, then the host is skipped
@@ -183,14 +196,28 @@ def test_offline_everywhere_is_one_clear_line(tmp_path, server, spec):
     server.stop()
     start = time.perf_counter()
     with pytest.raises(DataError) as info:
-        load_dataset(spec, tmp_path / "mine", cache_dir=tmp_path / "c",
-                     system_root=tmp_path / "s", sources=[url], policy=FAST)
+        load_dataset(
+            spec,
+            tmp_path / "mine",
+            cache_dir=tmp_path / "c",
+            system_root=tmp_path / "s",
+            sources=[url],
+            policy=FAST,
+        )
     assert time.perf_counter() - start < 10
     msg = str(info.value)
     assert "\n" not in msg
-    for part in (str(tmp_path / "mine"), str(tmp_path / "c"), str(tmp_path / "s"),
-                 "download failed", "127.0.0.1", "connection failed", "--data-dir",
-                 "JAXMNIST_DATA_DIR", "jaxmnist data download"):
+    for part in (
+        str(tmp_path / "mine"),
+        str(tmp_path / "c"),
+        str(tmp_path / "s"),
+        "download failed",
+        "127.0.0.1",
+        "connection failed",
+        "--data-dir",
+        "JAXMNIST_DATA_DIR",
+        "jaxmnist data download",
+    ):
         assert part in msg
     assert leftovers(tmp_path / "c" / spec.folder) == []
 
@@ -234,8 +261,14 @@ def test_concurrent_processes_on_empty_cache(tmp_path, server, arrays, spec):
     server.delay = 0.25  # keep the downloads in flight while the others start
     url = server.serve("m", gz_files(arrays))
     ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=download_dataset, args=(spec, tmp_path / "c"),
-                         kwargs={"sources": [url], "policy": FAST}) for _ in range(4)]
+    procs = [
+        ctx.Process(
+            target=download_dataset,
+            args=(spec, tmp_path / "c"),
+            kwargs={"sources": [url], "policy": FAST},
+        )
+        for _ in range(4)
+    ]
     for p in procs:
         p.start()
     for p in procs:

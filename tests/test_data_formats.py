@@ -42,7 +42,9 @@ def test_idx_round_trip(tmp_path, arrays, spec, compress):
 def test_gzip_is_detected_by_magic_not_name(tmp_path, arrays, spec):
     # Gzip data without .gz in its name, and raw IDX named .gz, are both read.
     raw_paths = write(tmp_path / "raw", spec, arrays, compress=False)
-    raw_paths["train_images"].write_bytes(gzip.compress(synthetic.idx_bytes(arrays["train_images"])))
+    raw_paths["train_images"].write_bytes(
+        gzip.compress(synthetic.idx_bytes(arrays["train_images"]))
+    )
     gz_paths = write(tmp_path / "gz", spec, arrays, compress=True)
     gz_paths["test_labels"].write_bytes(synthetic.idx_bytes(arrays["test_labels"]))
     for paths in (raw_paths, gz_paths):
@@ -86,8 +88,9 @@ def test_corrupt_gzip_stream(tmp_path, arrays, spec):
 
 
 def test_garbage_named_gz_is_neither_gzip_nor_idx(tmp_path, arrays, spec):
-    msg = bad(tmp_path, spec, arrays, "neither gzip nor an IDX file",
-              train_labels=b"\x00\x01garbage" * 10)
+    msg = bad(
+        tmp_path, spec, arrays, "neither gzip nor an IDX file", train_labels=b"\x00\x01garbage" * 10
+    )
     assert "train-labels-idx1-ubyte.gz" in msg and "0x00000801" in msg
 
 
@@ -98,11 +101,14 @@ def test_garbage_raw_is_not_idx(tmp_path, arrays, spec):
         formats.load_idx_files(paths, spec)
 
 
-@pytest.mark.parametrize("page", [
-    b"<!DOCTYPE html><html><body>404 Not Found</body></html>",
-    b"\n  <html><head><title>Moved</title></head></html>",
-    b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>AccessDenied</Code></Error>',
-])
+@pytest.mark.parametrize(
+    "page",
+    [
+        b"<!DOCTYPE html><html><body>404 Not Found</body></html>",
+        b"\n  <html><head><title>Moved</title></head></html>",
+        b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>AccessDenied</Code></Error>',
+    ],
+)
 def test_html_page_saved_as_data(tmp_path, arrays, spec, page):
     msg = bad(tmp_path, spec, arrays, "looks like an HTML", train_images=page)
     assert "failed download" in msg and "train-images-idx3-ubyte.gz" in msg
@@ -111,8 +117,13 @@ def test_html_page_saved_as_data(tmp_path, arrays, spec, page):
 def test_wrong_magic(tmp_path, arrays, spec):
     data = bytearray(synthetic.idx_bytes(arrays["train_labels"]))
     data[3] = 3  # says images (0x803) where labels (0x801) belong
-    bad(tmp_path, spec, arrays, r"starts with 0x00000803, expected gzip 0x1f8b or IDX 0x00000801",
-        train_labels=gzip.compress(bytes(data)))
+    bad(
+        tmp_path,
+        spec,
+        arrays,
+        r"starts with 0x00000803, expected gzip 0x1f8b or IDX 0x00000801",
+        train_labels=gzip.compress(bytes(data)),
+    )
 
 
 def test_wrong_element_type(tmp_path, arrays, spec):
@@ -164,8 +175,13 @@ def test_counts_disagree_with_spec(tmp_path, arrays, spec):
 def test_labels_out_of_range(tmp_path, arrays, spec):
     labels = arrays["test_labels"].copy()
     labels[2] = 10
-    bad(tmp_path, spec, arrays, r"label 10 at index 2 is outside \[0, 10\)",
-        test_labels=synthetic.idx_bytes(labels))
+    bad(
+        tmp_path,
+        spec,
+        arrays,
+        r"label 10 at index 2 is outside \[0, 10\)",
+        test_labels=synthetic.idx_bytes(labels),
+    )
 
 
 def test_wrong_image_shape(tmp_path, spec):
@@ -197,8 +213,12 @@ def npz_with(tmp_path, **members):
 
 
 def npz_members(arrays):
-    return {"x_train": arrays["train_images"], "y_train": arrays["train_labels"],
-            "x_test": arrays["test_images"], "y_test": arrays["test_labels"]}
+    return {
+        "x_train": arrays["train_images"],
+        "y_train": arrays["train_labels"],
+        "x_test": arrays["test_images"],
+        "y_test": arrays["test_labels"],
+    }
 
 
 def test_npz_missing_key(tmp_path, arrays, spec):
@@ -239,7 +259,8 @@ def test_npz_count_mismatch(tmp_path, arrays, spec):
 def test_npz_lying_header_not_allocated(tmp_path, spec):
     header = io.BytesIO()
     np.lib.format.write_array_header_1_0(
-        header, {"descr": "|u1", "fortran_order": False, "shape": (10**9, 28, 28)})
+        header, {"descr": "|u1", "fortran_order": False, "shape": (10**9, 28, 28)}
+    )
     path = tmp_path / "mnist.npz"
     with zipfile.ZipFile(path, "w") as zf:
         for key in ("x_train", "y_train", "x_test", "y_test"):
@@ -248,11 +269,14 @@ def test_npz_lying_header_not_allocated(tmp_path, spec):
         formats.load_npz(path, spec)
 
 
-@pytest.mark.parametrize("content, match", [
-    (b"<html><body>Service Unavailable</body></html>", "looks like an HTML"),
-    (b"\x93NUMPY not a zip", "not an npz"),
-    (b"", "not an npz"),
-])
+@pytest.mark.parametrize(
+    "content, match",
+    [
+        (b"<html><body>Service Unavailable</body></html>", "looks like an HTML"),
+        (b"\x93NUMPY not a zip", "not an npz"),
+        (b"", "not an npz"),
+    ],
+)
 def test_npz_not_an_npz(tmp_path, spec, content, match):
     path = tmp_path / "mnist.npz"
     path.write_bytes(content)
@@ -271,7 +295,9 @@ def test_npz_truncated(tmp_path, arrays, spec):
 def test_idx_header_matches_published_layout(arrays):
     data = synthetic.idx_bytes(arrays["train_images"])
     assert data[:4] == b"\x00\x00\x08\x03" and struct.unpack(">3I", data[4:16]) == (6, 28, 28)
-    assert hashlib.sha256(data).hexdigest() == synthetic.tiny_spec(arrays).file("train_images").sha256
+    assert (
+        hashlib.sha256(data).hexdigest() == synthetic.tiny_spec(arrays).file("train_images").sha256
+    )
 
 
 def test_pixels_spelling_html_are_still_data(tmp_path, arrays, spec):

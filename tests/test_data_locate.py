@@ -7,8 +7,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxmnist.data import (DATASETS, DatasetSpec, dataset_info, default_cache_dir, get_spec,
-                           load_dataset, synthetic, verify_dataset)
+from jaxmnist.data import (
+    DATASETS,
+    DatasetSpec,
+    dataset_info,
+    default_cache_dir,
+    get_spec,
+    load_dataset,
+    synthetic,
+    verify_dataset,
+)
 from jaxmnist.data.registry import ROLES
 from jaxmnist.errors import ConfigError, DataError
 
@@ -55,7 +63,9 @@ def test_fashion_class_names_and_system_package():
 
 def test_mnist_sources_npz_first():
     spec = get_spec("mnist")
-    assert spec.sources[0] == "https://storage.googleapis.com/tensorflow/tf-keras-datasets/mnist.npz"
+    assert (
+        spec.sources[0] == "https://storage.googleapis.com/tensorflow/tf-keras-datasets/mnist.npz"
+    )
     assert spec.npz_name == "mnist.npz" and spec.class_names == tuple("0123456789")
 
 
@@ -103,9 +113,13 @@ def test_env_var_is_used_and_data_dir_overrides_it(tmp_path, monkeypatch, arrays
 
 def test_cache_then_system(tmp_path, arrays, spec, roots):
     synthetic.write_idx_folder(roots["system_root"] / spec.folder, arrays, spec)
-    assert load_dataset(spec, download=False, **roots).source == str(roots["system_root"] / spec.folder)
+    assert load_dataset(spec, download=False, **roots).source == str(
+        roots["system_root"] / spec.folder
+    )
     synthetic.write_idx_folder(roots["cache_dir"] / spec.folder, arrays, spec)
-    assert load_dataset(spec, download=False, **roots).source == str(roots["cache_dir"] / spec.folder)
+    assert load_dataset(spec, download=False, **roots).source == str(
+        roots["cache_dir"] / spec.folder
+    )
 
 
 def test_npz_only_folder(tmp_path, arrays, spec, roots):
@@ -128,7 +142,9 @@ def test_corrupt_explicit_file_is_reported_not_skipped(tmp_path, arrays, spec, r
 def test_incomplete_explicit_folder_is_an_error(tmp_path, arrays, spec, roots):
     folder = synthetic.write_idx_folder(tmp_path / "data" / spec.folder, arrays, spec)
     (folder / "train-labels-idx1-ubyte.gz").unlink()
-    with pytest.raises(DataError, match="has some tiny MNIST files but not train-labels-idx1-ubyte"):
+    with pytest.raises(
+        DataError, match="has some tiny MNIST files but not train-labels-idx1-ubyte"
+    ):
         load_dataset(spec, tmp_path / "data", download=False, **roots)
 
 
@@ -136,7 +152,9 @@ def test_incomplete_cache_is_skipped(arrays, spec, roots):
     cache = synthetic.write_idx_folder(roots["cache_dir"] / spec.folder, arrays, spec)
     (cache / "train-labels-idx1-ubyte.gz").unlink()
     synthetic.write_idx_folder(roots["system_root"] / spec.folder, arrays, spec)
-    assert load_dataset(spec, download=False, **roots).source == str(roots["system_root"] / spec.folder)
+    assert load_dataset(spec, download=False, **roots).source == str(
+        roots["system_root"] / spec.folder
+    )
 
 
 def test_corrupt_cache_names_the_fix(arrays, spec, roots):
@@ -186,7 +204,9 @@ def test_dataset_info(tmp_path, arrays, spec, roots):
     info = dataset_info("mnist", **roots)
     json.dumps(info)
     assert info["location"] is None and "downloaded" in info["problem"]
-    assert info["num_classes"] == 10 and info["files"]["train-images-idx3-ubyte"].startswith("ba8910")
+    assert info["num_classes"] == 10 and info["files"]["train-images-idx3-ubyte"].startswith(
+        "ba8910"
+    )
     assert [p["place"] for p in info["search_path"]] == ["cache", "system"]
     folder = synthetic.write_idx_folder(tmp_path / "data" / spec.folder, arrays, spec)
     info = dataset_info(spec, tmp_path / "data", **roots)

@@ -19,7 +19,8 @@ DATA_DIR = os.environ.get("JAXMNIST_DATA_DIR")
 
 pytestmark = pytest.mark.skipif(
     not DATA_DIR or not Path(DATA_DIR).is_dir(),
-    reason="real data: set JAXMNIST_DATA_DIR to a folder holding mnist/ and fashion-mnist/")
+    reason="real data: set JAXMNIST_DATA_DIR to a folder holding mnist/ and fashion-mnist/",
+)
 
 
 @pytest.fixture

@@ -18,8 +18,10 @@ def small_cfg(**train):
     cfg = config_lib.get_preset("tpu101")
     train = {"batch_size": 32, "epochs": 2, "eval_batch_size": 64, "eval_train": False, **train}
     return dataclasses.replace(
-        cfg, model=dataclasses.replace(cfg.model, hidden=(32,)),
-        train=dataclasses.replace(cfg.train, **train), compile_cache=False,
+        cfg,
+        model=dataclasses.replace(cfg.model, hidden=(32,)),
+        train=dataclasses.replace(cfg.train, **train),
+        compile_cache=False,
     )
 
 
@@ -27,7 +29,9 @@ def test_member_keys_are_those_of_a_single_run():
     init_key, shuffle_key = jax.random.split(jax.random.key(5))
     k_init, k_epochs = population.member_keys(5, 3)
     assert np.array_equal(jax.random.key_data(k_init), jax.random.key_data(init_key))
-    assert np.array_equal(jax.random.key_data(k_epochs), jax.random.key_data(jax.random.split(shuffle_key, 3)))
+    assert np.array_equal(
+        jax.random.key_data(k_epochs), jax.random.key_data(jax.random.split(shuffle_key, 3))
+    )
     cfg = small_cfg(seed=7, seeds=3)
     assert [m.seed for m in population.seed_members(cfg)] == [7, 8, 9]
 
@@ -50,10 +54,14 @@ def test_vmapped_seed_equals_that_seed_alone(tiny_dataset, four_seeds):
     for a, b in zip(jax.tree.leaves(_params(alone, 0)), jax.tree.leaves(_params(four_seeds, 1))):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
     for key in ("train_loss", "test_loss"):
-        assert four_seeds.records[-1][f"{key}_per_seed"][1] == pytest.approx(alone.records[-1][key], rel=1e-4)
+        assert four_seeds.records[-1][f"{key}_per_seed"][1] == pytest.approx(
+            alone.records[-1][key], rel=1e-4
+        )
     assert four_seeds.test.accuracy[1] == pytest.approx(alone.test.accuracy[0], abs=1 / 150)
     # The seeds really differ from each other.
-    assert not np.allclose(jax.tree.leaves(_params(four_seeds, 0))[0], jax.tree.leaves(_params(four_seeds, 1))[0])
+    assert not np.allclose(
+        jax.tree.leaves(_params(four_seeds, 0))[0], jax.tree.leaves(_params(four_seeds, 1))[0]
+    )
 
 
 class CountingReporter(Reporter):
@@ -72,14 +80,20 @@ class CountingReporter(Reporter):
 def test_memory_chunks_give_the_same_result(tiny_dataset, four_seeds):
     cfg = four_seeds.population.cfg
     est = memory.estimate_memory(cfg, four_seeds.population.state_shapes(), 784, 10, 640, 150)
-    budget_mb = int((est.total(4, 2) + est.transient_per_model // 2) / memory.MB) + 1  # room for 2 at a time
+    budget_mb = (
+        int((est.total(4, 2) + est.transient_per_model // 2) / memory.MB) + 1
+    )  # room for 2 at a time
     chunked_cfg = dataclasses.replace(cfg, memory_budget_mb=budget_mb)
     reporter = CountingReporter()
-    chunked = train_population(chunked_cfg, population.seed_members(chunked_cfg), tiny_dataset, reporter)
+    chunked = train_population(
+        chunked_cfg, population.seed_members(chunked_cfg), tiny_dataset, reporter
+    )
     assert chunked.population.chunks == (2, 2) and four_seeds.population.chunks == (4,)
     assert chunked.info["chunks"] == [2, 2]
     for i in range(4):
-        for a, b in zip(jax.tree.leaves(_params(four_seeds, i)), jax.tree.leaves(_params(chunked, i))):
+        for a, b in zip(
+            jax.tree.leaves(_params(four_seeds, i)), jax.tree.leaves(_params(chunked, i))
+        ):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
     jax.effects_barrier()
     assert reporter.totals == [40] and max(reporter.seen) == 40  # 20 steps x 2 chunks, one bar
@@ -87,8 +101,11 @@ def test_memory_chunks_give_the_same_result(tiny_dataset, four_seeds):
 
 
 def test_plan_chunks_and_the_too_small_message():
-    est = memory.MemoryEstimate(shared_bytes=100 * memory.MB, resident_per_model=10 * memory.MB,
-                                transient_per_model=50 * memory.MB)
+    est = memory.MemoryEstimate(
+        shared_bytes=100 * memory.MB,
+        resident_per_model=10 * memory.MB,
+        transient_per_model=50 * memory.MB,
+    )
     assert memory.plan_chunks(8, est, None) == (8,)
     assert memory.plan_chunks(8, est, 10_000 * memory.MB) == (8,)
     assert memory.plan_chunks(8, est, 300 * memory.MB) == (2, 2, 2, 2)  # room 120 MB: 2 per chunk
@@ -102,14 +119,16 @@ def test_plan_chunks_and_the_too_small_message():
 def test_target_accuracy_stops_early_and_records_times(tiny_dataset, tmp_path):
     from jaxmnist.train import train_and_evaluate
 
-    summary = train_and_evaluate(small_cfg(seeds=2, epochs=6, target_accuracy=0.5), tmp_path / "run",
-                                 dataset=tiny_dataset)
+    summary = train_and_evaluate(
+        small_cfg(seeds=2, epochs=6, target_accuracy=0.5), tmp_path / "run", dataset=tiny_dataset
+    )
     assert summary["target_reached"] is True and summary["epochs_planned"] == 6
     assert summary["epochs_to_target"] == summary["epochs"] < 6
     assert summary["test_accuracy_mean"] >= 0.5
     assert 0 < summary["time_to_target_seconds"] <= summary["train_seconds"]
     assert summary["time_to_target_with_compile_seconds"] == pytest.approx(
-        summary["time_to_target_seconds"] + summary["compile_seconds"])
+        summary["time_to_target_seconds"] + summary["compile_seconds"]
+    )
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == summary["epochs"]
 
@@ -127,7 +146,9 @@ def test_cli_seeds_end_to_end_with_report_and_eval(tiny_data_dir, train_argv, tm
     assert summary["seeds"] == [4, 5, 6] and len(summary["test_accuracy_per_seed"]) == 3
     assert summary["test_accuracy"] == pytest.approx(np.mean(summary["test_accuracy_per_seed"]))
     assert summary["test_accuracy_mean"] == summary["test_accuracy"]
-    assert summary["test_accuracy_std"] == pytest.approx(np.std(summary["test_accuracy_per_seed"], ddof=1))
+    assert summary["test_accuracy_std"] == pytest.approx(
+        np.std(summary["test_accuracy_per_seed"], ddof=1)
+    )
     lo, hi = summary["test_accuracy_ci95"]
     assert lo <= summary["test_accuracy_mean"] <= hi
     assert summary["test_accuracy_min"] == min(summary["test_accuracy_per_seed"])
@@ -138,7 +159,11 @@ def test_cli_seeds_end_to_end_with_report_and_eval(tiny_data_dir, train_argv, tm
     confusion = json.loads((run / "confusion_matrix.json").read_text())
     assert confusion["seed"] == 4 and np.asarray(confusion["matrix_per_seed"]).shape == (3, 10, 10)
     page = (run / "report.html").read_text()
-    assert 'id="seeds"' in page and "95% CI of the mean" in page and (run / "plots" / "seed_accuracy.png").exists()
+    assert (
+        'id="seeds"' in page
+        and "95% CI of the mean" in page
+        and (run / "plots" / "seed_accuracy.png").exists()
+    )
 
     assert main(["eval", str(run), "--data-dir", str(tiny_data_dir), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
@@ -149,10 +174,15 @@ def test_cli_seeds_end_to_end_with_report_and_eval(tiny_data_dir, train_argv, tm
 
 def test_cli_target_not_reached_exits_3_after_writing(train_argv, tmp_path, capsys):
     run = tmp_path / "run"
-    code = main(train_argv(run, *SMALL, "--steps", "2", "--target-accuracy", "0.999", "--no-report"))
+    code = main(
+        train_argv(run, *SMALL, "--steps", "2", "--target-accuracy", "0.999", "--no-report")
+    )
     captured = capsys.readouterr()
     assert code == 3
-    assert len(captured.err.strip().splitlines()) == 1 and "target test accuracy 99.90% not reached" in captured.err
+    assert (
+        len(captured.err.strip().splitlines()) == 1
+        and "target test accuracy 99.90% not reached" in captured.err
+    )
     assert "NOT reached" in captured.out
     summary = json.loads((run / "summary.json").read_text())
     assert summary["target_reached"] is False and summary["epochs_to_target"] is None
@@ -177,7 +207,9 @@ def test_bad_seed_arguments_exit_2(args, message, tmp_path, capsys):
 
 
 def test_too_many_seeds_for_the_memory_fail_before_training(train_argv, tmp_path, capsys):
-    code = main(train_argv(tmp_path / "run", *SMALL, "--seeds", "50", "memory_budget_mb=2", "--no-report"))
+    code = main(
+        train_argv(tmp_path / "run", *SMALL, "--seeds", "50", "memory_budget_mb=2", "--no-report")
+    )
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "50 models need about" in err
     assert not (tmp_path / "run" / "metrics.jsonl").exists()

@@ -32,7 +32,12 @@ def test_one_value_has_no_spread_and_json_keys():
     assert s.std is None and s.ci95 is None and s.mean == s.min == s.max == 0.97
     assert stats.format_spread(s) == "97.00% (n=1)"
     assert stats.spread([0.97, 0.98]).to_json("test_accuracy").keys() == {
-        "test_accuracy_mean", "test_accuracy_std", "test_accuracy_ci95", "test_accuracy_min", "test_accuracy_max"}
+        "test_accuracy_mean",
+        "test_accuracy_std",
+        "test_accuracy_ci95",
+        "test_accuracy_min",
+        "test_accuracy_max",
+    }
     assert stats.spread([0.97]).to_json("a")["a_ci95"] is None
 
 

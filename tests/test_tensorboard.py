@@ -55,7 +55,9 @@ def test_events_hold_every_tag_at_the_right_steps(tiny_dataset, tmp_path):
 
 def test_cli_flag_writes_events(train_argv, tmp_path, capsys):
     run = tmp_path / "run"
-    argv = train_argv(run, "--batch-size", "64", "--steps", "5", "--no-report", "--quiet", "--tensorboard")
+    argv = train_argv(
+        run, "--batch-size", "64", "--steps", "5", "--no-report", "--quiet", "--tensorboard"
+    )
     assert main(argv) == 0
     assert json.loads((run / "config.json").read_text())["tensorboard"] is True
     assert [e.step for e in read_events(run).Scalars("loss/test")] == [5]

@@ -27,7 +27,9 @@ from jaxmnist.train import (
 def small_cfg(**train):
     cfg = config_lib.get_preset("tpu101")
     train = {"batch_size": 32, "epochs": 2, "eval_batch_size": 64, **train}
-    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **train), compile_cache=False)
+    return dataclasses.replace(
+        cfg, train=dataclasses.replace(cfg.train, **train), compile_cache=False
+    )
 
 
 @pytest.mark.parametrize("preset, expected", [("tpu101", 203_530), ("codelab", 235_146)])
@@ -49,7 +51,9 @@ def test_he_init_and_zero_biases():
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_apply_shapes_and_float32_logits(dtype):
-    cfg = dataclasses.replace(config_lib.ModelConfig(hidden=(64, 32), activation="gelu"), dtype=dtype)
+    cfg = dataclasses.replace(
+        config_lib.ModelConfig(hidden=(64, 32), activation="gelu"), dtype=dtype
+    )
     params = mlp.init(jax.random.key(0), cfg)
     logits = mlp.apply(params, jnp.zeros((5, 28, 28), jnp.float32), cfg)
     assert logits.shape == (5, 10) and logits.dtype == jnp.float32
@@ -101,7 +105,9 @@ def test_second_epoch_does_not_recompile(tiny_dataset):
     epoch = jax.jit(make_train_epoch(cfg, optimizer, 10), donate_argnums=0)
     compiles = []
     jax.monitoring.register_event_duration_secs_listener(
-        lambda name, *_, **__: compiles.append(name) if name == "/jax/core/compile/backend_compile_duration" else None
+        lambda name, *_, **__: (
+            compiles.append(name) if name == "/jax/core/compile/backend_compile_duration" else None
+        )
     )
     try:
         state, _ = epoch(state, jax.random.key(0), data)
@@ -140,7 +146,11 @@ def test_masked_evaluation_matches_numpy_on_ragged_set(tiny_dataset):
 @pytest.mark.parametrize("schedule", ["constant", "cosine", "warmup_cosine", "onecycle"])
 def test_optimizers_and_schedules_step(name, schedule):
     cfg = config_lib.OptimizerConfig(
-        name=name, lr=1e-2, schedule=schedule, warmup_steps=3, grad_clip=1.0,
+        name=name,
+        lr=1e-2,
+        schedule=schedule,
+        warmup_steps=3,
+        grad_clip=1.0,
         weight_decay=0.0 if name == "adam" else 1e-4,
     )
     opt = optim.make_optimizer(cfg, total_steps=10)
@@ -157,7 +167,11 @@ def test_optimizers_and_schedules_step(name, schedule):
 def test_schedule_shapes():
     cfg = config_lib.OptimizerConfig(lr=1.0, schedule="warmup_cosine", warmup_steps=10)
     s = optim.make_schedule(cfg, 100)
-    assert float(s(0)) == 0.0 and float(s(10)) == pytest.approx(1.0) and float(s(100)) == pytest.approx(0.0)
+    assert (
+        float(s(0)) == 0.0
+        and float(s(10)) == pytest.approx(1.0)
+        and float(s(100)) == pytest.approx(0.0)
+    )
     cos = optim.make_schedule(dataclasses.replace(cfg, schedule="cosine"), 100)
     assert float(cos(50)) == pytest.approx(0.5)
 
@@ -176,14 +190,23 @@ def test_train_and_evaluate_learns_and_writes_run(tiny_dataset, tmp_path):
     assert summary["num_test_examples"] == 150
     assert summary["test_accuracy"] > 0.8  # the classes are trivially separable
     assert summary["steps"] == 4 * (640 // 32)
-    for name in ("config.json", "environment.json", "metrics.jsonl", "summary.json",
-                 "confusion_matrix.json", "params.npz", "step_loss.csv"):
+    for name in (
+        "config.json",
+        "environment.json",
+        "metrics.jsonl",
+        "summary.json",
+        "confusion_matrix.json",
+        "params.npz",
+        "step_loss.csv",
+    ):
         assert (tmp_path / "run" / name).is_file(), name
 
 
 def test_non_finite_loss_stops_with_clear_error(tiny_dataset, tmp_path):
     cfg = small_cfg()
-    cfg = dataclasses.replace(cfg, optimizer=dataclasses.replace(cfg.optimizer, name="sgd", lr=1e30))
+    cfg = dataclasses.replace(
+        cfg, optimizer=dataclasses.replace(cfg.optimizer, name="sgd", lr=1e30)
+    )
     with pytest.raises(TrainingError, match=r"non-finite at step \d+ \(epoch 1.*learning rate"):
         train_and_evaluate(cfg, tmp_path / "run", dataset=tiny_dataset)
     assert not (tmp_path / "run" / "summary.json").exists()

@@ -57,8 +57,17 @@ class Runner:
     mode: str
     guard = Guard()
 
-    def __init__(self, step, epoch_fn, state: TrainState, data: TrainData, host: HostData,
-                 batch_size: int, steps: int, seed: int):
+    def __init__(
+        self,
+        step,
+        epoch_fn,
+        state: TrainState,
+        data: TrainData,
+        host: HostData,
+        batch_size: int,
+        steps: int,
+        seed: int,
+    ):
         self.state, self.data, self.host = state, data, host
         self.batch_size, self.steps = batch_size, steps
         self.key = jax.random.key(seed)
@@ -97,7 +106,9 @@ class PythonDispatch(Runner):
         # Nothing is compiled as a whole; the first eager step (run here, so it
         # trains one step) compiles each primitive once, and that is its cost.
         self._step = step
-        self.state, out = step(self.state, self.data.images[self._first], self.data.labels[self._first])
+        self.state, out = step(
+            self.state, self.data.images[self._first], self.data.labels[self._first]
+        )
         jax.block_until_ready((self.state, out))
 
     def prepare(self, window: int):
@@ -107,7 +118,9 @@ class PythonDispatch(Runner):
     def run(self):
         losses = []
         for idx in self._batches:
-            self.state, (loss, _) = self._step(self.state, self.data.images[idx], self.data.labels[idx])
+            self.state, (loss, _) = self._step(
+                self.state, self.data.images[idx], self.data.labels[idx]
+            )
             losses.append(loss)
         return self.state, losses
 
@@ -163,7 +176,9 @@ class ScanEpoch(Runner):
     mode = "scan-epoch"
 
     def _compile(self, step, epoch_fn) -> None:
-        self._epoch = jax.jit(epoch_fn, donate_argnums=0).lower(self.state, self.key, self.data).compile()
+        self._epoch = (
+            jax.jit(epoch_fn, donate_argnums=0).lower(self.state, self.key, self.data).compile()
+        )
 
     def prepare(self, window: int):
         self._key = jax.random.fold_in(self.key, window)
@@ -184,8 +199,9 @@ def _compile_indices(data: TrainData, batch_size: int, steps: int):
 RUNNERS = {r.mode: r for r in (PythonDispatch, JitStepHost, JitStepDevice, ScanEpoch)}
 
 
-def build_runner(mode: str, cfg, optimizer, state: TrainState, data: TrainData, host: HostData,
-                 steps: int) -> Runner:
+def build_runner(
+    mode: str, cfg, optimizer, state: TrainState, data: TrainData, host: HostData, steps: int
+) -> Runner:
     """Compiles `mode` for `cfg` (its batch size and compute dtype) and `steps` per window.
 
     `state` is consumed (jitted modes donate it). `steps * batch_size` must not
@@ -198,4 +214,6 @@ def build_runner(mode: str, cfg, optimizer, state: TrainState, data: TrainData, 
         raise ValueError(f"{steps} steps of {cfg.train.batch_size} exceed {n} examples")
     step = make_train_step(cfg, optimizer)
     epoch_fn = make_train_epoch(cfg, optimizer, steps) if mode == "scan-epoch" else None
-    return RUNNERS[mode](step, epoch_fn, state, data, host, cfg.train.batch_size, steps, cfg.train.seed)
+    return RUNNERS[mode](
+        step, epoch_fn, state, data, host, cfg.train.batch_size, steps, cfg.train.seed
+    )

@@ -41,8 +41,13 @@ class BenchOptions:
 # Seconds, for tests and smoke checks. A window is one epoch (so that the
 # scan-epoch's on-device shuffle is amortised as in training), so --quick
 # shortens epochs by training on a slice of the data.
-QUICK = {"train_examples": 4096, "dispatch_window_steps": 4, "batch_sizes": (64, 256),
-         "peak_size": 512, "peak_window_seconds": 0.05}
+QUICK = {
+    "train_examples": 4096,
+    "dispatch_window_steps": 4,
+    "batch_sizes": (64, 256),
+    "peak_size": 512,
+    "peak_window_seconds": 0.05,
+}
 
 
 def make_options(
@@ -63,14 +68,18 @@ def make_options(
     if dtypes is not None:
         given["dtypes"] = _split(dtypes, "dtypes")
     if batch_sizes is not None:
-        given["batch_sizes"] = tuple(_int(b, "batch size") for b in _split(batch_sizes, "batch sizes"))
+        given["batch_sizes"] = tuple(
+            _int(b, "batch size") for b in _split(batch_sizes, "batch sizes")
+        )
     if sweep_mode is not None:
         given["sweep_mode"] = sweep_mode
     if tokens_per_example is not None:
         try:
             given["tokens_per_example"] = float(tokens_per_example)
         except ValueError:
-            raise ConfigError(f"tokens per example: expected a number, got {tokens_per_example!r}") from None
+            raise ConfigError(
+                f"tokens per example: expected a number, got {tokens_per_example!r}"
+            ) from None
     opts = replace(opts, **given)
     validate_options(opts)
     return opts
@@ -97,11 +106,15 @@ def validate_options(opts: BenchOptions) -> None:
             raise ConfigError(f"unknown mode {mode!r}; choose from: {', '.join(MODES)}")
     for dtype in opts.dtypes:
         if dtype not in config_lib.DTYPES:
-            raise ConfigError(f"unknown dtype {dtype!r}; choose from: {', '.join(config_lib.DTYPES)}")
+            raise ConfigError(
+                f"unknown dtype {dtype!r}; choose from: {', '.join(config_lib.DTYPES)}"
+            )
     for name in ("modes", "dtypes", "batch_sizes"):
         values = getattr(opts, name)
         if not values or len(set(values)) != len(values):
-            raise ConfigError(f"{name.replace('_', ' ')}: need at least one, without repeats, got {values}")
+            raise ConfigError(
+                f"{name.replace('_', ' ')}: need at least one, without repeats, got {values}"
+            )
     for b in opts.batch_sizes:
         if b <= 0:
             raise ConfigError(f"batch sizes must be positive, got {b}")
@@ -142,4 +155,7 @@ def check_dtype_supported(dtype: str) -> None:
 
 
 def as_dict(opts: BenchOptions) -> dict:
-    return {f.name: (list(v) if isinstance(v := getattr(opts, f.name), tuple) else v) for f in fields(opts)}
+    return {
+        f.name: (list(v) if isinstance(v := getattr(opts, f.name), tuple) else v)
+        for f in fields(opts)
+    }

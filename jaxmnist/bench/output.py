@@ -66,20 +66,26 @@ def _token_cell(m: dict) -> str:
 
 
 def _timing_rows(rows: list[dict], first: str, key, tokens: bool, quality: bool) -> list[str]:
-    head = (f"{first:<16} {'compile s':>9} {'ms/step':>9} {'spread':>7} {'examples/s':>11} "
-            f"{'GFLOP/s':>8} {'MFU':>5}")
+    head = (
+        f"{first:<16} {'compile s':>9} {'ms/step':>9} {'spread':>7} {'examples/s':>11} "
+        f"{'GFLOP/s':>8} {'MFU':>5}"
+    )
     if quality:
         head += f" {'steps':>6} {'train loss':>10} {'test acc':>8}"
     if tokens:
         head += f" {'tokens/s (proj.)':>16}"
     lines = [head]
     for m in rows:
-        line = (f"{key(m):<16} {m['compile_seconds']:>9.2f} {_ms(m):>9.3f} "
-                f"{m['step_seconds']['rel_spread']:>7.1%} {_eps(m):>11,.0f} "
-                f"{m['achieved_flops_per_second'] / 1e9:>8.1f} {m['mfu']:>5.2f}")
+        line = (
+            f"{key(m):<16} {m['compile_seconds']:>9.2f} {_ms(m):>9.3f} "
+            f"{m['step_seconds']['rel_spread']:>7.1%} {_eps(m):>11,.0f} "
+            f"{m['achieved_flops_per_second'] / 1e9:>8.1f} {m['mfu']:>5.2f}"
+        )
         if quality:
-            line += (f" {m['steps_trained']:>6} {_num(m['final_train_loss'], '.4f'):>10} "
-                     f"{_acc(m['test_accuracy']):>8}")
+            line += (
+                f" {m['steps_trained']:>6} {_num(m['final_train_loss'], '.4f'):>10} "
+                f"{_acc(m['test_accuracy']):>8}"
+            )
         if tokens:
             line += f" {_token_cell(m):>16}"
         lines.append(line)
@@ -97,28 +103,39 @@ def format_table(result: dict) -> str:
         lines += ["", f"Modes: batch {modes[0]['batch_size']}, {modes[0]['dtype']} ({when})"]
         lines += _timing_rows(modes, "mode", lambda m: m["mode"], tokens, quality=False)
         if any(m["mode"] == "python-dispatch" for m in modes):
-            lines.append("(python-dispatch compiles no whole step: its compile s is the first eager "
-                         "step, which compiles each op once)")
+            lines.append(
+                "(python-dispatch compiles no whole step: its compile s is the first eager "
+                "step, which compiles each op once)"
+            )
         ratios = result["ratios"]
         shown = [f"{k} {v:.2f}x" for k, v in ratios.items() if k != "bfloat16/float32"]
         if shown:
             lines.append("examples/s ratios: " + ", ".join(shown))
         b = {k: v * 1e3 for k, v in result["breakdown"].items()}
         if b:
-            lines.append("per step, ms: " + ", ".join(
-                f"{k.removesuffix('_seconds').replace('_', ' ')} {v:.3f}" for k, v in b.items()))
+            lines.append(
+                "per step, ms: "
+                + ", ".join(
+                    f"{k.removesuffix('_seconds').replace('_', ' ')} {v:.3f}" for k, v in b.items()
+                )
+            )
     if dtypes:
         lines += ["", f"Compute dtype: {dtypes[0]['mode']}, batch {dtypes[0]['batch_size']}"]
         lines += _timing_rows(dtypes, "dtype", lambda m: m["dtype"], tokens, quality=True)
         if "bfloat16/float32" in result["ratios"]:
-            lines.append(f"bfloat16/float32 examples/s: {result['ratios']['bfloat16/float32']:.2f}x")
+            lines.append(
+                f"bfloat16/float32 examples/s: {result['ratios']['bfloat16/float32']:.2f}x"
+            )
     if sweep:
         lines += ["", f"Batch size: {sweep[0]['mode']}, {sweep[0]['dtype']}"]
         lines += _timing_rows(sweep, "batch", lambda m: str(m["batch_size"]), tokens, quality=False)
     if tokens:
         t = result["tokens"]
-        lines += ["", f"tokens/s (proj.) = examples/s x {t['tokens_per_example']:g} tokens per "
-                      "example, as given: a projection, not a measurement"]
+        lines += [
+            "",
+            f"tokens/s (proj.) = examples/s x {t['tokens_per_example']:g} tokens per "
+            "example, as given: a projection, not a measurement",
+        ]
     if result["data"]["synthetic"]:
         lines += ["", "data are synthetic (random): speeds are real, losses and accuracies are not"]
     return "\n".join(lines)
@@ -149,7 +166,12 @@ def bar_chart(result: dict) -> bytes:
     panels = [
         ("modes", "mode", f"Modes (batch {_first(result['modes'], 'batch_size')})", True),
         ("dtypes", "dtype", f"Compute dtype ({_first(result['dtypes'], 'mode')})", False),
-        ("batch_sweep", "batch_size", f"Batch size ({_first(result['batch_sweep'], 'mode')}; MFU on bars)", False),
+        (
+            "batch_sweep",
+            "batch_size",
+            f"Batch size ({_first(result['batch_sweep'], 'mode')}; MFU on bars)",
+            False,
+        ),
     ]
     panels = [p for p in panels if result[p[0]]]
     with style():
@@ -163,12 +185,23 @@ def bar_chart(result: dict) -> bytes:
             x = np.arange(len(rows))
             ax.bar(x, eps, color="#1f5fbf", yerr=[lo, hi], capsize=3, ecolor="#5b6475")
             tilt = len(rows) >= 4
-            ax.set_xticks(x, [str(m[key]) for m in rows], rotation=30 if tilt else 0,
-                          ha="right" if tilt else "center", fontsize=8)
+            ax.set_xticks(
+                x,
+                [str(m[key]) for m in rows],
+                rotation=30 if tilt else 0,
+                ha="right" if tilt else "center",
+                fontsize=8,
+            )
             for xi, m in zip(x, rows):
                 label = f"{_eps(m):,.0f}" if section != "batch_sweep" else f"{m['mfu']:.2f}"
-                ax.annotate(label, (xi, m["examples_per_second"]["max"]), textcoords="offset points",
-                            xytext=(0, 3), ha="center", fontsize=7)
+                ax.annotate(
+                    label,
+                    (xi, m["examples_per_second"]["max"]),
+                    textcoords="offset points",
+                    xytext=(0, 3),
+                    ha="center",
+                    fontsize=7,
+                )
             if log:
                 ax.set_yscale("log")
                 ax.yaxis.set_minor_formatter(NullFormatter())

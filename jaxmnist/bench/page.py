@@ -29,8 +29,12 @@ def _row(m: dict, first: str, quality: bool, tokens: bool) -> list:
     ]
     if quality:
         loss = m["final_train_loss"]
-        row += [str(m["steps_trained"]), "—" if loss is None else f"{loss:.4f}",
-                "—" if m["test_loss"] is None else f"{m['test_loss']:.4f}", f"{m['test_accuracy']:.2%}"]
+        row += [
+            str(m["steps_trained"]),
+            "—" if loss is None else f"{loss:.4f}",
+            "—" if m["test_loss"] is None else f"{m['test_loss']:.4f}",
+            f"{m['test_accuracy']:.2%}",
+        ]
     if tokens:
         row.append(f"{m['projected_tokens_per_second']:,.0f}")
     return row
@@ -62,9 +66,13 @@ def _summary(result: dict) -> str:
         top = max(measured, key=lambda m: m["examples_per_second"]["median"])
         items.append(("best examples/s", f"{top['examples_per_second']['median']:,.0f}"))
         best = max(measured, key=lambda m: m["mfu"])
-        items.append((f"best MFU (batch {best['batch_size']}, {best['dtype']})", f"{best['mfu']:.2f}"))
+        items.append(
+            (f"best MFU (batch {best['batch_size']}, {best['dtype']})", f"{best['mfu']:.2f}")
+        )
     for p in result["peak"].values():
-        items.append((f"peak {p['dtype']}", f"{p['flops_per_second']['median'] / 1e9:,.0f} GFLOP/s"))
+        items.append(
+            (f"peak {p['dtype']}", f"{p['flops_per_second']['median'] / 1e9:,.0f} GFLOP/s")
+        )
     return cards(items)
 
 
@@ -90,42 +98,85 @@ def _method(result: dict) -> str:
         "which compiles each operation once.",
     ]
     if result["data"]["synthetic"]:
-        text.append("The data are synthetic (random pixels and labels): speeds are real, "
-                    "losses and accuracies are not.")
+        text.append(
+            "The data are synthetic (random pixels and labels): speeds are real, "
+            "losses and accuracies are not."
+        )
     return "".join(_p(t) for t in text)
 
 
 def render_bench_page(result: dict, png: bytes, table_text: str) -> str:
     """The whole page as a string; `png` is the bar chart, `table_text` the terminal table."""
     env, d = result["environment"], result["data"]
-    sections = [("Summary", _summary(result) + _p(
-        f"{d['dataset']} from {d['source']}; {d['num_train_examples']:,} training examples."))]
+    sections = [
+        (
+            "Summary",
+            _summary(result)
+            + _p(
+                f"{d['dataset']} from {d['source']}; {d['num_train_examples']:,} training examples."
+            ),
+        )
+    ]
     modes, dtypes, sweep = result["modes"], result["dtypes"], result["batch_sweep"]
     if modes:
         extra = ""
         if result["breakdown"]:
-            extra = _p("Per step, ms: " + ", ".join(
-                f"{k.removesuffix('_seconds').replace('_', ' ')} {1e3 * v:.3f}"
-                for k, v in result["breakdown"].items()))
-        sections.append((f"Modes (batch {modes[0]['batch_size']}, {modes[0]['dtype']})",
-                         _table(modes, "mode", lambda m: m["mode"], result) + extra))
+            extra = _p(
+                "Per step, ms: "
+                + ", ".join(
+                    f"{k.removesuffix('_seconds').replace('_', ' ')} {1e3 * v:.3f}"
+                    for k, v in result["breakdown"].items()
+                )
+            )
+        sections.append(
+            (
+                f"Modes (batch {modes[0]['batch_size']}, {modes[0]['dtype']})",
+                _table(modes, "mode", lambda m: m["mode"], result) + extra,
+            )
+        )
     if dtypes:
-        sections.append((f"Compute dtype ({dtypes[0]['mode']}, batch {dtypes[0]['batch_size']})",
-                         _table(dtypes, "dtype", lambda m: m["dtype"], result, quality=True)))
+        sections.append(
+            (
+                f"Compute dtype ({dtypes[0]['mode']}, batch {dtypes[0]['batch_size']})",
+                _table(dtypes, "dtype", lambda m: m["dtype"], result, quality=True),
+            )
+        )
     if sweep:
-        sections.append((f"Batch size ({sweep[0]['mode']}, {sweep[0]['dtype']})",
-                         _table(sweep, "batch", lambda m: str(m["batch_size"]), result)))
-    sections.append(("Chart", figure(png, "examples/s by mode, dtype and batch size",
-                                     "Bars: median examples/s; whiskers: min and max over the timed windows.")))
+        sections.append(
+            (
+                f"Batch size ({sweep[0]['mode']}, {sweep[0]['dtype']})",
+                _table(sweep, "batch", lambda m: str(m["batch_size"]), result),
+            )
+        )
+    sections.append(
+        (
+            "Chart",
+            figure(
+                png,
+                "examples/s by mode, dtype and batch size",
+                "Bars: median examples/s; whiskers: min and max over the timed windows.",
+            ),
+        )
+    )
     if result["tokens"] is not None:
         t = result["tokens"]
-        sections.append(("Tokens/s projection", _p(
-            f"tokens/s = examples/s x {t['tokens_per_example']:g} tokens per example, as given. "
-            f"{t['note']}.")))
+        sections.append(
+            (
+                "Tokens/s projection",
+                _p(
+                    f"tokens/s = examples/s x {t['tokens_per_example']:g} tokens per example, as given. "
+                    f"{t['note']}."
+                ),
+            )
+        )
     sections.append(("Method", _method(result)))
     sections.append(("Terminal output", f"<pre>{html_lib.escape(table_text)}</pre>"))
-    env_rows = [[k, ", ".join(map(str, v)) if isinstance(v, list) else str(v)] for k, v in env.items()]
+    env_rows = [
+        [k, ", ".join(map(str, v)) if isinstance(v, list) else str(v)] for k, v in env.items()
+    ]
     sections.append(("Environment", html_table(["", ""], env_rows, kv=True)))
-    sections.append(("Config", f"<pre>{html_lib.escape(json.dumps(result['config'], indent=2))}</pre>"))
+    sections.append(
+        ("Config", f"<pre>{html_lib.escape(json.dumps(result['config'], indent=2))}</pre>")
+    )
     subtitle = f"{device(env)}, jax {env['jax']}, {result['created']}"
     return render_page(f"jaxmnist bench: {result['preset'] or 'custom config'}", sections, subtitle)

@@ -73,7 +73,9 @@ def measure_matmul_peak(
     reps_on_device = jax.device_put(np.int32(reps))
 
     seconds, out = timing.time_windows(
-        lambda: run_chain(x, q, reps_on_device), windows=windows, warmup=warmup,
+        lambda: run_chain(x, q, reps_on_device),
+        windows=windows,
+        warmup=warmup,
         label=f"matmul peak {dtype}",
     )
     if not bool(jnp.isfinite(out).all()):

@@ -51,7 +51,9 @@ def synthetic_dataset(name: str, seed: int = 0, train_size: int | None = None):
         images = rng.integers(0, 256, (n, *spec.image_shape), dtype=np.uint8)
         return images, rng.integers(0, spec.num_classes, n, dtype=np.uint8)
 
-    return Dataset(spec, *split(train_size or spec.train_size), *split(spec.test_size), SYNTHETIC_NOTE)
+    return Dataset(
+        spec, *split(train_size or spec.train_size), *split(spec.test_size), SYNTHETIC_NOTE
+    )
 
 
 def _load(cfg, opts: BenchOptions):
@@ -64,8 +66,12 @@ def _load(cfg, opts: BenchOptions):
     n = opts.train_examples
     if n is None or n >= len(ds.train_labels):
         return ds
-    return dataclasses.replace(ds, train_images=ds.train_images[:n], train_labels=ds.train_labels[:n],
-                               source=f"{ds.source} (first {n} training examples)")
+    return dataclasses.replace(
+        ds,
+        train_images=ds.train_images[:n],
+        train_labels=ds.train_labels[:n],
+        source=f"{ds.source} (first {n} training examples)",
+    )
 
 
 class _Bench:
@@ -94,7 +100,10 @@ class _Bench:
             n = self.opts.peak_size or peak_lib.default_size(jax.default_backend())
             self.log(f"peak: {n}x{n} matmul in {dtype}")
             self.peaks[dtype] = peak_lib.measure_matmul_peak(
-                dtype, n, windows=self.opts.windows, warmup=max(1, self.opts.warmup),
+                dtype,
+                n,
+                windows=self.opts.windows,
+                warmup=max(1, self.opts.warmup),
                 min_window_seconds=self.opts.peak_window_seconds,
             )
         return self.peaks[dtype]
@@ -124,11 +133,17 @@ class _Bench:
         self.log(f"{label}: {o.warmup} warm-up + {o.windows} timed windows of {steps} steps")
         # The schedule spans the steps this measurement trains (+1: python-dispatch's first step).
         optimizer = optim.make_optimizer(cfg.optimizer, (o.warmup + o.windows) * steps + 1)
-        state = init_state(jax.random.key(cfg.train.seed), cfg, optimizer, self.input_shape, self.num_classes)
+        state = init_state(
+            jax.random.key(cfg.train.seed), cfg, optimizer, self.input_shape, self.num_classes
+        )
         runner = build_runner(mode, cfg, optimizer, state, self.data, self.host, steps)
         seconds, out = timing.time_windows(
-            runner.run, windows=o.windows, warmup=o.warmup, label=label,
-            prepare=runner.prepare, guard=runner.guard,
+            runner.run,
+            windows=o.windows,
+            warmup=o.warmup,
+            label=label,
+            prepare=runner.prepare,
+            guard=runner.guard,
         )
         losses = runner.losses(out)
         test = self._evaluator(cfg.model, runner.state.params)(runner.state.params, self.test_set)
@@ -207,9 +222,17 @@ def run_bench(
     dtypes = [bench.measure(opts.sweep_mode, d, batch) for d in opts.dtypes]
     sweep = [bench.measure(opts.sweep_mode, dtype, b) for b in opts.batch_sizes]
 
-    params = jax.eval_shape(lambda: init_state(
-        jax.random.key(0), cfg, optim.make_optimizer(cfg.optimizer, 1), bench.input_shape, bench.num_classes
-    ).params)
+    params = jax.eval_shape(
+        lambda: (
+            init_state(
+                jax.random.key(0),
+                cfg,
+                optim.make_optimizer(cfg.optimizer, 1),
+                bench.input_shape,
+                bench.num_classes,
+            ).params
+        )
+    )
     return {
         "schema_version": SCHEMA_VERSION,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -230,7 +253,7 @@ def run_bench(
             "num_params": count_params(params),
             "flops_per_example": bench.flops_per_example,
             "flops_note": "analytic matmul FLOPs of one training example, forward and backward "
-                          "(elementwise work and the optimizer update left out)",
+            "(elementwise work and the optimizer update left out)",
         },
         "peak": bench.peaks,
         "modes": modes,
@@ -239,7 +262,9 @@ def run_bench(
         "ratios": _ratios(modes, dtypes),
         "breakdown": _breakdown(modes),
         "checks": _checks(modes),
-        "tokens": None if opts.tokens_per_example is None else {
+        "tokens": None
+        if opts.tokens_per_example is None
+        else {
             "tokens_per_example": opts.tokens_per_example,
             "note": "a projection, not a measurement: examples/s times the tokens per example you gave",
         },

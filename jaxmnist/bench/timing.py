@@ -28,11 +28,13 @@ import numpy as np
 # The events jax._src.dispatch records for every trace, lowering and backend
 # compile (the same ones `jax.log_compiles` reports). A persistent-cache hit
 # still traces and lowers, so it is counted too.
-COMPILE_EVENTS = frozenset({
-    "/jax/core/compile/jaxpr_trace_duration",
-    "/jax/core/compile/jaxpr_to_mlir_module_duration",
-    "/jax/core/compile/backend_compile_duration",
-})
+COMPILE_EVENTS = frozenset(
+    {
+        "/jax/core/compile/jaxpr_trace_duration",
+        "/jax/core/compile/jaxpr_to_mlir_module_duration",
+        "/jax/core/compile/backend_compile_duration",
+    }
+)
 
 
 class RecompilationError(RuntimeError):

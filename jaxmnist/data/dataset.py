@@ -39,8 +39,10 @@ class Dataset:
 
 
 def _how_to_supply(spec: DatasetSpec) -> str:
-    hint = (f"supply the files with --data-dir or {ENV_DATA_DIR} (a folder holding "
-            f"{spec.folder}/{spec.files[0].name}.gz and the other three IDX files")
+    hint = (
+        f"supply the files with --data-dir or {ENV_DATA_DIR} (a folder holding "
+        f"{spec.folder}/{spec.files[0].name}.gz and the other three IDX files"
+    )
     hint += f", or {spec.folder}/{spec.npz_name})" if spec.npz_name else ")"
     hint += f", or run `jaxmnist data download {spec.name}` where there is network"
     if spec.system_package:
@@ -50,29 +52,39 @@ def _how_to_supply(spec: DatasetSpec) -> str:
 
 def _not_found(spec: DatasetSpec, places: list[Place], download_failure: str | None) -> DataError:
     looked = ", ".join(str(p.folder) for p in places)
-    tail = (f"; download failed ({download_failure})" if download_failure is not None
-            else "; download disabled")
+    tail = (
+        f"; download failed ({download_failure})"
+        if download_failure is not None
+        else "; download disabled"
+    )
     return DataError(f"{spec.display_name} not found in {looked}{tail}; {_how_to_supply(spec)}")
 
 
-def _read(spec: DatasetSpec, contents: Contents, place_label: str
-          ) -> tuple[dict[str, np.ndarray], list[FileReport]]:
+def _read(
+    spec: DatasetSpec, contents: Contents, place_label: str
+) -> tuple[dict[str, np.ndarray], list[FileReport]]:
     try:
         if contents.complete_idx:
             return formats.load_idx_files(contents.idx, spec)
         return formats.load_npz(contents.npz, spec)
     except DataError as err:
         if place_label == "cache":
-            raise DataError(f"{err} (in the cache: `jaxmnist data download {spec.name}` "
-                            "replaces it)") from None
+            raise DataError(
+                f"{err} (in the cache: `jaxmnist data download {spec.name}` replaces it)"
+            ) from None
         raise
 
 
-def load_dataset(name: str | DatasetSpec, data_dir: PathLike | None = None, *,
-                 download: bool = True, cache_dir: PathLike | None = None,
-                 system_root: PathLike | None = None,
-                 sources: list[str] | tuple[str, ...] | None = None,
-                 policy: DownloadPolicy | None = None) -> Dataset:
+def load_dataset(
+    name: str | DatasetSpec,
+    data_dir: PathLike | None = None,
+    *,
+    download: bool = True,
+    cache_dir: PathLike | None = None,
+    system_root: PathLike | None = None,
+    sources: list[str] | tuple[str, ...] | None = None,
+    policy: DownloadPolicy | None = None,
+) -> Dataset:
     """Load dataset `name` ("mnist", "fashion_mnist", or a `DatasetSpec`), verified.
 
     Looks in `data_dir` (else `$JAXMNIST_DATA_DIR`), the cache, then the system
@@ -97,13 +109,23 @@ def load_dataset(name: str | DatasetSpec, data_dir: PathLike | None = None, *,
             note = f" (downloaded from {', '.join(hosts(urls))})"
     place, contents = found
     arrays, _ = _read(spec, contents, place.label)
-    return Dataset(spec, arrays["train_images"], arrays["train_labels"],
-                   arrays["test_images"], arrays["test_labels"], f"{contents.source}{note}")
+    return Dataset(
+        spec,
+        arrays["train_images"],
+        arrays["train_labels"],
+        arrays["test_images"],
+        arrays["test_labels"],
+        f"{contents.source}{note}",
+    )
 
 
-def verify_dataset(name: str | DatasetSpec, data_dir: PathLike | None = None, *,
-                   cache_dir: PathLike | None = None,
-                   system_root: PathLike | None = None) -> list[FileReport]:
+def verify_dataset(
+    name: str | DatasetSpec,
+    data_dir: PathLike | None = None,
+    *,
+    cache_dir: PathLike | None = None,
+    system_root: PathLike | None = None,
+) -> list[FileReport]:
     """Fully verify every file of `name` at the place `load_dataset` would use.
 
     Checks the IDX set and the npz when both are there. Returns one `FileReport`
@@ -124,9 +146,13 @@ def verify_dataset(name: str | DatasetSpec, data_dir: PathLike | None = None, *,
     return reports
 
 
-def dataset_info(name: str | DatasetSpec, data_dir: PathLike | None = None, *,
-                 cache_dir: PathLike | None = None,
-                 system_root: PathLike | None = None) -> dict:
+def dataset_info(
+    name: str | DatasetSpec,
+    data_dir: PathLike | None = None,
+    *,
+    cache_dir: PathLike | None = None,
+    system_root: PathLike | None = None,
+) -> dict:
     """Facts about `name` and where it would be loaded from (JSON-serialisable).
 
     `location` is the folder or npz `load_dataset` would read, or None (then

@@ -67,8 +67,9 @@ def _is_transient(err: Exception) -> bool:
     if isinstance(err, requests.HTTPError):
         status = err.response.status_code if err.response is not None else 0
         return status >= 500 or status in (408, 429)
-    return isinstance(err, (requests.ConnectionError, requests.Timeout,
-                            requests.exceptions.ChunkedEncodingError))
+    return isinstance(
+        err, (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError)
+    )
 
 
 UNREACHABLE = ("connection failed", "timed out")
@@ -94,8 +95,7 @@ def _fetch(url: str, dest: Path, policy: DownloadPolicy) -> None:
     # pooch draws its progress bar with tqdm, an optional dependency: without it,
     # no bar rather than an error.
     bar = policy.progressbar and importlib.util.find_spec("tqdm") is not None
-    downloader = pooch.HTTPDownloader(progressbar=bar, timeout=policy.timeout,
-                                      chunk_size=1 << 16)
+    downloader = pooch.HTTPDownloader(progressbar=bar, timeout=policy.timeout, chunk_size=1 << 16)
     for attempt in range(policy.retries + 1):
         try:
             downloader(url, str(dest), None)
@@ -103,7 +103,7 @@ def _fetch(url: str, dest: Path, policy: DownloadPolicy) -> None:
         except OSError as err:  # requests' exceptions are OSErrors
             if not _is_transient(err) or attempt == policy.retries:
                 raise
-            wait = policy.backoff * 2 ** attempt
+            wait = policy.backoff * 2**attempt
             log.warning("%s: %s; retrying in %.1f s", url, _reason(err, url), wait)
             time.sleep(wait)
 
@@ -153,8 +153,9 @@ def _valid_files(spec: DatasetSpec, folder: Path) -> tuple[bool, set[str]]:
     return False, good
 
 
-def _download_into(spec: DatasetSpec, folder: Path, sources: tuple[str, ...],
-                   policy: DownloadPolicy) -> list[str]:
+def _download_into(
+    spec: DatasetSpec, folder: Path, sources: tuple[str, ...], policy: DownloadPolicy
+) -> list[str]:
     """Make `folder` hold a verified copy of `spec`; returns the URLs fetched."""
     for stale in folder.glob(".*.part"):  # left by a killed process; we hold the lock
         stale.unlink(missing_ok=True)
@@ -181,14 +182,19 @@ def _download_into(spec: DatasetSpec, folder: Path, sources: tuple[str, ...],
             continue
         if source.endswith(".npz"):
             if spec.npz_name and attempt(
-                    source, lambda p, u=source: formats.load_npz(p, spec, label=u),
-                    lambda _: spec.npz_name):
+                source,
+                lambda p, u=source: formats.load_npz(p, spec, label=u),
+                lambda _: spec.npz_name,
+            ):
                 return fetched + [source]
             continue
         for f in list(missing):
             url = source.rstrip("/") + "/" + f.name + ".gz"
-            dest = attempt(url, lambda p, u=url, r=f.role: formats.load_idx_file(p, spec, r, label=u),
-                           lambda p, n=f.name: n + ".gz" if _is_gzip(p) else n)
+            dest = attempt(
+                url,
+                lambda p, u=url, r=f.role: formats.load_idx_file(p, spec, r, label=u),
+                lambda p, n=f.name: n + ".gz" if _is_gzip(p) else n,
+            )
             if dest is None:
                 if hosts([url])[0] in unreachable:
                     break
@@ -200,8 +206,9 @@ def _download_into(spec: DatasetSpec, folder: Path, sources: tuple[str, ...],
             missing.remove(f)
         if not missing:
             return fetched
-    raise DownloadError(f"could not download {spec.display_name} into {folder}: "
-                        f"{summarize(attempts)}", attempts)
+    raise DownloadError(
+        f"could not download {spec.display_name} into {folder}: {summarize(attempts)}", attempts
+    )
 
 
 def summarize(attempts: list[tuple[str, str]]) -> str:
@@ -210,12 +217,15 @@ def summarize(attempts: list[tuple[str, str]]) -> str:
     for url, reason in attempts:
         key = (hosts([url])[0], reason)
         counts[key] = counts.get(key, 0) + 1
-    return "; ".join(f"{h}: {r}" + (f" ({n} files)" if n > 1 else "")
-                     for (h, r), n in counts.items()) or "no sources given"
+    return (
+        "; ".join(f"{h}: {r}" + (f" ({n} files)" if n > 1 else "") for (h, r), n in counts.items())
+        or "no sources given"
+    )
 
 
-def fetch_dataset(spec: DatasetSpec, cache_dir=None, *, sources=None,
-                  policy: DownloadPolicy | None = None) -> tuple[Path, list[str]]:
+def fetch_dataset(
+    spec: DatasetSpec, cache_dir=None, *, sources=None, policy: DownloadPolicy | None = None
+) -> tuple[Path, list[str]]:
     """Like `download_dataset`, also returning the URLs actually fetched."""
     import filelock
 
@@ -230,9 +240,13 @@ def fetch_dataset(spec: DatasetSpec, cache_dir=None, *, sources=None,
     return folder, urls
 
 
-def download_dataset(name: str | DatasetSpec, cache_dir: str | os.PathLike | None = None, *,
-                     sources: list[str] | tuple[str, ...] | None = None,
-                     policy: DownloadPolicy | None = None) -> Path:
+def download_dataset(
+    name: str | DatasetSpec,
+    cache_dir: str | os.PathLike | None = None,
+    *,
+    sources: list[str] | tuple[str, ...] | None = None,
+    policy: DownloadPolicy | None = None,
+) -> Path:
     """Ensure a verified copy of dataset `name` in the cache; return its folder.
 
     Files already in `<cache_dir>/<folder>` that verify are kept (no network);

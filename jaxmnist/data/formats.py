@@ -45,8 +45,10 @@ class FileReport:
 
     def __str__(self) -> str:
         where = f"{self.path} [{self.member}]" if self.member else str(self.path)
-        return (f"{where}: {self.idx_name} {'x'.join(map(str, self.shape))}, "
-                f"sha256 {self.sha256[:12]}... ok")
+        return (
+            f"{where}: {self.idx_name} {'x'.join(map(str, self.shape))}, "
+            f"sha256 {self.sha256[:12]}... ok"
+        )
 
 
 def idx_header(shape: tuple[int, ...]) -> bytes:
@@ -73,8 +75,10 @@ def looks_like_html(data: bytes) -> bool:
 
 
 def _html_error(source: object) -> DataError:
-    return DataError(f"{source}: looks like an HTML/XML page, not data "
-                     "(probably a failed download saved as the file); delete it and download again")
+    return DataError(
+        f"{source}: looks like an HTML/XML page, not data "
+        "(probably a failed download saved as the file); delete it and download again"
+    )
 
 
 def gunzip(data: bytes, max_size: int, source: object) -> bytes:
@@ -89,11 +93,15 @@ def gunzip(data: bytes, max_size: int, source: object) -> bytes:
         total += len(out)
         parts.append(out)
         if total > max_size:
-            raise DataError(f"{source}: decompresses to more than {max_size} bytes, "
-                            "far more than this file should hold")
+            raise DataError(
+                f"{source}: decompresses to more than {max_size} bytes, "
+                "far more than this file should hold"
+            )
         if not d.eof:
-            raise DataError(f"{source}: truncated gzip data (ends after {total} "
-                            "uncompressed bytes; probably an interrupted download)")
+            raise DataError(
+                f"{source}: truncated gzip data (ends after {total} "
+                "uncompressed bytes; probably an interrupted download)"
+            )
         rest = d.unused_data
         if not rest.strip(b"\0"):  # trailing zero padding is allowed by gzip(1)
             break
@@ -111,8 +119,10 @@ def read_idx_bytes(path: Path, max_size: int, label: object = None) -> bytes:
     try:
         size = os.stat(path).st_size
         if size > max_size:
-            raise DataError(f"{label}: file is {size} bytes, more than the {max_size} "
-                            "this file should ever need; not the expected data")
+            raise DataError(
+                f"{label}: file is {size} bytes, more than the {max_size} "
+                "this file should ever need; not the expected data"
+            )
         data = Path(path).read_bytes()
     except OSError as e:
         raise DataError(f"{label}: cannot read ({e.strerror or e})") from None
@@ -135,8 +145,10 @@ def parse_idx(data: bytes, *, ndim: int, source: object) -> np.ndarray:
         # Only now look for HTML: pixel bytes of a real file could spell "<html".
         if looks_like_html(data):
             raise _html_error(source)
-        raise DataError(f"{source}: neither gzip nor an IDX file of the expected kind "
-                        f"(starts with 0x{data[:4].hex()}, expected gzip 0x1f8b or IDX {want})")
+        raise DataError(
+            f"{source}: neither gzip nor an IDX file of the expected kind "
+            f"(starts with 0x{data[:4].hex()}, expected gzip 0x1f8b or IDX {want})"
+        )
     if dtype != IDX_UBYTE:
         raise DataError(f"{source}: IDX element type 0x{dtype:02x}, expected 0x08 (unsigned byte)")
     header_len = 4 + 4 * ndim
@@ -146,8 +158,10 @@ def parse_idx(data: bytes, *, ndim: int, source: object) -> np.ndarray:
     need = math.prod(dims)  # Python int: no overflow for lying headers
     have = len(data) - header_len
     if need != have:
-        raise DataError(f"{source}: IDX header says {'x'.join(map(str, dims))} = {need} bytes "
-                        f"of data but the file holds {have}; the file is truncated or corrupt")
+        raise DataError(
+            f"{source}: IDX header says {'x'.join(map(str, dims))} = {need} bytes "
+            f"of data but the file holds {have}; the file is truncated or corrupt"
+        )
     return np.frombuffer(data, dtype=np.uint8, count=need, offset=header_len).reshape(dims)
 
 
@@ -155,29 +169,39 @@ def _check_counts(arrays: Mapping[str, np.ndarray], where: Mapping[str, object])
     for split in ("train", "test"):
         images, labels = arrays[f"{split}_images"], arrays[f"{split}_labels"]
         if len(images) != len(labels):
-            raise DataError(f"{where[f'{split}_labels']}: holds {len(labels)} labels but "
-                            f"{where[f'{split}_images']} holds {len(images)} images")
+            raise DataError(
+                f"{where[f'{split}_labels']}: holds {len(labels)} labels but "
+                f"{where[f'{split}_images']} holds {len(images)} images"
+            )
 
 
 def _check_array(arr: np.ndarray, spec: DatasetSpec, role: str, source: object) -> None:
     """Shape and label range of one parsed array against `spec`."""
     want = spec.array_shape(role)
     if arr.shape[1:] != want[1:]:
-        raise DataError(f"{source}: images are {'x'.join(map(str, arr.shape[1:]))}, "
-                        f"expected {'x'.join(map(str, want[1:]))} for {spec.display_name}")
+        raise DataError(
+            f"{source}: images are {'x'.join(map(str, arr.shape[1:]))}, "
+            f"expected {'x'.join(map(str, want[1:]))} for {spec.display_name}"
+        )
     if arr.shape[0] != want[0]:
-        raise DataError(f"{source}: holds {arr.shape[0]} examples, expected {want[0]} "
-                        f"for {spec.display_name} {role.split('_')[0]}")
+        raise DataError(
+            f"{source}: holds {arr.shape[0]} examples, expected {want[0]} "
+            f"for {spec.display_name} {role.split('_')[0]}"
+        )
     if role.endswith("labels") and arr.size and int(arr.max()) >= spec.num_classes:
         i = int(np.argmax(arr >= spec.num_classes))
-        raise DataError(f"{source}: label {arr[i]} at index {i} is outside "
-                        f"[0, {spec.num_classes}) for {spec.display_name}")
+        raise DataError(
+            f"{source}: label {arr[i]} at index {i} is outside "
+            f"[0, {spec.num_classes}) for {spec.display_name}"
+        )
 
 
 def _check_sha256(digest: str, expected: str, source: object, idx_name: str) -> None:
     if digest != expected:
-        raise DataError(f"{source}: SHA-256 of {idx_name} content is {digest[:12]}..., expected "
-                        f"{expected[:12]}...; the file is corrupt or not the official data")
+        raise DataError(
+            f"{source}: SHA-256 of {idx_name} content is {digest[:12]}..., expected "
+            f"{expected[:12]}...; the file is corrupt or not the official data"
+        )
 
 
 def _read_idx(path: Path, spec: DatasetSpec, role: str, label: object) -> tuple[bytes, np.ndarray]:
@@ -185,8 +209,9 @@ def _read_idx(path: Path, spec: DatasetSpec, role: str, label: object) -> tuple[
     return raw, parse_idx(raw, ndim=len(spec.array_shape(role)), source=label)
 
 
-def _finish_idx(raw: bytes, arr: np.ndarray, path: Path, spec: DatasetSpec, role: str,
-                label: object) -> FileReport:
+def _finish_idx(
+    raw: bytes, arr: np.ndarray, path: Path, spec: DatasetSpec, role: str, label: object
+) -> FileReport:
     _check_array(arr, spec, role, label)
     f = spec.file(role)
     digest = hashlib.sha256(raw).hexdigest()
@@ -194,8 +219,9 @@ def _finish_idx(raw: bytes, arr: np.ndarray, path: Path, spec: DatasetSpec, role
     return FileReport(Path(path), f.name, None, arr.shape, digest)
 
 
-def load_idx_file(path: Path, spec: DatasetSpec, role: str, *, label: object = None
-                  ) -> tuple[np.ndarray, FileReport]:
+def load_idx_file(
+    path: Path, spec: DatasetSpec, role: str, *, label: object = None
+) -> tuple[np.ndarray, FileReport]:
     """Read and fully verify one IDX file holding `role` of `spec`.
 
     `label` names the file in errors (default: the path; downloads pass the URL).
@@ -205,8 +231,9 @@ def load_idx_file(path: Path, spec: DatasetSpec, role: str, *, label: object = N
     return arr, _finish_idx(raw, arr, path, spec, role, label)
 
 
-def load_idx_files(paths: Mapping[str, Path], spec: DatasetSpec
-                   ) -> tuple[dict[str, np.ndarray], list[FileReport]]:
+def load_idx_files(
+    paths: Mapping[str, Path], spec: DatasetSpec
+) -> tuple[dict[str, np.ndarray], list[FileReport]]:
     """Read and fully verify the four IDX files `paths[role]` for `spec`.
 
     Returns the arrays by role (uint8, read-only; images (N, 28, 28), labels (N,))
@@ -216,13 +243,16 @@ def load_idx_files(paths: Mapping[str, Path], spec: DatasetSpec
     parsed = {role: _read_idx(paths[role], spec, role, paths[role]) for role in ROLES}
     arrays = {role: arr for role, (_, arr) in parsed.items()}
     _check_counts(arrays, paths)
-    reports = [_finish_idx(raw, arr, paths[role], spec, role, paths[role])
-               for role, (raw, arr) in parsed.items()]
+    reports = [
+        _finish_idx(raw, arr, paths[role], spec, role, paths[role])
+        for role, (raw, arr) in parsed.items()
+    ]
     return arrays, reports
 
 
-def _npz_header(npz: np.lib.npyio.NpzFile, key: str, spec: DatasetSpec, role: str,
-                label: object) -> None:
+def _npz_header(
+    npz: np.lib.npyio.NpzFile, key: str, spec: DatasetSpec, role: str, label: object
+) -> None:
     """Check an npz member's .npy header before np.load allocates what it claims."""
     with npz.zip.open(key + ".npy") as f:
         version = np.lib.format.read_magic(f)
@@ -233,7 +263,9 @@ def _npz_header(npz: np.lib.npyio.NpzFile, key: str, spec: DatasetSpec, role: st
         else:
             raise DataError(f"{label}: array {key} uses .npy format {version}, expected 1.0 or 2.0")
     if dtype.hasobject:
-        raise DataError(f"{label}: array {key} holds Python objects (pickled data); refusing to load it")
+        raise DataError(
+            f"{label}: array {key} holds Python objects (pickled data); refusing to load it"
+        )
     if dtype != np.uint8:
         raise DataError(f"{label}: array {key} has dtype {dtype}, expected uint8")
     want = spec.array_shape(role)
@@ -241,8 +273,9 @@ def _npz_header(npz: np.lib.npyio.NpzFile, key: str, spec: DatasetSpec, role: st
         raise DataError(f"{label}: array {key} has shape {shape}, expected {want}")
 
 
-def load_npz(path: Path, spec: DatasetSpec, *, label: object = None
-             ) -> tuple[dict[str, np.ndarray], list[FileReport]]:
+def load_npz(
+    path: Path, spec: DatasetSpec, *, label: object = None
+) -> tuple[dict[str, np.ndarray], list[FileReport]]:
     """Read and fully verify a Keras-layout npz (x_train, y_train, x_test, y_test).
 
     Each array is checked against the IDX checksum of the same content,
@@ -262,10 +295,14 @@ def load_npz(path: Path, spec: DatasetSpec, *, label: object = None
     if not head.startswith(b"PK") and looks_like_html(head):
         raise _html_error(label)
     if size > max_size:
-        raise DataError(f"{label}: file is {size} bytes, more than the {max_size} an npz of "
-                        f"{spec.display_name} should ever need")
+        raise DataError(
+            f"{label}: file is {size} bytes, more than the {max_size} an npz of "
+            f"{spec.display_name} should ever need"
+        )
     if not head.startswith(b"PK"):
-        raise DataError(f"{label}: not an npz (zip) file (starts with {head[:4].hex() or 'nothing'})")
+        raise DataError(
+            f"{label}: not an npz (zip) file (starts with {head[:4].hex() or 'nothing'})"
+        )
     arrays: dict[str, np.ndarray] = {}
     try:
         # We open the file ourselves: np.load leaks its own handle when the zip
@@ -273,8 +310,10 @@ def load_npz(path: Path, spec: DatasetSpec, *, label: object = None
         with open(path, "rb") as fh, np.load(fh, allow_pickle=False) as npz:
             missing = [k for k in NPZ_KEYS.values() if k not in npz.files]
             if missing:
-                raise DataError(f"{label}: npz lacks array(s) {', '.join(missing)} "
-                                f"(has {', '.join(npz.files) or 'none'})")
+                raise DataError(
+                    f"{label}: npz lacks array(s) {', '.join(missing)} "
+                    f"(has {', '.join(npz.files) or 'none'})"
+                )
             for role, key in NPZ_KEYS.items():
                 _npz_header(npz, key, spec, role, label)
                 arrays[role] = npz[key]

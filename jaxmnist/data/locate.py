@@ -76,15 +76,21 @@ def _dataset_folder(root: Path, spec: DatasetSpec) -> Path:
     return root if here.idx or here.npz is not None else nested
 
 
-def search_path(spec: DatasetSpec, data_dir: str | os.PathLike | None = None, *,
-                cache_dir: str | os.PathLike | None = None,
-                system_root: str | os.PathLike | None = None) -> list[Place]:
+def search_path(
+    spec: DatasetSpec,
+    data_dir: str | os.PathLike | None = None,
+    *,
+    cache_dir: str | os.PathLike | None = None,
+    system_root: str | os.PathLike | None = None,
+) -> list[Place]:
     """The folders to look in for `spec`, in order (see the module docstring)."""
     places = []
     if data_dir is not None:
         places.append(Place("data_dir", _dataset_folder(Path(data_dir), spec), True))
     elif os.environ.get(ENV_DATA_DIR):
-        places.append(Place(ENV_DATA_DIR, _dataset_folder(Path(os.environ[ENV_DATA_DIR]), spec), True))
+        places.append(
+            Place(ENV_DATA_DIR, _dataset_folder(Path(os.environ[ENV_DATA_DIR]), spec), True)
+        )
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     places.append(Place("cache", cache / spec.folder, False))
     system = Path(system_root) if system_root is not None else SYSTEM_DATA_ROOT
@@ -117,6 +123,8 @@ def locate(places: list[Place], spec: DatasetSpec) -> tuple[Place, Contents] | N
             return place, contents
         if contents.idx and place.explicit:
             missing = [f.name for f in spec.files if f.role not in contents.idx]
-            raise DataError(f"{place.folder}: has some {spec.display_name} files but not "
-                            f"{', '.join(missing)} (raw or .gz)")
+            raise DataError(
+                f"{place.folder}: has some {spec.display_name} files but not "
+                f"{', '.join(missing)} (raw or .gz)"
+            )
     return None

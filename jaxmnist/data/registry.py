@@ -21,8 +21,12 @@ from jaxmnist.errors import ConfigError
 ROLES = ("train_images", "train_labels", "test_images", "test_labels")
 """The four arrays of every dataset, in the order `DatasetSpec.files` lists them."""
 
-NPZ_KEYS = {"train_images": "x_train", "train_labels": "y_train",
-            "test_images": "x_test", "test_labels": "y_test"}
+NPZ_KEYS = {
+    "train_images": "x_train",
+    "train_labels": "y_train",
+    "test_images": "x_test",
+    "test_labels": "y_test",
+}
 """Keras npz layout: array name inside the .npz for each role."""
 
 
@@ -77,14 +81,19 @@ class DatasetSpec:
 
     def with_checksums(self, **sha256_by_role: str) -> DatasetSpec:
         """A copy with some IDX checksums replaced (for tests and new mirrors)."""
-        files = tuple(dataclasses.replace(f, sha256=sha256_by_role.get(f.role, f.sha256))
-                      for f in self.files)
+        files = tuple(
+            dataclasses.replace(f, sha256=sha256_by_role.get(f.role, f.sha256)) for f in self.files
+        )
         return dataclasses.replace(self, files=files)
 
 
 def _idx_files(sha256s: tuple[str, str, str, str]) -> tuple[IdxFile, ...]:
-    names = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
-             "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+    names = (
+        "train-images-idx3-ubyte",
+        "train-labels-idx1-ubyte",
+        "t10k-images-idx3-ubyte",
+        "t10k-labels-idx1-ubyte",
+    )
     return tuple(IdxFile(r, n, h) for r, n, h in zip(ROLES, names, sha256s))
 
 
@@ -96,12 +105,14 @@ MNIST = DatasetSpec(
     image_shape=(28, 28),
     train_size=60_000,
     test_size=10_000,
-    files=_idx_files((
-        "ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db",
-        "65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5",
-        "0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7",
-        "ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2",
-    )),
+    files=_idx_files(
+        (
+            "ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db",
+            "65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5",
+            "0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7",
+            "ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2",
+        )
+    ),
     # The Keras npz first: one request for all four arrays, from a CDN that has
     # stayed up for years. Then the .gz mirrors: PyTorch's S3 copy, the
     # TensorFlow Datasets copy, and the publisher's site last (it has answered
@@ -119,17 +130,29 @@ FASHION_MNIST = DatasetSpec(
     name="fashion_mnist",
     folder="fashion-mnist",
     display_name="Fashion-MNIST",
-    class_names=("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
-                 "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"),
+    class_names=(
+        "T-shirt/top",
+        "Trouser",
+        "Pullover",
+        "Dress",
+        "Coat",
+        "Sandal",
+        "Shirt",
+        "Sneaker",
+        "Bag",
+        "Ankle boot",
+    ),
     image_shape=(28, 28),
     train_size=60_000,
     test_size=10_000,
-    files=_idx_files((
-        "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888",
-        "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9",
-        "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b",
-        "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34",
-    )),
+    files=_idx_files(
+        (
+            "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888",
+            "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9",
+            "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b",
+            "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34",
+        )
+    ),
     # The publisher's S3 site, the Keras copy of the same .gz files, then the
     # publisher's GitHub repository (rate-limited, so last).
     sources=(

@@ -24,9 +24,14 @@ from jaxmnist.data.formats import idx_header
 from jaxmnist.data.registry import MNIST, NPZ_KEYS, ROLES, DatasetSpec
 
 
-def tiny_arrays(train_size: int = 6, test_size: int = 4, *, seed: int = 0,
-                image_shape: tuple[int, int] = (28, 28), num_classes: int = 10
-                ) -> dict[str, np.ndarray]:
+def tiny_arrays(
+    train_size: int = 6,
+    test_size: int = 4,
+    *,
+    seed: int = 0,
+    image_shape: tuple[int, int] = (28, 28),
+    num_classes: int = 10,
+) -> dict[str, np.ndarray]:
     """Random uint8 arrays by role: images (N, *image_shape), labels (N,) < num_classes."""
     rng = np.random.default_rng(seed)
     out = {}
@@ -44,19 +49,31 @@ def idx_bytes(arr: np.ndarray) -> bytes:
     return idx_header(arr.shape) + np.ascontiguousarray(arr, dtype=np.uint8).tobytes()
 
 
-def tiny_spec(arrays: dict[str, np.ndarray], base: DatasetSpec = MNIST, *,
-              name: str = "tiny", sources: tuple[str, ...] = ()) -> DatasetSpec:
+def tiny_spec(
+    arrays: dict[str, np.ndarray],
+    base: DatasetSpec = MNIST,
+    *,
+    name: str = "tiny",
+    sources: tuple[str, ...] = (),
+) -> DatasetSpec:
     """`base` with the sizes and IDX checksums of `arrays`, folder `name`."""
     spec = dataclasses.replace(
-        base, name=name, folder=name, display_name=f"tiny {base.display_name}",
-        train_size=len(arrays["train_images"]), test_size=len(arrays["test_images"]),
-        sources=tuple(sources))
-    return spec.with_checksums(**{r: hashlib.sha256(idx_bytes(arrays[r])).hexdigest()
-                                  for r in ROLES})
+        base,
+        name=name,
+        folder=name,
+        display_name=f"tiny {base.display_name}",
+        train_size=len(arrays["train_images"]),
+        test_size=len(arrays["test_images"]),
+        sources=tuple(sources),
+    )
+    return spec.with_checksums(
+        **{r: hashlib.sha256(idx_bytes(arrays[r])).hexdigest() for r in ROLES}
+    )
 
 
-def write_idx_folder(folder: Path, arrays: dict[str, np.ndarray], spec: DatasetSpec = MNIST,
-                     *, compress: bool = True) -> Path:
+def write_idx_folder(
+    folder: Path, arrays: dict[str, np.ndarray], spec: DatasetSpec = MNIST, *, compress: bool = True
+) -> Path:
     """Write the four IDX files (named as in `spec`, .gz if `compress`) into `folder`."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

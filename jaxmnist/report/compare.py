@@ -22,12 +22,28 @@ from jaxmnist.report.rundata import RunData, load_run
 
 # Summary rows a comparison ranks, and which way is better.
 HIGHER_IS_BETTER = {
-    "Test accuracy": True, "Train accuracy": True, "Examples/s": True,
-    "Test loss": False, "Train loss": False, "Compile time": False, "Training time": False,
-    "Steady epoch time": False, "Evaluation time": False, "Wall time": False,
+    "Test accuracy": True,
+    "Train accuracy": True,
+    "Examples/s": True,
+    "Test loss": False,
+    "Train loss": False,
+    "Compile time": False,
+    "Training time": False,
+    "Steady epoch time": False,
+    "Evaluation time": False,
+    "Wall time": False,
 }
-HEADLINE = ("Test accuracy", "Test loss", "Train accuracy", "Train loss", "Parameters",
-            "Epochs and steps", "Compile time", "Training time", "Examples/s")
+HEADLINE = (
+    "Test accuracy",
+    "Test loss",
+    "Train accuracy",
+    "Train loss",
+    "Parameters",
+    "Epochs and steps",
+    "Compile time",
+    "Training time",
+    "Examples/s",
+)
 
 
 def run_labels(runs: list[RunData]) -> list[str]:

@@ -34,7 +34,7 @@ def secs(x) -> str:
 
 
 def dataset_title(name: str) -> str:
-    """"mnist" -> "MNIST"; a dataset jaxmnist does not know keeps its name."""
+    """ "mnist" -> "MNIST"; a dataset jaxmnist does not know keeps its name."""
     from jaxmnist.data import DATASETS
 
     spec = DATASETS.get(name)
@@ -99,7 +99,11 @@ def summary_rows(run: RunData) -> list[tuple[str, str, float | None]]:
     return [
         ("Dataset", f"{dataset} ({s.get('num_test_examples', 0):,} test examples)", None),
         ("Data source", e.get("source", DASH), None),
-        ("Model", f"{m.get('name')} {layers}, {m.get('activation')}, compute {m.get('dtype')}", None),
+        (
+            "Model",
+            f"{m.get('name')} {layers}, {m.get('activation')}, compute {m.get('dtype')}",
+            None,
+        ),
         ("Parameters", f"{s.get('num_params', 0):,}", s.get("num_params")),
         ("Optimizer", optimizer_text(c.get("optimizer", {}), s.get("steps")), None),
         ("Batch size", str(t.get("batch_size", DASH)), None),
@@ -107,8 +111,16 @@ def summary_rows(run: RunData) -> list[tuple[str, str, float | None]]:
         ("Seed", str(t.get("seed", DASH)), None),
         ("Test accuracy", pct(s.get("test_accuracy")), s.get("test_accuracy")),
         ("Test loss", num(s.get("test_loss")), s.get("test_loss")),
-        ("Train accuracy", f"{pct(s.get('train_accuracy'))} ({train_note})", s.get("train_accuracy")),
-        ("Train loss", f"{num(s.get('train_loss'))} (mean over the last epoch)", s.get("train_loss")),
+        (
+            "Train accuracy",
+            f"{pct(s.get('train_accuracy'))} ({train_note})",
+            s.get("train_accuracy"),
+        ),
+        (
+            "Train loss",
+            f"{num(s.get('train_loss'))} (mean over the last epoch)",
+            s.get("train_loss"),
+        ),
         timed("Compile time", "compile_seconds"),
         timed("Training time", "train_seconds"),
         timed("Steady epoch time", "steady_epoch_seconds"),
@@ -119,8 +131,16 @@ def summary_rows(run: RunData) -> list[tuple[str, str, float | None]]:
             f"{num(s.get('examples_per_second'), ',.0f')} (training, compile excluded)",
             s.get("examples_per_second"),
         ),
-        ("Backend and device", f"{e.get('backend', DASH)}: {devices} ({e.get('device_kind', DASH)})", None),
-        ("Host", f"{e.get('cpu_model', DASH)}, {e.get('cpu_count', DASH)} CPUs; {e.get('platform', DASH)}", None),
+        (
+            "Backend and device",
+            f"{e.get('backend', DASH)}: {devices} ({e.get('device_kind', DASH)})",
+            None,
+        ),
+        (
+            "Host",
+            f"{e.get('cpu_model', DASH)}, {e.get('cpu_count', DASH)} CPUs; {e.get('platform', DASH)}",
+            None,
+        ),
         ("Versions", versions or DASH, None),
         ("Command", run.command or "not recorded (not run from the command line)", None),
     ]

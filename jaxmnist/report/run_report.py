@@ -39,12 +39,29 @@ def _note(text: str) -> str:
 
 
 def epoch_table(run: RunData) -> str:
-    header = ["Epoch", "Step", "Train loss", "Train acc.", "Test loss", "Test acc.",
-              "Learning rate", "Time", "Examples/s"]
+    header = [
+        "Epoch",
+        "Step",
+        "Train loss",
+        "Train acc.",
+        "Test loss",
+        "Test acc.",
+        "Learning rate",
+        "Time",
+        "Examples/s",
+    ]
     rows = [
-        [r["epoch"], f"{r['step']:,}", num(r["train_loss"]), pct(r["train_accuracy"]),
-         num(r["test_loss"]), pct(r["test_accuracy"]), num(r.get("learning_rate"), ".3g"),
-         secs(r.get("epoch_seconds")), num(r.get("examples_per_second"), ",.0f")]
+        [
+            r["epoch"],
+            f"{r['step']:,}",
+            num(r["train_loss"]),
+            pct(r["train_accuracy"]),
+            num(r["test_loss"]),
+            pct(r["test_accuracy"]),
+            num(r.get("learning_rate"), ".3g"),
+            secs(r.get("epoch_seconds")),
+            num(r.get("examples_per_second"), ",.0f"),
+        ]
         for r in run.records
     ]
     best = int(np.argmax([r["test_accuracy"] for r in run.records]))
@@ -59,14 +76,30 @@ def class_table(run: RunData) -> str:
     off = run.confusion.copy()
     np.fill_diagonal(off, 0)
     overall = np.trace(run.confusion) / max(run.confusion.sum(), 1)
-    header = ["Class", "Test examples", "Correct", "Accuracy (recall)", "Precision", "F1",
-              "Most often mistaken for"]
+    header = [
+        "Class",
+        "Test examples",
+        "Correct",
+        "Accuracy (recall)",
+        "Precision",
+        "F1",
+        "Most often mistaken for",
+    ]
     rows, below = [], set()
     for i, name in enumerate(run.class_names):
         j = int(off[i].argmax())
         confused = f"{run.class_names[j]} ({off[i, j]:,})" if off[i, j] > 0 else DASH
-        rows.append([name, f"{int(st['support'][i]):,}", f"{int(st['correct'][i]):,}",
-                     pct(st["recall"][i]), pct(st["precision"][i]), num(st["f1"][i]), confused])
+        rows.append(
+            [
+                name,
+                f"{int(st['support'][i]):,}",
+                f"{int(st['correct'][i]):,}",
+                pct(st["recall"][i]),
+                pct(st["precision"][i]),
+                num(st["f1"][i]),
+                confused,
+            ]
+        )
         if st["recall"][i] < overall:
             below.add(i)
     return html.html_table(header, rows, highlight=below) + _note(
@@ -82,7 +115,9 @@ def confusion_table(run: RunData) -> str:
     np.fill_diagonal(off, -1)
     worst = {(i, int(off[i].argmax()) + 1) for i in range(len(m)) if off[i].max() > 0}
     diag = {(i, i + 1) for i in range(len(m))}
-    return html.html_table(["true \\ predicted", *run.class_names], rows, highlight=worst, best=diag) + _note(
+    return html.html_table(
+        ["true \\ predicted", *run.class_names], rows, highlight=worst, best=diag
+    ) + _note(
         "Counts; rows are the true class. Bold: right; highlighted: each class's most common mistake."
     )
 
@@ -92,40 +127,58 @@ def build_figures(run: RunData) -> dict[str, tuple[bytes, str]]:
     dataset = dataset_title(run.summary.get("dataset", ""))
     full_train = run.config.get("train", {}).get("eval_train", True)
     figs = {
-        "loss_curves": (plots.loss_curves(run.records, run.steps, run.step_losses),
-                        "Training and test loss against step and epoch"),
-        "accuracy_curves": (plots.accuracy_curves(run.records, "train (full set)" if full_train else "train (batches)"),
-                            "Training and test accuracy after each epoch"),
-        "confusion_matrix": (plots.confusion_matrix(run.confusion, run.class_names),
-                             "Confusion matrix as percentages of each true class"),
-        "per_class_accuracy": (plots.per_class_accuracy(run.confusion, run.class_names),
-                               "Test accuracy of each class as horizontal bars"),
+        "loss_curves": (
+            plots.loss_curves(run.records, run.steps, run.step_losses),
+            "Training and test loss against step and epoch",
+        ),
+        "accuracy_curves": (
+            plots.accuracy_curves(
+                run.records, "train (full set)" if full_train else "train (batches)"
+            ),
+            "Training and test accuracy after each epoch",
+        ),
+        "confusion_matrix": (
+            plots.confusion_matrix(run.confusion, run.class_names),
+            "Confusion matrix as percentages of each true class",
+        ),
+        "per_class_accuracy": (
+            plots.per_class_accuracy(run.confusion, run.class_names),
+            "Test accuracy of each class as horizontal bars",
+        ),
     }
     s = run.summary
     if "seeds" in s and all("test_accuracy_per_seed" in r for r in run.records):
         figs["seed_accuracy"] = (
-            spread_plots.seed_accuracy(run.records, s["seeds"], s["test_accuracy_per_seed"],
-                                       s.get("test_accuracy_ci95")),
+            spread_plots.seed_accuracy(
+                run.records, s["seeds"], s["test_accuracy_per_seed"], s.get("test_accuracy_ci95")
+            ),
             "Test accuracy of every seed per epoch, and each seed's final accuracy with the mean and its 95% CI",
         )
     p = run.predictions
     if p is not None:
         idx = class_examples(p.labels, len(run.class_names))
         figs["class_examples"] = (
-            image_grids.class_examples(p.images(idx), p.labels[idx], run.class_names,
-                                       f"{dataset}: one test image per class"),
+            image_grids.class_examples(
+                p.images(idx),
+                p.labels[idx],
+                run.class_names,
+                f"{dataset}: one test image per class",
+            ),
             f"One test image of each class of {dataset}, titled with its class name",
         )
         grid = np.arange(min(GRID_SIZE, len(p.labels)))
         figs["predictions"] = (
-            image_grids.prediction_grid(p.images(grid), p.labels[grid], p.probs[grid], run.class_names),
+            image_grids.prediction_grid(
+                p.images(grid), p.labels[grid], p.probs[grid], run.class_names
+            ),
             f"The first {len(grid)} test images with predicted and true class; green when right, red when wrong",
         )
         wrong = confident_mistakes(p.probs, p.labels)
         if len(wrong):
             figs["confident_mistakes"] = (
-                image_grids.confident_mistakes(p.images(wrong), p.labels[wrong], p.probs[wrong],
-                                               run.class_names),
+                image_grids.confident_mistakes(
+                    p.images(wrong), p.labels[wrong], p.probs[wrong], run.class_names
+                ),
                 f"The {len(wrong)} test images the model got wrong with the highest confidence",
             )
     return {name: (plots.to_png(fig), alt) for name, (fig, alt) in figs.items()}
@@ -142,17 +195,28 @@ def seeds_section(run: RunData, figs) -> str:
     """Mean, spread and interval of test accuracy over seeds, and every seed's figures."""
     s = run.summary
     ci = s.get("test_accuracy_ci95")
-    cards = html.cards([
-        ("Seeds", f"{len(s['seeds'])} ({s['seeds'][0]}–{s['seeds'][-1]})"),
-        ("Mean ± std", accuracy_text(s)),
-        ("95% CI of the mean", f"{100 * ci[0]:.2f}–{100 * ci[1]:.2f}%" if ci else DASH),
-        ("Min – max", f"{pct(s.get('test_accuracy_min'))} – {pct(s.get('test_accuracy_max'))}"),
-    ])
+    cards = html.cards(
+        [
+            ("Seeds", f"{len(s['seeds'])} ({s['seeds'][0]}–{s['seeds'][-1]})"),
+            ("Mean ± std", accuracy_text(s)),
+            ("95% CI of the mean", f"{100 * ci[0]:.2f}–{100 * ci[1]:.2f}%" if ci else DASH),
+            ("Min – max", f"{pct(s.get('test_accuracy_min'))} – {pct(s.get('test_accuracy_max'))}"),
+        ]
+    )
     mean = s["test_accuracy"]
-    rows = [[seed, pct(acc), num(loss), pct(train)] for seed, acc, loss, train in zip(
-        s["seeds"], s["test_accuracy_per_seed"], s["test_loss_per_seed"], s["train_accuracy_per_seed"])]
+    rows = [
+        [seed, pct(acc), num(loss), pct(train)]
+        for seed, acc, loss, train in zip(
+            s["seeds"],
+            s["test_accuracy_per_seed"],
+            s["test_loss_per_seed"],
+            s["train_accuracy_per_seed"],
+        )
+    ]
     below = {i for i, a in enumerate(s["test_accuracy_per_seed"]) if a < mean}
-    table = html.html_table(["Seed", "Test accuracy", "Test loss", "Train accuracy"], rows, highlight=below)
+    table = html.html_table(
+        ["Seed", "Test accuracy", "Test loss", "Train accuracy"], rows, highlight=below
+    )
     note = _note(
         f"{len(s['seeds'])} models with independent initialisation and shuffling, trained in one vmapped "
         "program. Highlighted: seeds below the mean. The interval is the mean ± t(0.975, n − 1) · s / √n "
@@ -166,13 +230,23 @@ def seeds_section(run: RunData, figs) -> str:
 def target_table(s: dict) -> str:
     of = "mean test accuracy" if "seeds" in s else "test accuracy"
     if s["target_reached"]:
-        rows = [["Target", f"{pct(s['target_accuracy'])} {of}"],
-                ["Reached after", f"epoch {s['epochs_to_target']} of {s['epochs_planned']} (the run stopped there)"],
-                ["Time to target", f"{secs(s['time_to_target_seconds'])} training (compile and evaluation excluded)"],
-                ["With compile", secs(s["time_to_target_with_compile_seconds"])]]
+        rows = [
+            ["Target", f"{pct(s['target_accuracy'])} {of}"],
+            [
+                "Reached after",
+                f"epoch {s['epochs_to_target']} of {s['epochs_planned']} (the run stopped there)",
+            ],
+            [
+                "Time to target",
+                f"{secs(s['time_to_target_seconds'])} training (compile and evaluation excluded)",
+            ],
+            ["With compile", secs(s["time_to_target_with_compile_seconds"])],
+        ]
     else:
-        rows = [["Target", f"{pct(s['target_accuracy'])} {of}"],
-                ["Reached", f"no: {pct(s['test_accuracy'])} after all {s['epochs']} epochs"]]
+        rows = [
+            ["Target", f"{pct(s['target_accuracy'])} {of}"],
+            ["Reached", f"no: {pct(s['test_accuracy'])} after all {s['epochs']} epochs"],
+        ]
     return html.html_table(["", ""], rows, kv=True)
 
 
@@ -183,13 +257,18 @@ def render_run_report(run: RunData, figs: dict[str, tuple[bytes, str]]) -> str:
     def fig(name: str, caption: str = "") -> str:
         return html.figure(*figs[name], caption)
 
-    headline = html.cards([
-        ("Test accuracy" + (f" ({len(s['seeds'])} seeds)" if "seeds" in s else ""), accuracy_text(s)),
-        ("Test loss", num(s.get("test_loss"))),
-        ("Training time", secs(s.get("train_seconds"))),
-        ("Examples/s", num(s.get("examples_per_second"), ",.0f")),
-        ("Parameters", f"{s.get('num_params', 0):,}"),
-    ])
+    headline = html.cards(
+        [
+            (
+                "Test accuracy" + (f" ({len(s['seeds'])} seeds)" if "seeds" in s else ""),
+                accuracy_text(s),
+            ),
+            ("Test loss", num(s.get("test_loss"))),
+            ("Training time", secs(s.get("train_seconds"))),
+            ("Examples/s", num(s.get("examples_per_second"), ",.0f")),
+            ("Parameters", f"{s.get('num_params', 0):,}"),
+        ]
+    )
     summary = html.html_table(["", ""], [[k, v] for k, v, _ in summary_rows(run)], kv=True)
     sections = [("Summary", headline + summary)]
     if "seeds" in s:
@@ -201,10 +280,15 @@ def render_run_report(run: RunData, figs: dict[str, tuple[bytes, str]]) -> str:
     curves = html.figure_grid([fig("loss_curves"), fig("accuracy_curves")])
     sections.append(("Training curves", curves + _note(CURVES_NOTE)))
     if "predictions" in figs:
-        sections.append(("Predictions", fig("predictions", "The first test images. Green: right; red: wrong.")))
+        sections.append(
+            ("Predictions", fig("predictions", "The first test images. Green: right; red: wrong."))
+        )
         mistakes = (
-            fig("confident_mistakes", "Predicted class with its probability; true class with the "
-                "probability the model gave it.")
+            fig(
+                "confident_mistakes",
+                "Predicted class with its probability; true class with the "
+                "probability the model gave it.",
+            )
             if "confident_mistakes" in figs
             else "<p>No mistakes on the test set.</p>"
         )

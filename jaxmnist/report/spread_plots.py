@@ -32,7 +32,15 @@ def seed_accuracy(records: list[dict], seeds: list[int], final: list[float], ci9
         left, right = fig.subplots(1, 2, width_ratios=[1.5, 1])
         for s in range(per_seed.shape[1]):
             left.plot(epochs, per_seed[:, s], color=TEST, alpha=0.3, lw=0.9)
-        left.plot(epochs, per_seed.mean(1), "o-", color=TEST, lw=2, ms=4, label=f"mean of {len(seeds)} seeds")
+        left.plot(
+            epochs,
+            per_seed.mean(1),
+            "o-",
+            color=TEST,
+            lw=2,
+            ms=4,
+            label=f"mean of {len(seeds)} seeds",
+        )
         left.set(title="Test accuracy of every seed", xlabel="epoch")
         left.xaxis.set_major_locator(MaxNLocator(integer=True))
         left.yaxis.set_major_formatter(PercentFormatter(decimals=1))
@@ -42,7 +50,9 @@ def seed_accuracy(records: list[dict], seeds: list[int], final: list[float], ci9
         mean = final.mean()
         right.axhline(mean, color="black", lw=1.2, label=f"mean {mean:.2f}%")
         if ci95 is not None:
-            right.axhspan(100 * ci95[0], 100 * ci95[1], color=TRAIN, alpha=0.18, label="95% CI of the mean")
+            right.axhspan(
+                100 * ci95[0], 100 * ci95[1], color=TRAIN, alpha=0.18, label="95% CI of the mean"
+            )
         right.set_xticks(x, [str(s) for s in seeds], fontsize=8 if len(seeds) <= 16 else 6)
         right.set(title="Final test accuracy by seed", xlabel="seed")
         right.yaxis.set_major_formatter(PCT)
@@ -81,14 +91,36 @@ def sweep_one_axis(key: str, values: list, results: list[dict]) -> Figure:
     with style():
         fig = new_figure(5.8, 3.9)
         ax = fig.subplots()
-        ax.errorbar(pos, means, yerr=err, fmt="o-", color=TEST, ms=5, lw=1.5, capsize=4,
-                    label="mean, 95% CI")
+        ax.errorbar(
+            pos,
+            means,
+            yerr=err,
+            fmt="o-",
+            color=TEST,
+            ms=5,
+            lw=1.5,
+            capsize=4,
+            label="mean, 95% CI",
+        )
         for x, v in zip(rows, pos):
-            ax.scatter([v] * len(x["test_accuracy_per_seed"]), 100 * np.asarray(x["test_accuracy_per_seed"]),
-                       color=TRAIN, s=9, alpha=0.45, zorder=2)
+            ax.scatter(
+                [v] * len(x["test_accuracy_per_seed"]),
+                100 * np.asarray(x["test_accuracy_per_seed"]),
+                color=TRAIN,
+                s=9,
+                alpha=0.45,
+                zorder=2,
+            )
         best = int(np.nanargmax(means))
-        ax.scatter([pos[best]], [means[best]], s=90, facecolors="none", edgecolors="black", zorder=4,
-                   label=f"best: {_label(values[best])}")
+        ax.scatter(
+            [pos[best]],
+            [means[best]],
+            s=90,
+            facecolors="none",
+            edgecolors="black",
+            zorder=4,
+            label=f"best: {_label(values[best])}",
+        )
         if log:
             ax.set_xscale("log")
             ax.set_xticks(pos, [_label(v) for v in values])
@@ -125,8 +157,16 @@ def sweep_heatmap(key_x: str, xs: list, key_y: str, ys: list, results: list[dict
             for j in range(len(xs)):
                 rgba = cmap(norm(mean[i, j])) if np.isfinite(mean[i, j]) else (1, 1, 1, 1)
                 dark = 0.299 * rgba[0] + 0.587 * rgba[1] + 0.114 * rgba[2] < 0.55
-                ax.text(j, i, text[i][j], ha="center", va="center", fontsize=8,
-                        fontweight="bold" if (i, j) == best else "normal", color="white" if dark else "black")
+                ax.text(
+                    j,
+                    i,
+                    text[i][j],
+                    ha="center",
+                    va="center",
+                    fontsize=8,
+                    fontweight="bold" if (i, j) == best else "normal",
+                    color="white" if dark else "black",
+                )
         ax.set_xticks(range(len(xs)), [_label(x) for x in xs])
         ax.set_yticks(range(len(ys)), [_label(y) for y in ys])
         ax.set(xlabel=key_x, ylabel=key_y, title="Mean test accuracy (bold: best)")
@@ -164,4 +204,3 @@ def sweep_figure(sweep: dict) -> Figure:
         (kx, xs), (ky, ys) = axes if len(axes[0][1]) >= len(axes[1][1]) else axes[::-1]
         return sweep_heatmap(kx, xs, ky, ys, sweep["results"])
     return sweep_points(sweep["results"])
-

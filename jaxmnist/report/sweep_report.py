@@ -25,7 +25,13 @@ NOTE = (
 
 
 def _value(v) -> str:
-    return "x".join(map(str, v)) if isinstance(v, list) else f"{v:g}" if isinstance(v, float) else str(v)
+    return (
+        "x".join(map(str, v))
+        if isinstance(v, list)
+        else f"{v:g}"
+        if isinstance(v, float)
+        else str(v)
+    )
 
 
 def _spread(x: dict) -> str:
@@ -43,9 +49,15 @@ def results_table(sweep: dict) -> str:
         per_seed = ", ".join(f"{100 * a:.2f}" for a in x["test_accuracy_per_seed"])
         if x["diverged_seeds"]:
             per_seed += f" (diverged: seeds {', '.join(map(str, x['diverged_seeds']))})"
-        row = [x["rank"], *(_value(v) for v in x["values"].values()), _spread(x),
-               f"{100 * ci[0]:.2f}–{100 * ci[1]:.2f}%" if ci else DASH,
-               pct(x["test_accuracy_min"]), pct(x["test_accuracy_max"]), per_seed]
+        row = [
+            x["rank"],
+            *(_value(v) for v in x["values"].values()),
+            _spread(x),
+            f"{100 * ci[0]:.2f}–{100 * ci[1]:.2f}%" if ci else DASH,
+            pct(x["test_accuracy_min"]),
+            pct(x["test_accuracy_max"]),
+            per_seed,
+        ]
         if target:
             row += [x["epochs_to_target"] or "not reached", secs(x["time_to_target_seconds"])]
         rows.append(row)
@@ -53,52 +65,101 @@ def results_table(sweep: dict) -> str:
 
 
 def programs_table(sweep: dict) -> str:
-    header = ["Program", "Fixed values", "Points", "Models", "Chunks", "Epochs", "Compile", "Training",
-              "Evaluation"]
+    header = [
+        "Program",
+        "Fixed values",
+        "Points",
+        "Models",
+        "Chunks",
+        "Epochs",
+        "Compile",
+        "Training",
+        "Evaluation",
+    ]
     rows = [
-        [g["group"] + 1, ", ".join(f"{k}={v}" for k, v in g["fixed"].items()) or "(all points)",
-         len(g["points"]), g["models"], " + ".join(map(str, g["chunks"])), g["epochs"],
-         secs(g["compile_seconds"]), secs(g["train_seconds"]), secs(g["eval_seconds"])]
+        [
+            g["group"] + 1,
+            ", ".join(f"{k}={v}" for k, v in g["fixed"].items()) or "(all points)",
+            len(g["points"]),
+            g["models"],
+            " + ".join(map(str, g["chunks"])),
+            g["epochs"],
+            secs(g["compile_seconds"]),
+            secs(g["train_seconds"]),
+            secs(g["eval_seconds"]),
+        ]
         for g in sweep["groups"]
     ]
-    note = ("Points that differ only in learning rate, weight decay, momentum or seed share one "
-            "compiled program (those values are arrays in it); a value that changes a shape or the "
-            "program starts another, and programs run one after another.")
+    note = (
+        "Points that differ only in learning rate, weight decay, momentum or seed share one "
+        "compiled program (those values are arrays in it); a value that changes a shape or the "
+        "program starts another, and programs run one after another."
+    )
     return html.html_table(header, rows) + f'<p class="note">{html.esc(note)}</p>'
 
 
 def render_sweep_page(sweep: dict, png: bytes) -> str:
     best = sweep["results"][0]
     n = sweep["seeds_per_point"]
-    headline = html.cards([
-        ("Best point", ", ".join(f"{k.rsplit('.', 1)[-1]}={_value(v)}" for k, v in best["values"].items())),
-        ("Its test accuracy", _spread(best)),
-        ("Points", f"{sweep['num_points']} × {n} seed{'s' * (n != 1)}"),
-        ("Programs", sweep["num_programs"]),
-        ("Wall time", secs(sweep["wall_seconds"])),
-    ])
+    headline = html.cards(
+        [
+            (
+                "Best point",
+                ", ".join(f"{k.rsplit('.', 1)[-1]}={_value(v)}" for k, v in best["values"].items()),
+            ),
+            ("Its test accuracy", _spread(best)),
+            ("Points", f"{sweep['num_points']} × {n} seed{'s' * (n != 1)}"),
+            ("Programs", sweep["num_programs"]),
+            ("Wall time", secs(sweep["wall_seconds"])),
+        ]
+    )
     env = sweep["environment"]
     about = [
-        ["Swept", "; ".join(f"{k} ∈ {{{', '.join(_value(v) for v in vs)}}}" for k, vs in sweep["axes"].items())],
+        [
+            "Swept",
+            "; ".join(
+                f"{k} ∈ {{{', '.join(_value(v) for v in vs)}}}" for k, vs in sweep["axes"].items()
+            ),
+        ],
         ["Seeds per point", f"{n} (seeds {sweep['first_seed']}…{sweep['first_seed'] + n - 1})"],
         ["Target accuracy", pct(sweep["target_accuracy"]) if sweep["target_accuracy"] else DASH],
-        ["Backend and device", f"{env.get('backend')}: {', '.join(env.get('devices') or [])} "
-                               f"({env.get('device_kind')})"],
+        [
+            "Backend and device",
+            f"{env.get('backend')}: {', '.join(env.get('devices') or [])} "
+            f"({env.get('device_kind')})",
+        ],
         ["Host", f"{env.get('cpu_model', DASH)}, {env.get('cpu_count', DASH)} CPUs"],
-        ["Versions", ", ".join(f"{k} {env[k]}" for k in ("jaxmnist", "jax", "jaxlib", "optax") if env.get(k))],
+        [
+            "Versions",
+            ", ".join(
+                f"{k} {env[k]}" for k in ("jaxmnist", "jax", "jaxlib", "optax") if env.get(k)
+            ),
+        ],
         ["Command", sweep.get("command") or "not recorded (not run from the command line)"],
     ]
-    caption = {1: "Mean test accuracy against the swept value; bars: 95% CI of the mean; dots: seeds.",
-               2: "Mean test accuracy of every pair of values, ± the standard deviation over seeds."}
+    caption = {
+        1: "Mean test accuracy against the swept value; bars: 95% CI of the mean; dots: seeds.",
+        2: "Mean test accuracy of every pair of values, ± the standard deviation over seeds.",
+    }
     sections = [
         ("Summary", headline + html.html_table(["", ""], about, kv=True)),
         ("Results", results_table(sweep)),
-        ("Plot", html.figure(png, "Test accuracy across the sweep",
-                             caption.get(len(sweep["axes"]), "Every point's mean with its 95% CI, best first."))),
+        (
+            "Plot",
+            html.figure(
+                png,
+                "Test accuracy across the sweep",
+                caption.get(len(sweep["axes"]), "Every point's mean with its 95% CI, best first."),
+            ),
+        ),
         ("Programs", programs_table(sweep)),
-        ("Base configuration", html.html_table(
-            ["", ""], [[k, json.dumps(v)] for k, v in flatten(sweep["config"]).items()], kv=True)
-         + '<p class="note">Every point is this configuration with its swept values put in.</p>'),
+        (
+            "Base configuration",
+            html.html_table(
+                ["", ""], [[k, json.dumps(v)] for k, v in flatten(sweep["config"]).items()], kv=True
+            )
+            + '<p class="note">Every point is this configuration with its swept values put in.</p>',
+        ),
     ]
     subtitle = f"best {best['label']}: {_spread(best)} test accuracy over {n} seed{'s' * (n != 1)}"
     return html.render_page("jaxmnist sweep", sections, subtitle)
