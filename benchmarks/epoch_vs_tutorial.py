@@ -37,14 +37,14 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from tutorial_tpu101 import TutorialLoop  # noqa: E402
+from tutorial_tpu101 import TutorialLoop
 
-from jaxmnist import config as config_lib  # noqa: E402
-from jaxmnist import optim, runtime  # noqa: E402
-from jaxmnist.bench.peak import default_size, measure_matmul_peak  # noqa: E402
-from jaxmnist.data import load_dataset  # noqa: E402
-from jaxmnist.models import mlp  # noqa: E402
-from jaxmnist.train import init_state, make_train_epoch, place_train_data  # noqa: E402
+from jaxmnist import config as config_lib
+from jaxmnist import optim, runtime
+from jaxmnist.bench.peak import default_size, measure_matmul_peak
+from jaxmnist.data import load_dataset
+from jaxmnist.models import mlp
+from jaxmnist.train import init_state, make_train_epoch, place_train_data
 
 TARGETS = {"epoch_ratio": 0.33, "peak_fraction": 0.75, "wall_ratio": 0.4, "peak_rss_mb": 600}
 

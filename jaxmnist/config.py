@@ -147,7 +147,7 @@ def _coerce(value, typ, key: str):
     if origin in (typing.Union, types.UnionType):
         if value is None:
             return None
-        typ = [a for a in typing.get_args(typ) if a is not type(None)][0]
+        typ = next(a for a in typing.get_args(typ) if a is not type(None))
         origin = typing.get_origin(typ)
     if origin is tuple:
         if isinstance(value, int) and not isinstance(value, bool):
@@ -158,9 +158,13 @@ def _coerce(value, typ, key: str):
             return tuple(value)
     elif typ is float and isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
-    elif typ is int and isinstance(value, int) and not isinstance(value, bool):
-        return value
-    elif typ is bool and isinstance(value, bool):
+    elif (
+        typ is int
+        and isinstance(value, int)
+        and not isinstance(value, bool)
+        or typ is bool
+        and isinstance(value, bool)
+    ):
         return value
     raise ConfigError(f"{key}: expected {getattr(typ, '__name__', typ)}, got {value!r}")
 

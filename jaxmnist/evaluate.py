@@ -9,7 +9,8 @@ evaluates the whole set with `lax.map` over its batches.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -137,7 +138,7 @@ def evaluate_run(run_dir, data_dir=None) -> dict:
     run = rundir.read_run(run_dir)
     try:
         cfg = config_lib.from_dict(run["config"])
-    except Exception as e:  # a hand-edited or foreign config.json
+    except Exception as e:  # noqa: BLE001 -- a hand-edited or foreign config.json
         raise rundir.JaxmnistError(f"{run_dir}/config.json: not a jaxmnist config ({e})") from None
     dataset = load_dataset(
         cfg.data.dataset, data_dir or cfg.data.data_dir, download=cfg.data.download

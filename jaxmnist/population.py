@@ -20,6 +20,7 @@ the same trajectory as that seed trained alone (up to float summation order).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import NamedTuple
 
 import jax
@@ -86,7 +87,7 @@ class Population:
             raise ValueError("a single member must match its config")  # a caller's bug
         self.chunks = tuple(chunks) if self.stacked else (1,)
         ends = np.cumsum((0, *self.chunks))
-        self.slices = [slice(int(a), int(b)) for a, b in zip(ends[:-1], ends[1:])]
+        self.slices = [slice(int(a), int(b)) for a, b in itertools.pairwise(ends)]
         self._init = lambda k: init_state(k, cfg, optimizer, input_shape, num_classes)
         self.num_classes = num_classes
         keys = [member_keys(m.seed, num_epochs) for m in self.members]
@@ -210,7 +211,7 @@ class Population:
             return states[0].params
         for s, state in zip(self.slices, states):
             if s.start <= index < s.stop:
-                return jax.tree.map(lambda x: x[index - s.start], state.params)
+                return jax.tree.map(lambda x, i=index - s.start: x[i], state.params)
         raise IndexError(index)
 
 

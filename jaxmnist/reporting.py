@@ -105,8 +105,10 @@ def seed_lines(s: dict) -> list[str]:
         f"{seed}: {a:.2%}" for seed, a in zip(s["seeds"], s["test_accuracy_per_seed"])
     )
     return [
-        f"test accuracy over {spread.n} seeds: {stats.format_spread(spread)}; "
-        f"min {spread.min:.2%}, max {spread.max:.2%}",
+        (
+            f"test accuracy over {spread.n} seeds: {stats.format_spread(spread)}; "
+            f"min {spread.min:.2%}, max {spread.max:.2%}"
+        ),
         f"per seed  {per_seed}",
     ]
 
@@ -118,9 +120,11 @@ def target_lines(s: dict) -> list[str]:
     if not s["target_reached"]:
         return [f"target {of} {s['target_accuracy']:.2%} NOT reached in {s['epochs']} epochs"]
     return [
-        f"target {of} {s['target_accuracy']:.2%} reached after epoch {s['epochs_to_target']} of "
-        f"{s['epochs_planned']}: {s['time_to_target_seconds']:.2f} s training, "
-        f"{s['time_to_target_with_compile_seconds']:.2f} s with compile"
+        (
+            f"target {of} {s['target_accuracy']:.2%} reached after epoch {s['epochs_to_target']} of "
+            f"{s['epochs_planned']}: {s['time_to_target_seconds']:.2f} s training, "
+            f"{s['time_to_target_with_compile_seconds']:.2f} s with compile"
+        )
     ]
 
 

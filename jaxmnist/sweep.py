@@ -24,8 +24,9 @@ import io
 import itertools
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 

@@ -10,9 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxmnist import cli
+from jaxmnist import cli, optim
 from jaxmnist import config as config_lib
-from jaxmnist import optim
 from jaxmnist.bench import modes as modes_lib
 from jaxmnist.bench import options as options_lib
 from jaxmnist.bench import schema, timing
@@ -181,7 +180,7 @@ def test_implicit_transfer_inside_a_timed_window_raises():
     double(jnp.ones(4))
     with pytest.raises(Exception, match="[Dd]isallowed host-to-device"):
         timing.time_windows(lambda: double(np.ones(4, np.float32)), windows=1, warmup=1, label="t")
-    explicit = lambda: double(jax.device_put(np.ones(4, np.float32)))  # noqa: E731
+    explicit = lambda: double(jax.device_put(np.ones(4, np.float32)))
     timing.time_windows(explicit, windows=1, warmup=1, label="t")
 
 

@@ -147,7 +147,7 @@ def check_dtype_supported(dtype: str) -> None:
     try:
         x = jnp.ones((8, 8), dtype)
         jax.block_until_ready(jax.jit(jnp.matmul)(x, x))
-    except Exception as e:  # whatever the backend raises, the user's fix is another dtype
+    except Exception as e:  # noqa: BLE001 -- whatever the backend raises, the user's fix is another dtype
         raise ConfigError(
             f"dtype {dtype} is not supported by the {backend} backend "
             f"({type(e).__name__}); use --dtypes with one of the others"

@@ -45,9 +45,11 @@ def headline(result: dict) -> list[str]:
     )
     n = next(iter(result["peak"].values()))["matmul_shape"][0] if result["peak"] else 0
     return [
-        f"preset {result['preset'] or '-'} | {d['dataset']} ({kind}, {d['num_train_examples']:,} "
-        f"training examples) | {m['name']} {m['num_params']:,} params | "
-        f"{m['flops_per_example']:,} FLOP/example (forward + backward)",
+        (
+            f"preset {result['preset'] or '-'} | {d['dataset']} ({kind}, {d['num_train_examples']:,} "
+            f"training examples) | {m['name']} {m['num_params']:,} params | "
+            f"{m['flops_per_example']:,} FLOP/example (forward + backward)"
+        ),
         f"{device(env)} | jax {env['jax']} | measured peak ({n}^3 matmul): {peaks}",
     ]
 
@@ -133,8 +135,10 @@ def format_table(result: dict) -> str:
         t = result["tokens"]
         lines += [
             "",
-            f"tokens/s (proj.) = examples/s x {t['tokens_per_example']:g} tokens per "
-            "example, as given: a projection, not a measurement",
+            (
+                f"tokens/s (proj.) = examples/s x {t['tokens_per_example']:g} tokens per "
+                "example, as given: a projection, not a measurement"
+            ),
         ]
     if result["data"]["synthetic"]:
         lines += ["", "data are synthetic (random): speeds are real, losses and accuracies are not"]

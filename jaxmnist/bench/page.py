@@ -79,23 +79,31 @@ def _summary(result: dict) -> str:
 def _method(result: dict) -> str:
     o, m = result["options"], result["model"]
     text = [
-        "All modes run the same training step (jaxmnist.train.make_train_step) on the same "
-        "model, optimizer and batch. python-dispatch calls it un-jitted, op by op; "
-        "jit-step-host calls it jitted once per batch, gathering each batch in NumPy and "
-        "copying it with jax.device_put; jit-step-device calls it jitted once per batch on "
-        "data already on the device; scan-epoch runs jaxmnist's compiled epoch (lax.scan).",
-        f"Each measurement compiles first (compile s), runs {o['warmup']} untimed warm-up "
-        f"window(s), then {o['windows']} timed windows of one epoch each (python-dispatch: "
-        f"{o['dispatch_window_steps']} steps). block_until_ready is called only at window "
-        "edges; figures are medians, spread is (max - min) / median over the windows. A JAX "
-        "compile inside a timed window is an error, and so is an implicit host-device "
-        "transfer (python-dispatch may upload its Python-scalar constants: eager dispatch "
-        "cannot run without that).",
-        f"MFU = achieved FLOP/s / measured peak. Achieved FLOP/s = examples/s x "
-        f"{m['flops_per_example']:,} FLOPs per example ({m['flops_note']}). The peak is a chained "
-        "square matmul in the same dtype, measured in this run on this device.",
-        "python-dispatch compiles no whole step: its compile time is its first eager step, "
-        "which compiles each operation once.",
+        (
+            "All modes run the same training step (jaxmnist.train.make_train_step) on the same "
+            "model, optimizer and batch. python-dispatch calls it un-jitted, op by op; "
+            "jit-step-host calls it jitted once per batch, gathering each batch in NumPy and "
+            "copying it with jax.device_put; jit-step-device calls it jitted once per batch on "
+            "data already on the device; scan-epoch runs jaxmnist's compiled epoch (lax.scan)."
+        ),
+        (
+            f"Each measurement compiles first (compile s), runs {o['warmup']} untimed warm-up "
+            f"window(s), then {o['windows']} timed windows of one epoch each (python-dispatch: "
+            f"{o['dispatch_window_steps']} steps). block_until_ready is called only at window "
+            "edges; figures are medians, spread is (max - min) / median over the windows. A JAX "
+            "compile inside a timed window is an error, and so is an implicit host-device "
+            "transfer (python-dispatch may upload its Python-scalar constants: eager dispatch "
+            "cannot run without that)."
+        ),
+        (
+            f"MFU = achieved FLOP/s / measured peak. Achieved FLOP/s = examples/s x "
+            f"{m['flops_per_example']:,} FLOPs per example ({m['flops_note']}). The peak is a chained "
+            "square matmul in the same dtype, measured in this run on this device."
+        ),
+        (
+            "python-dispatch compiles no whole step: its compile time is its first eager step, "
+            "which compiles each operation once."
+        ),
     ]
     if result["data"]["synthetic"]:
         text.append(

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import itertools
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -235,7 +236,7 @@ def run_bench(
     )
     return {
         "schema_version": SCHEMA_VERSION,
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "preset": preset,
         "command": command,
         "config": cfg.to_dict(),
@@ -315,5 +316,5 @@ def _breakdown(modes: list[dict]) -> dict:
 def _checks(modes: list[dict]) -> dict:
     order = ["scan-epoch", "jit-step-device", "python-dispatch"]
     eps = [_eps(modes, "mode", m) for m in order]
-    holds = None if None in eps else all(a >= b for a, b in zip(eps, eps[1:]))
+    holds = None if None in eps else all(a >= b for a, b in itertools.pairwise(eps))
     return {"scan-epoch >= jit-step-device >= python-dispatch": holds, "compiles_in_windows": 0}

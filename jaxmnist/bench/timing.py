@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -78,6 +79,9 @@ class Guard(NamedTuple):
         return self._asdict()
 
 
+STRICT = Guard()  # every implicit copy refused
+
+
 @contextlib.contextmanager
 def no_compiles(label: str):
     """Raises `RecompilationError` if JAX compiles anything inside the block."""
@@ -92,7 +96,7 @@ def no_compiles(label: str):
 
 
 @contextlib.contextmanager
-def guarded(label: str, guard: Guard = Guard()):
+def guarded(label: str, guard: Guard = STRICT):
     """The context of a timed window: no compiles, and the given transfer guards."""
     with (
         jax.transfer_guard_host_to_device(guard.host_to_device),
@@ -122,7 +126,7 @@ def time_windows(
     warmup: int,
     label: str,
     prepare: Callable[[int], Any] | None = None,
-    guard: Guard = Guard(),
+    guard: Guard = STRICT,
 ) -> tuple[list[float], Any]:
     """Runs `warmup + windows` windows; returns the timed windows' seconds and the
     last window's output.

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
-import io
 import hashlib
+import io
 from pathlib import Path
 
 import numpy as np

@@ -5,7 +5,8 @@
 logits are float32 `(batch, num_classes)`. A CNN joins by adding an entry.
 """
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp

@@ -9,6 +9,7 @@ loss is always computed in float32 — the codelab's mixed-precision scheme.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import jax
@@ -47,7 +48,7 @@ def flops_per_example(cfg, input_shape=(28, 28), num_classes=10) -> int:
     input gradient of the first layer (nothing needs it). Elementwise work is
     left out; it is a few percent of this for these shapes."""
     sizes = [math.prod(input_shape), *cfg.hidden, num_classes]
-    macs = [a * b for a, b in zip(sizes[:-1], sizes[1:])]
+    macs = [a * b for a, b in itertools.pairwise(sizes)]
     forward = 2 * sum(macs)
     backward = 2 * sum(macs) + 2 * sum(macs[1:])  # weight grads + activation grads
     return forward + backward

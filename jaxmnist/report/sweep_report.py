@@ -125,8 +125,10 @@ def render_sweep_page(sweep: dict, png: bytes) -> str:
         ["Target accuracy", pct(sweep["target_accuracy"]) if sweep["target_accuracy"] else DASH],
         [
             "Backend and device",
-            f"{env.get('backend')}: {', '.join(env.get('devices') or [])} "
-            f"({env.get('device_kind')})",
+            (
+                f"{env.get('backend')}: {', '.join(env.get('devices') or [])} "
+                f"({env.get('device_kind')})"
+            ),
         ],
         ["Host", f"{env.get('cpu_model', DASH)}, {env.get('cpu_count', DASH)} CPUs"],
         [
