@@ -19,8 +19,10 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# The multi-device tests need 8 fake CPU devices, which must be set before JAX starts.
 test: lint
 	$(BIN)/python -m pytest -q
+	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/python -m pytest -q tests/multidevice
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/epoch_vs_tutorial.py

@@ -7,7 +7,8 @@ The public surface is small: a `Config` (with `PRESETS`), `train_and_evaluate`,
 from jaxmnist.config import PRESETS, Config, apply_overrides, get_preset
 from jaxmnist.data import load_dataset
 from jaxmnist.errors import ConfigError, DataError, JaxmnistError, TrainingError
-from jaxmnist.train import TrainState, make_train_epoch, train_and_evaluate
+from jaxmnist.step import TrainState, make_train_epoch
+from jaxmnist.train import train_and_evaluate
 
 __all__ = [
     "PRESETS",

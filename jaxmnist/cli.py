@@ -50,6 +50,22 @@ FLAGS = {
         str,
         "stop after the first epoch whose (mean) test accuracy reaches this fraction, e.g. 0.973",
     ),
+    "--devices": (
+        "parallel.devices",
+        str,
+        (
+            "devices to train on: N or all (default 1; on a CPU, fake devices share the same cores "
+            "and only cost)"
+        ),
+    ),
+    "--mesh": (
+        "parallel.mesh",
+        str,
+        (
+            "members=M,data=D: models of a population split over M devices, each batch over D "
+            "(default: all members when several models train, else all data)"
+        ),
+    ),
 }
 
 
@@ -107,23 +123,74 @@ def _default_run_dir(preset: str, cfg: config_lib.Config) -> Path:
     return path
 
 
+def _add_process_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(
+        "several processes (hosts)",
+        "every process runs the same command; on Cloud TPU, SLURM, Open MPI or Kubernetes "
+        "--distributed finds the others by itself",
+    )
+    g.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's address")
+    g.add_argument("--num-processes", type=int, metavar="P", help="how many processes")
+    g.add_argument("--process-id", type=int, metavar="I", help="this process, 0..P-1")
+    g.add_argument(
+        "--distributed", action="store_true", help="join a cluster jax.distributed detects"
+    )
+    g.add_argument(
+        "--process-timeout",
+        type=int,
+        default=60,
+        metavar="S",
+        help="seconds to wait for the other processes, at start and when one stops "
+        "answering during the run (default 60)",
+    )
+
+
+def _start_processes(args, cfg) -> object:
+    """Joins the other processes (if any) and builds the mesh: one line and exit 2 for
+    an impossible request, before any data is read. Returns the `parallel.Layout`."""
+    from jaxmnist import parallel
+    from jaxmnist.train import layout_for
+
+    parallel.check_process_args(args.coordinator, args.num_processes, args.process_id)
+    if args.process_timeout < 1:
+        raise config_lib.ConfigError(
+            f"--process-timeout must be at least 1 s, got {args.process_timeout}"
+        )
+    parallel.initialize_distributed(
+        args.coordinator,
+        args.num_processes,
+        args.process_id,
+        auto=args.distributed,
+        timeout_seconds=args.process_timeout,
+    )
+    layout = layout_for(cfg)
+    parallel.check_layout(layout, num_models=cfg.train.seeds, batch_size=cfg.train.batch_size)
+    return layout
+
+
 def cmd_train(args) -> int:
-    from jaxmnist import rundir
+    from jaxmnist import parallel, rundir
     from jaxmnist.reporting import TerminalReporter
     from jaxmnist.train import train_and_evaluate
 
     cfg, preset = resolve_config(args)
+    layout = _start_processes(args, cfg)
+    main = parallel.is_main_process()
     workdir = Path(args.run_dir) if args.run_dir else _default_run_dir(preset, cfg)
-    rundir.check_writable(workdir)
-    rundir.write_command(workdir, ["jaxmnist", *args.argv])
+    if main:
+        rundir.check_writable(workdir)
+        rundir.write_command(workdir, ["jaxmnist", *args.argv])
     mode = "json" if args.json else "quiet" if args.quiet else "normal"
+    if not main:  # only process 0 prints; the others say nothing but errors
+        summary = train_and_evaluate(cfg, workdir, None, layout=layout)
+        return 0
     reporter = TerminalReporter(mode, workdir)
     if not args.no_report:
         # matplotlib takes ~1 s to import; do it while the device trains, not after.
         threading.Thread(
             target=importlib.import_module, args=("jaxmnist.report.run_report",), daemon=True
         ).start()
-    summary = train_and_evaluate(cfg, workdir, reporter)
+    summary = train_and_evaluate(cfg, workdir, reporter, layout=layout)
     report = None
     if not args.no_report:
         from jaxmnist.report.run_report import write_run_report
@@ -247,26 +314,35 @@ def cmd_config(args) -> int:
 def cmd_devices(args) -> int:
     from jaxmnist import runtime
 
-    report = {"environment": runtime.environment(), "placement": runtime.placement_report()}
+    cfg, _ = resolve_config(args)
+    layout = _start_processes(args, cfg)
+    report = {
+        "environment": runtime.environment(),
+        "placement": runtime.placement_report(layout, cfg),
+    }
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
     env, place = report["environment"], report["placement"]
     print(
-        f"backend      {env['backend']} ({env['device_kind']}), jax {env['jax']}, jaxlib {env['jaxlib']}"
+        f"backend      {env['backend']} ({env['device_kind']}), jax {env['jax']}, "
+        f"jaxlib {env['jaxlib']}, {env['process_count']} process(es)"
     )
-    for d in env["devices"]:
-        print(f"device       {d}")
-    print(f"default      {place['default_device']}")
-    for name, where in place["params"].items():
-        print(f"params{name:<8}{', '.join(where)}")
-    print(f"batch        {', '.join(place['batch'])}")
-    print(f"logits       {', '.join(place['logits'])}")
+    print(f"devices      {', '.join(env['devices'])}")
+    mesh = place["mesh"]
     print(
-        "placement    ok: everything is on the default device"
-        if place["on_default_device"]
-        else "placement    WARNING: some arrays are not on the default device"
+        f"mesh         members={mesh['members']} x data={mesh['data']} over "
+        f"{', '.join(place['devices'])}"
     )
+    rows = [(f"params {name}", where) for name, where in place["params"].items()]
+    rows += [
+        (name.replace("_", " "), place[name])
+        for name in ("batch", "train_set", "eval_batches", "logits")
+    ]
+    width = max(len(name) for name, _ in rows) + 2
+    for name, where in rows:
+        shape = "x".join(map(str, where["shape"]))
+        print(f"{name:<{width}} {shape:<14} {where['spec']:<24} {', '.join(where['devices'])}")
     return 0
 
 
@@ -397,6 +473,7 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--quiet", action="store_true", help="print only the final result line")
     out.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
     p.add_argument("--no-report", action="store_true", help="do not write report.html and plots/")
+    _add_process_args(p)
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("report", help="(re)write a run's report.html and plots/")
@@ -421,7 +498,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.set_defaults(func=cmd_config)
 
-    p = sub.add_parser("devices", help="backend, devices, and where arrays land")
+    p = sub.add_parser(
+        "devices", help="backend, devices, the mesh a run would build, and where arrays land"
+    )
+    _add_config_args(p)
+    _add_process_args(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_devices)
 

@@ -67,11 +67,20 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+class ParallelConfig:
+    """Where the run's arithmetic happens; never what it computes (resuming may change it)."""
+
+    devices: str | None = None  # a count or "all"; None: 1, or as many as `mesh` names
+    mesh: str | None = None  # "members=M,data=D"; None: picked from devices and the model count
+
+
+@dataclass(frozen=True)
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     compile_cache: bool = True  # JAX's persistent compilation cache, in the jaxmnist cache
     tensorboard: bool = False  # TensorBoard event files in <run dir>/tensorboard/
     memory_budget_mb: int | None = None  # device memory many models may use; None: ask the device
@@ -245,6 +254,10 @@ def validate(cfg: Config, *, num_train_examples: int | None = None) -> None:
         raise ConfigError(
             f"target accuracy is a fraction in (0, 1], e.g. 0.973; got {t.target_accuracy:g}"
         )
+    from jaxmnist import parallel  # syntax only here; the devices are checked by build_layout
+
+    parallel.parse_devices(cfg.parallel.devices)
+    parallel.parse_mesh(cfg.parallel.mesh)
     if cfg.memory_budget_mb is not None and cfg.memory_budget_mb <= 0:
         raise ConfigError(f"memory_budget_mb must be positive, got {cfg.memory_budget_mb}")
     if t.progress_every < 0:

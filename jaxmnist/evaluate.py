@@ -21,9 +21,16 @@ from jaxmnist.models import apply_uint8, get_model
 
 
 class EvalData(NamedTuple):
-    images: jax.Array  # uint8 (num_batches, batch, H*W), zero-padded
+    images: jax.Array  # uint8 (num_batches, batch, H, W), zero-padded
     labels: jax.Array  # int32 (num_batches, batch), zero-padded
     mask: jax.Array  # bool (num_batches, batch): True for real examples
+
+
+class PlacedEval(NamedTuple):
+    """An evaluation set on the device(s), and how many of its rows are real."""
+
+    arrays: EvalData
+    count: int
 
 
 class EvalResult(NamedTuple):
@@ -33,22 +40,37 @@ class EvalResult(NamedTuple):
     confusion: np.ndarray  # int64 (C, C): rows are true classes, columns predictions
 
 
-def pad_eval_data(images: np.ndarray, labels: np.ndarray, batch_size: int):
-    """Pads to a multiple of `batch_size` (capped at the set size) and reshapes to batches."""
+def pad_eval_data(images: np.ndarray, labels: np.ndarray, batch_size: int, multiple: int = 1):
+    """Pads to whole batches and reshapes to (num_batches, batch, ...).
+
+    The batch is `batch_size` capped at the set size, then rounded up to a
+    multiple of `multiple` (the devices a batch is split over); padded rows are
+    masked out, so every real example counts exactly once.
+    """
     n = len(labels)
-    batch_size = min(batch_size, n)
+    batch_size = -(-min(batch_size, n) // multiple) * multiple
     num_batches = -(-n // batch_size)
     pad = num_batches * batch_size - n
-    flat = images.reshape(n, -1)
-    images = np.concatenate([flat, np.zeros((pad, flat.shape[1]), flat.dtype)])
+    images = np.concatenate([images, np.zeros((pad, *images.shape[1:]), images.dtype)])
     labels = np.concatenate([labels.astype(np.int32), np.zeros(pad, np.int32)])
     mask = np.arange(num_batches * batch_size) < n
     shape = (num_batches, batch_size)
-    return EvalData(images.reshape(*shape, -1), labels.reshape(shape), mask.reshape(shape))
+    return EvalData(
+        images.reshape(*shape, *images.shape[1:]), labels.reshape(shape), mask.reshape(shape)
+    )
 
 
-def place_eval_data(images: np.ndarray, labels: np.ndarray, batch_size: int) -> EvalData:
-    return EvalData(*jax.device_put(tuple(pad_eval_data(images, labels, batch_size))))
+def place_eval_data(
+    images: np.ndarray, labels: np.ndarray, batch_size: int, layout=None
+) -> PlacedEval:
+    """Pads (see `pad_eval_data`) and places a set: on the default device, or with
+    each batch split over the `data` axis of a `parallel.Layout`."""
+    if layout is None:
+        data = pad_eval_data(images, labels, batch_size)
+        return PlacedEval(EvalData(*jax.device_put(tuple(data))), len(labels))
+    data = pad_eval_data(images, labels, batch_size, layout.data)
+    placed = EvalData(*(layout.put(x, layout.eval_batches) for x in data))
+    return PlacedEval(placed, len(labels))
 
 
 def make_evaluate(model_cfg, num_classes: int) -> Callable:
@@ -73,13 +95,13 @@ def make_evaluate(model_cfg, num_classes: int) -> Callable:
     return evaluate
 
 
-def compile_evaluate(model_cfg, params: Any, data: EvalData, num_classes: int) -> Callable:
+def compile_evaluate(model_cfg, params: Any, data: PlacedEval, num_classes: int) -> Callable:
     """Compiles `make_evaluate` for these shapes; returns `(params, data) -> EvalResult`."""
-    compiled = jax.jit(make_evaluate(model_cfg, num_classes)).lower(params, data).compile()
-    count = int(np.asarray(jax.device_get(data.mask)).sum())
+    compiled = jax.jit(make_evaluate(model_cfg, num_classes)).lower(params, data.arrays).compile()
+    count = data.count
 
-    def run(params, data: EvalData) -> EvalResult:
-        loss_sum, correct, confusion = jax.device_get(compiled(params, data))
+    def run(params, data: PlacedEval) -> EvalResult:
+        loss_sum, correct, confusion = jax.device_get(compiled(params, data.arrays))
         return EvalResult(
             float(loss_sum) / count, int(correct) / count, count, np.asarray(confusion, np.int64)
         )
@@ -87,12 +109,14 @@ def compile_evaluate(model_cfg, params: Any, data: EvalData, num_classes: int) -
     return run
 
 
-def evaluate_stacked(model_cfg, params: Any, data: EvalData, num_classes: int) -> list[EvalResult]:
+def evaluate_stacked(
+    model_cfg, params: Any, data: PlacedEval, num_classes: int
+) -> list[EvalResult]:
     """Evaluates S models whose parameters are stacked along a leading axis, in one
     vmapped call; returns one EvalResult per model."""
     evaluate = jax.jit(jax.vmap(make_evaluate(model_cfg, num_classes), in_axes=(0, None)))
-    loss_sums, correct, confusion = jax.device_get(evaluate(params, data))
-    count = int(np.asarray(jax.device_get(data.mask)).sum())
+    loss_sums, correct, confusion = jax.device_get(evaluate(params, data.arrays))
+    count = data.count
     return [
         EvalResult(float(ls) / count, int(c) / count, count, np.asarray(m, np.int64))
         for ls, c, m in zip(loss_sums, correct, confusion)
@@ -101,7 +125,9 @@ def evaluate_stacked(model_cfg, params: Any, data: EvalData, num_classes: int) -
 
 @functools.lru_cache(maxsize=16)
 def _compiled_predict(model_cfg) -> Callable:
-    def predict(params, images):  # uint8 (num_batches, batch, D) -> float32 (num_batches, batch, C)
+    def predict(
+        params, images
+    ):  # uint8 (num_batches, batch, H, W) -> float32 (num_batches, batch, C)
         def batch_probs(x):
             return jax.nn.softmax(apply_uint8(params, x, model_cfg), axis=-1)
 

@@ -87,7 +87,7 @@ def device_budget(cfg) -> tuple[int | None, str]:
     """(bytes the models may use, where that figure comes from); None: unknown."""
     if cfg.memory_budget_mb is not None:
         return cfg.memory_budget_mb * MB, "memory_budget_mb"
-    device = jax.devices()[0]
+    device = jax.local_devices()[0]
     stats = device.memory_stats() if hasattr(device, "memory_stats") else None
     if stats and "bytes_limit" in stats:
         return int(
@@ -127,19 +127,27 @@ def plan_chunks(
     return tuple(base + (i < extra) for i in range(count))
 
 
-def chunks_for(cfg, state_shapes, dataset, num_models: int) -> tuple[tuple[int, ...], dict]:
-    """(chunk sizes, what to tell the user) for `num_models` of `cfg` on `dataset`."""
+def chunks_for(
+    cfg, state_shapes, dataset, num_models: int, members_axis: int = 1
+) -> tuple[tuple[int, ...], dict]:
+    """(chunk sizes, what to tell the user) for `num_models` of `cfg` on `dataset`.
+
+    The models are spread over a mesh axis of `members_axis` devices, so each
+    device holds `num_models / members_axis` of them and chunks are whole
+    multiples of `members_axis`. Every run is estimated, one model too: a model
+    that cannot fit is refused here, before anything is allocated.
+    """
     n_train = len(dataset.train_labels)
     num_eval = len(dataset.test_labels) + (n_train if cfg.train.eval_train else 0)
     input_dim = int(np.prod(dataset.train_images.shape[1:]))
-    est = estimate_memory(
-        cfg, state_shapes, input_dim, len(dataset.spec.class_names), n_train, num_eval
-    )
+    classes = len(dataset.spec.class_names)
+    est = estimate_memory(cfg, state_shapes, input_dim, classes, n_train, num_eval)
     budget, source = device_budget(cfg)
-    chunks = plan_chunks(num_models, est, budget, source)
+    per_device = plan_chunks(num_models // members_axis, est, budget, source)
+    chunks = tuple(c * members_axis for c in per_device)
     return chunks, {
         "chunks": list(chunks),
-        "memory_estimate_mb": round(est.total(num_models, max(chunks)) / MB, 1),
+        "memory_estimate_mb": round(est.total(num_models // members_axis, max(per_device)) / MB, 1),
         "memory_budget_mb": budget and round(budget / MB),
         "memory_budget_source": source,
     }

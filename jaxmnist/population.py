@@ -1,15 +1,16 @@
-"""Many models in one program: members, their keys, stacked states, compiled programs.
+"""Many models in one program: members, their keys, and the programs over `step`.
 
 A population is the set of models a run trains together. Each member has a seed
 and the optimizer hyperparameters that do not change any array's shape
-(learning rate, weight decay, momentum). One member runs today's single-model
-programs unchanged. Several members share one config otherwise: their states
-are stacked along a leading axis, their hyperparameters are written into the
-stacked optimizer state as traced arrays (`optim.set_hyperparams`), and the
-very same `train_epoch` and `evaluate` functions run under `jax.vmap`, the
-training data shared (`in_axes=None`). The members are cut into chunks that fit
-in device memory (`jaxmnist.memory`); the chunks run one after another inside
-each epoch, with every member's state kept on the device.
+(learning rate, weight decay, momentum). A run of one model is a population of
+one. States always carry a leading member axis; the one place that differs is
+`_lift`: a program over one member squeezes that axis away and runs the plain
+single-model function (so the single-device path compiles exactly as the pure
+epoch does), a program over several runs the same function under `jax.vmap`,
+with the member axis split over the mesh's `members` axis. Hyperparameters live
+in the optimizer state as traced arrays (`optim.set_hyperparams`), one per
+member. Members are cut into chunks that fit in device memory
+(`jaxmnist.memory`); the chunks run one after another inside each epoch.
 
 A member's random keys do not depend on its company: seed s gives
 `init_key, shuffle_key = split(key(s))` and epoch keys `split(shuffle_key,
@@ -24,12 +25,11 @@ import itertools
 from typing import NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxmnist import evaluate as evaluate_lib
 from jaxmnist import optim
-from jaxmnist.train import init_state, make_train_epoch
+from jaxmnist.step import EpochMetrics, init_state, make_train_epoch
 
 HYPERPARAMS = ("lr", "weight_decay", "momentum")  # OptimizerConfig fields held as traced arrays
 # Config fields that vary between members of one program (everything else shapes it).
@@ -69,122 +69,172 @@ class Evaluation(NamedTuple):
     count: int
 
 
-def _stack(trees):
-    return jax.tree.map(lambda *xs: np.concatenate(xs), *trees)
+class EpochOutput(NamedTuple):
+    """What one chunk's epoch program returns besides its state (replicated)."""
+
+    metrics: EpochMetrics  # with a leading member axis
+    learning_rate: jax.Array | None  # float32 (members,): the last update's rate
+
+
+def _wrap(raw):
+    return jax.random.wrap_key_data(raw)
 
 
 class Population:
     """The states and compiled programs of `members` trained under one `cfg`.
 
-    `chunks` are the sizes the members train in (from `memory.plan_chunks`);
-    with one member the programs are the plain single-model ones.
+    `chunks` are the sizes the members train in (from `memory.plan_chunks`), each
+    a multiple of the layout's `members` axis; `layout` is a `parallel.Layout`.
     """
 
-    def __init__(self, cfg, optimizer, members, chunks, input_shape, num_classes, num_epochs):
+    def __init__(
+        self, cfg, optimizer, members, chunks, input_shape, num_classes, num_epochs, layout
+    ):
         self.cfg, self.optimizer, self.members = cfg, optimizer, tuple(members)
-        self.stacked = len(self.members) > 1
-        if not self.stacked and self.members[0] != Member.of(cfg, self.members[0].seed):
-            raise ValueError("a single member must match its config")  # a caller's bug
-        self.chunks = tuple(chunks) if self.stacked else (1,)
+        self.layout = layout
+        self.chunks = tuple(chunks)
         ends = np.cumsum((0, *self.chunks))
         self.slices = [slice(int(a), int(b)) for a, b in itertools.pairwise(ends)]
-        self._init = lambda k: init_state(k, cfg, optimizer, input_shape, num_classes)
-        self.num_classes = num_classes
+        self.input_shape, self.num_classes = tuple(input_shape), num_classes
         keys = [member_keys(m.seed, num_epochs) for m in self.members]
-        if self.stacked:
-            init, epochs = jnp.stack([k for k, _ in keys]), jnp.stack([e for _, e in keys])
-            self.init_keys = [init[s] for s in self.slices]
-            # Sliced once here: inside the epoch loop transfers are disallowed.
-            self.epoch_keys = [[epochs[s, e] for s in self.slices] for e in range(num_epochs)]
-        else:
-            self.init_keys = [keys[0][0]]
-            self.epoch_keys = [[k] for k in keys[0][1]]
+        init = np.stack([np.asarray(jax.random.key_data(k)) for k, _ in keys])
+        epochs = np.stack([np.asarray(jax.random.key_data(e)) for _, e in keys])  # (N, E, 2)
+        # Placed once here: inside the epoch loop transfers are disallowed.
+        self.init_keys = [layout.put(init[s], layout.by_member) for s in self.slices]
+        self.epoch_keys = [
+            [layout.put(epochs[s, e], layout.by_member) for s in self.slices]
+            for e in range(num_epochs)
+        ]
         self.epoch_fns: dict = {}
         self.eval_fns: dict = {}
-        self.counts: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self.members)
 
+    def _lift(self, fn, size: int, in_axes):
+        """`fn` over one member, run over `size` stacked members (see the module doc)."""
+        if size == 1:
+
+            def squeezed(*args):
+                args = [
+                    jax.tree.map(lambda x: x[0], a) if axis == 0 else a
+                    for a, axis in zip(args, in_axes, strict=True)
+                ]
+                return jax.tree.map(lambda x: x[None], fn(*args))
+
+            return squeezed
+        axis_name = "members" if self.layout.members > 1 else None
+        return jax.vmap(fn, in_axes=in_axes, spmd_axis_name=axis_name)
+
+    def _init_fn(self, size: int):
+        def init_one(raw_key):
+            return init_state(
+                _wrap(raw_key), self.cfg, self.optimizer, self.input_shape, self.num_classes
+            )
+
+        def init(raw_keys, hyper):
+            state = self._lift(init_one, size, (0,))(raw_keys)
+            return state._replace(opt_state=optim.set_hyperparams(state.opt_state, **hyper))
+
+        return init
+
     def state_shapes(self):
         """One member's TrainState as shapes (nothing allocated)."""
+        raw = jax.ShapeDtypeStruct((2,), np.uint32)
         return jax.eval_shape(
-            self._init, self.init_keys[0] if not self.stacked else self.init_keys[0][0]
+            lambda k: init_state(
+                _wrap(k), self.cfg, self.optimizer, self.input_shape, self.num_classes
+            ),
+            raw,
         )
 
     def init_states(self) -> list:
-        """One state per chunk; stacked states carry each member's hyperparameters."""
-        if not self.stacked:
-            return [jax.jit(self._init)(self.init_keys[0])]
-        init = jax.jit(jax.vmap(self._init))
+        """One state per chunk, member axis first, each member's hyperparameters set."""
+        by_member = self.layout.by_member
         states = []
-        for s, keys in zip(self.slices, self.init_keys):
-            state = init(keys)
-            values = {
-                h: np.array([getattr(m, h) for m in self.members[s]], np.float32)
+        for s, keys in zip(self.slices, self.init_keys, strict=True):
+            size = s.stop - s.start
+            hyper = {
+                h: self.layout.put(
+                    np.array([getattr(m, h) for m in self.members[s]], np.float32), by_member
+                )
                 for h in HYPERPARAMS
             }
-            states.append(
-                state._replace(opt_state=optim.set_hyperparams(state.opt_state, **values))
-            )
+            init = jax.jit(self._init_fn(size), out_shardings=by_member)
+            states.append(init(keys, hyper))
         return states
 
-    def compile(
-        self, states, epoch_steps, train_data, eval_sets: dict, progress=None, progress_every=0
-    ):
+    def compile(self, states, epoch_steps, train_data, eval_sets: dict, progress=None, every=0):
         """Compiles the epoch for every (chunk size, steps) and evaluation for every
         (chunk size, set) ahead of time; `eval_sets` maps a name to its EvalData."""
-        vmap = (lambda f, axes: jax.vmap(f, in_axes=axes)) if self.stacked else (lambda f, axes: f)
+        lay = self.layout
         first = {}
         for i, size in enumerate(self.chunks):
             first.setdefault(size, i)
         for n in sorted(set(epoch_steps)):
-            fn = vmap(
-                make_train_epoch(self.cfg, self.optimizer, n, progress, progress_every),
-                (0, 0, None),
+            epoch = make_train_epoch(
+                self.cfg, self.optimizer, n, progress, every, shard_batch=lay.shard_batch
             )
+
+            def one(state, raw_key, data, epoch=epoch):
+                state, metrics = epoch(state, _wrap(raw_key), data)
+                return state, EpochOutput(metrics, optim.current_learning_rate(state.opt_state))
+
             for size, i in first.items():
-                lowered = jax.jit(fn, donate_argnums=0).lower(
-                    states[i], self.epoch_keys[0][i], train_data
+                fn = jax.jit(
+                    self._lift(one, size, (0, 0, None)),
+                    donate_argnums=0,
+                    in_shardings=(lay.by_member, lay.by_member, lay.replicated),
+                    out_shardings=(lay.by_member, lay.replicated),
                 )
+                lowered = fn.lower(states[i], self.epoch_keys[0][i], train_data)
                 self.epoch_fns[size, n] = lowered.compile()
-        evaluate = vmap(evaluate_lib.make_evaluate(self.cfg.model, self.num_classes), (0, None))
+        evaluate = evaluate_lib.make_evaluate(self.cfg.model, self.num_classes)
         for name, data in eval_sets.items():
             for size, i in first.items():
-                self.eval_fns[size, name] = (
-                    jax.jit(evaluate).lower(states[i].params, data).compile()
+                fn = jax.jit(
+                    self._lift(evaluate, size, (0, None)),
+                    in_shardings=(lay.by_member, lay.eval_batches),
+                    out_shardings=lay.replicated,
                 )
-            self.counts[name] = int(np.asarray(jax.device_get(data.mask)).sum())
+                self.eval_fns[size, name] = fn.lower(states[i].params, data.arrays).compile()
 
     def train_epoch(self, states, epoch_index: int, num_steps: int, data, before_chunk=None):
-        """Runs one epoch of every chunk, in turn; returns (states, [EpochMetrics per chunk]).
+        """Runs one epoch of every chunk, in turn; returns (states, [EpochOutput per chunk]).
         `before_chunk(i)`, if given, is called before chunk i is launched."""
-        out_states, metrics = [], []
-        for i, (size, state) in enumerate(zip(self.chunks, states)):
+        out_states, outputs = [], []
+        for i, (size, state) in enumerate(zip(self.chunks, states, strict=True)):
             if before_chunk is not None:
                 before_chunk(i)
-            state, m = self.epoch_fns[size, num_steps](state, self.epoch_keys[epoch_index][i], data)
+            state, out = self.epoch_fns[size, num_steps](
+                state, self.epoch_keys[epoch_index][i], data
+            )
             out_states.append(state)
-            metrics.append(m)
-        return out_states, metrics
+            outputs.append(out)
+        return out_states, outputs
 
-    def host_metrics(self, metrics) -> tuple[np.ndarray, np.ndarray]:
-        """(losses float32 (N, steps), correct int (N,)) on the host."""
-        losses, correct = jax.device_get(([m.loss for m in metrics], [m.correct for m in metrics]))
-        if not self.stacked:
-            return np.asarray(losses[0])[None], np.asarray(correct[0]).reshape(1)
-        return np.concatenate(losses), np.concatenate(correct)
+    @staticmethod
+    def host_metrics(outputs) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """(losses float32 (N, steps), correct int (N,), learning rates float64 (N,) or
+        None) on the host."""
+        host = jax.device_get(outputs)
+        losses = np.concatenate([np.asarray(o.metrics.loss) for o in host])
+        correct = np.concatenate([np.asarray(o.metrics.correct).reshape(-1) for o in host])
+        if host[0].learning_rate is None:
+            return losses, correct, None
+        lrs = np.concatenate([np.asarray(o.learning_rate, np.float64).reshape(-1) for o in host])
+        return losses, correct, lrs
 
-    def evaluate(self, states, name: str, data) -> Evaluation:
+    def evaluate(self, states, name: str, data: evaluate_lib.PlacedEval) -> Evaluation:
         """Exact evaluation of every member on the set compiled as `name`."""
         parts = jax.device_get(
-            [self.eval_fns[size, name](s.params, data) for size, s in zip(self.chunks, states)]
+            [
+                self.eval_fns[size, name](s.params, data.arrays)
+                for size, s in zip(self.chunks, states, strict=True)
+            ]
         )
-        if self.stacked:
-            loss_sum, correct, confusion = (np.concatenate([p[k] for p in parts]) for k in range(3))
-        else:
-            loss_sum, correct, confusion = (np.asarray(x)[None] for x in parts[0])
-        count = self.counts[name]
+        loss_sum, correct, confusion = (np.concatenate([p[k] for p in parts]) for k in range(3))
+        count = data.count
         return Evaluation(
             loss_sum.astype(np.float64) / count,
             correct.astype(np.float64) / count,
@@ -194,83 +244,22 @@ class Population:
 
     def learning_rates(self, states) -> np.ndarray | None:
         """float64 (N,): the learning rate each member's last update used."""
-        lrs = [optim.current_learning_rate(s.opt_state) for s in states]
+        rate = jax.jit(
+            lambda s: optim.current_learning_rate(s.opt_state), out_shardings=self.layout.replicated
+        )
+        lrs = [rate(s) for s in states]
         if lrs[0] is None:
             return None
         return np.concatenate([np.asarray(x, np.float64).reshape(-1) for x in jax.device_get(lrs)])
 
     def params(self, states):
-        """Parameters on the host: a single tree, or stacked with a leading member axis."""
-        if not self.stacked:
-            return jax.device_get(states[0].params)
-        return _stack([jax.device_get(s.params) for s in states])
+        """Every member's parameters on the host, stacked along a leading member axis."""
+        gather = jax.jit(lambda p: p, out_shardings=self.layout.replicated)
+        return jax.tree.map(
+            lambda *xs: np.concatenate(xs),
+            *[jax.device_get(gather(s.params)) for s in states],
+        )
 
     def member_params(self, states, index: int):
-        """Member `index`'s parameters (on the device), unstacked."""
-        if not self.stacked:
-            return states[0].params
-        for s, state in zip(self.slices, states):
-            if s.start <= index < s.stop:
-                return jax.tree.map(lambda x, i=index - s.start: x[i], state.params)
-        raise IndexError(index)
-
-
-def epoch_record(
-    epoch: int,
-    step: int,
-    examples: int,
-    losses,
-    correct,
-    test: Evaluation,
-    train_eval: Evaluation | None,
-    learning_rates,
-    seconds: float,
-) -> dict:
-    """One metrics.jsonl line. losses: float32 (N, steps); correct: (N,) right in the
-    epoch's batches; examples: training examples per member this epoch.
-
-    Figures are means over the members, so one member's line is exactly a single
-    run's; several members add per-member lists (`*_per_seed`) and the spread of
-    test accuracy. examples_per_second counts every member's examples.
-    """
-    train_loss = losses.mean(axis=1)
-    batch_accuracy = correct / examples
-    train_accuracy = train_eval.accuracy if train_eval is not None else batch_accuracy
-    record = {
-        "epoch": epoch,
-        "step": step,
-        "train_loss": float(train_loss.mean()),
-        "train_accuracy": float(train_accuracy.mean()),
-        "train_batch_accuracy": float(batch_accuracy.mean()),
-        "test_loss": float(test.loss.mean()),
-        "test_accuracy": float(test.accuracy.mean()),
-        "learning_rate": None if learning_rates is None else float(learning_rates.mean()),
-        "epoch_seconds": seconds,
-        "examples_per_second": len(losses) * examples / seconds,
-    }
-    if len(losses) > 1:
-        record.update(
-            test_accuracy_std=float(test.accuracy.std(ddof=1)),
-            test_accuracy_per_seed=test.accuracy.tolist(),
-            test_loss_per_seed=test.loss.tolist(),
-            train_accuracy_per_seed=np.asarray(train_accuracy, np.float64).tolist(),
-            train_loss_per_seed=train_loss.astype(np.float64).tolist(),
-        )
-    return record
-
-
-def seed_summary(result) -> dict:
-    """summary.json's multi-seed fields from a `train.RunResult`: the seeds, the
-    test accuracy's mean, std, 95% CI, min and max, and the per-seed figures."""
-    from jaxmnist import stats
-
-    acc = result.test.accuracy
-    last = result.records[-1]
-    return {
-        "seeds": [m.seed for m in result.population.members],
-        **stats.spread(acc).to_json("test_accuracy"),
-        "test_accuracy_per_seed": acc.tolist(),
-        "test_loss_per_seed": result.test.loss.tolist(),
-        "train_accuracy_per_seed": last["train_accuracy_per_seed"],
-        "chunks": list(result.population.chunks),
-    }
+        """Member `index`'s parameters on the host, unstacked."""
+        return jax.tree.map(lambda x: x[index], self.params(states))

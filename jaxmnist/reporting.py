@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from jaxmnist.train import Reporter
+from jaxmnist.train import EpochEnd, Reporter
 
 
 class TerminalReporter(Reporter):
@@ -66,7 +66,8 @@ class TerminalReporter(Reporter):
         if self._bar is not None:
             self._bar.update(int(global_step) - self._first_step - self._bar.n)
 
-    def on_epoch_end(self, r: dict) -> None:
+    def on_epoch_end(self, end: EpochEnd) -> None:
+        r = end.record
         if self._bar is not None:
             self._bar.close()
             self._bar = None

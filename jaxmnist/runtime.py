@@ -69,30 +69,44 @@ def environment() -> dict:
     }
 
 
-def placement_report() -> dict:
-    """Where a parameter tree and a batch actually land — the codelab's check.
+def placement_report(layout, cfg) -> dict:
+    """Where a run's arrays land on the mesh of `layout` (a `parallel.Layout`).
 
-    Places a small MLP's parameters and a uint8 batch with `jax.device_put`, runs
-    one forward pass, and reports each array's devices."""
-    from jaxmnist.config import ModelConfig
-    from jaxmnist.models import apply_uint8, mlp
+    Places one parameter tree per `members` slot, a training batch, a stand-in
+    for the training set and an evaluation batch exactly as a run would, runs the
+    model on the batch, and reports each array's sharding spec and devices: the
+    codelab's device-placement check, for any mesh."""
+    from jaxmnist.models import apply_uint8, get_model
 
-    params = jax.jit(lambda k: mlp.init(k, ModelConfig()))(jax.random.key(0))
-    batch = jax.device_put(np.zeros((128, 28, 28), np.uint8))
-    logits = jax.jit(lambda p, x: apply_uint8(p, x, ModelConfig()))(params, batch)
+    model = get_model(cfg.model.name)
+    members, batch = layout.members, cfg.train.batch_size
 
-    def where(x) -> list[str]:
-        return sorted(str(d) for d in x.devices())
+    def init(keys):
+        return jax.vmap(lambda k: model.init(k, cfg.model, (28, 28), 10))(keys)
+
+    keys = jax.random.split(jax.random.key(0), members)
+    params = jax.jit(init, out_shardings=layout.by_member)(keys)
+    images = layout.put(np.zeros((batch, 28, 28), np.uint8), layout.batch)
+    train_set = layout.put(np.zeros((4 * batch, 28, 28), np.uint8), layout.replicated)
+    eval_set = layout.put(np.zeros((2, batch, 28, 28), np.uint8), layout.eval_batches)
+    forward = jax.vmap(lambda p, x: apply_uint8(p, x, cfg.model), in_axes=(0, None))
+    logits = jax.jit(forward)(params, images)
+
+    def where(x) -> dict:
+        return {
+            "shape": list(x.shape),
+            "spec": str(x.sharding.spec) if hasattr(x.sharding, "spec") else "",
+            "devices": sorted(str(d) for d in x.devices()),
+        }
 
     return {
-        "default_device": str(jax.devices()[0]),
+        **layout.describe(),
         "params": {
             jax.tree_util.keystr(k): where(v)
             for k, v in jax.tree_util.tree_leaves_with_path(params)
         },
-        "batch": where(batch),
+        "batch": where(images),
+        "train_set": where(train_set),
+        "eval_batches": where(eval_set),
         "logits": where(logits),
-        "on_default_device": all(
-            where(x) == [str(jax.devices()[0])] for x in [*jax.tree.leaves(params), batch, logits]
-        ),
     }

@@ -35,7 +35,7 @@ from jaxmnist import stats
 from jaxmnist.errors import ConfigError
 from jaxmnist.population import TRACED_FIELDS, Member
 from jaxmnist.rundir import write_json
-from jaxmnist.train import Reporter, train_population
+from jaxmnist.train import EpochEnd, Reporter, layout_for, train_population
 
 FILES = {"json": "sweep.json", "csv": "sweep.csv", "png": "sweep.png", "html": "sweep.html"}
 
@@ -152,7 +152,8 @@ class SweepReporter(Reporter):
     def on_compiled(self, seconds: float) -> None:
         self.log(f"  compiled in {seconds:.2f} s")
 
-    def on_epoch_end(self, r: dict) -> None:
+    def on_epoch_end(self, end: EpochEnd) -> None:
+        r = end.record
         acc = np.asarray(r.get("test_accuracy_per_seed", [r["test_accuracy"]]))
         best = max(acc[self.point_of == p].mean() for p in range(self.num_points))
         self.log(
@@ -234,7 +235,10 @@ def run_sweep(
             f" ({', '.join(f'{k}={v}' for k, v in fixed.items())})" if fixed else ""
         )
         reporter = SweepReporter(log, title, point_of, len(group))
-        r = train_population(cfg, members, data, reporter, points=point_of, stop_on_nonfinite=False)
+        layout = layout_for(cfg, num_models=len(members))
+        r = train_population(
+            cfg, members, data, reporter, points=point_of, stop_on_nonfinite=False, layout=layout
+        )
         for p, point in enumerate(group):
             idx = np.flatnonzero(point_of == p)
             seeds = [members[i].seed for i in idx]

@@ -1,20 +1,22 @@
-"""The training core: state, the compiled epoch, and the run loop.
+"""The run loop: set up, compile, run epochs from any starting epoch, call back.
 
-An epoch is one compiled call over device-resident data: a pure function
-`train_epoch(state, key, data) -> (state, EpochMetrics)` that shuffles on the
-device and `lax.scan`s over the steps, with the state donated and no host
-synchronisation inside. Images stay uint8 on the device and are scaled to [0, 1]
-inside the step. Because the epoch is a pure function of its arguments, a later
-stage can `vmap` it over seeds or shard it over devices unchanged.
+`train_population(cfg, members, dataset, callbacks)` trains a population
+(`jaxmnist.population`: one model or many, on the mesh of a
+`parallel.Layout`) in three stages:
 
-`train_population(cfg, members, dataset)` is the one run loop around it: compile
-ahead of time (so compile time is measured apart from training time), run the
-epochs, evaluate exactly after each, stop early at a target accuracy. Its
-members are models that differ only in seed and optimizer hyperparameters: one
-member runs the plain programs; several run the same epoch under `jax.vmap`
-(`jaxmnist.population`), in chunks that fit in memory (`jaxmnist.memory`).
-`train_and_evaluate(cfg, workdir)` trains `train.seeds` seeds of one config
-with it and writes the run directory; `jaxmnist.sweep` runs grids through it.
+    setup      plan the steps, estimate memory and cut the members into chunks,
+               initialise the states, place the data on the mesh
+    compile    every distinct program ahead of time, so compile time is measured
+               on its own and training never compiles
+    epochs     run each epoch (one compiled call per chunk, no host sync inside),
+               evaluate exactly, hand an `EpochEnd` to every callback, then ask
+               the stop rules whether to go on
+
+The loop writes nothing itself: the terminal, the run directory, TensorBoard and
+checkpoints are callbacks. It can start at a later epoch with the state and the
+accumulators of an earlier run (`Progress`), which is what resuming needs.
+`train_and_evaluate(cfg, workdir)` trains `train.seeds` seeds of one config and
+writes the run directory; `jaxmnist.sweep` runs grids through `train_population`.
 """
 
 from __future__ import annotations
@@ -25,133 +27,97 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 
 from jaxmnist import config as config_lib
 from jaxmnist import evaluate as evaluate_lib
-from jaxmnist import optim, rundir, runtime
+from jaxmnist import memory, optim, parallel, rundir, runtime
 from jaxmnist.errors import TrainingError
-from jaxmnist.models import apply_uint8, count_params, get_model
+from jaxmnist.models import count_params
+from jaxmnist.population import Evaluation, Population, seed_members
+from jaxmnist.step import TrainData, TrainState, init_state, make_train_epoch
+
+__all__ = [
+    "Callback",
+    "EpochEnd",
+    "Progress",
+    "Reporter",
+    "RunResult",
+    "TrainState",
+    "init_state",
+    "make_train_epoch",
+    "place_train_data",
+    "train_and_evaluate",
+    "train_population",
+]
 
 
-class TrainState(NamedTuple):
-    step: jax.Array  # int32 scalar: optimizer steps taken
-    params: Any
-    opt_state: Any
+class Callback:
+    """Hooks of the run loop; subclasses override what they need."""
 
-
-class EpochMetrics(NamedTuple):
-    loss: jax.Array  # float32 (num_steps,): mean training loss of each step's batch
-    correct: jax.Array  # int32 (): training examples classified right, over the epoch
-
-
-class TrainData(NamedTuple):
-    images: jax.Array  # uint8 (N, H*W), on the device
-    labels: jax.Array  # int32 (N,)
-
-
-def init_state(key, cfg: config_lib.Config, optimizer, input_shape, num_classes) -> TrainState:
-    params = get_model(cfg.model.name).init(key, cfg.model, input_shape, num_classes)
-    return TrainState(jnp.zeros((), jnp.int32), params, optimizer.init(params))
-
-
-def make_train_step(cfg: config_lib.Config, optimizer) -> Callable:
-    """Returns `step(state, images_u8 (B, D), labels (B,)) -> (state, (loss, correct))`."""
-
-    def loss_fn(params, images, labels):
-        logits = apply_uint8(params, images, cfg.model)
-        loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
-        return loss, logits
-
-    def step(state: TrainState, images, labels):
-        (loss, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-            state.params, images, labels
-        )
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        correct = jnp.sum(jnp.argmax(logits, -1) == labels, dtype=jnp.int32)
-        return TrainState(state.step + 1, params, opt_state), (loss, correct)
-
-    return step
-
-
-def epoch_indices(key, num_examples: int, batch_size: int, num_steps: int) -> jax.Array:
-    """A fresh permutation, cut into `num_steps` batches (the remainder is dropped)."""
-    perm = jax.random.permutation(key, num_examples)
-    return perm[: num_steps * batch_size].reshape(num_steps, batch_size)
-
-
-def make_train_epoch(
-    cfg: config_lib.Config,
-    optimizer,
-    num_steps: int,
-    progress: Callable[[int], None] | None = None,
-    progress_every: int = 0,
-) -> Callable:
-    """Returns the pure `train_epoch(state, key, data) -> (state, EpochMetrics)`.
-
-    With `progress`, the device reports the number of steps done every
-    `progress_every` steps through a host callback; the scan is split into chunks
-    so that no per-step condition or host synchronisation is needed.
-    """
-    step = make_train_step(cfg, optimizer)
-    batch_size = cfg.train.batch_size
-
-    def run_steps(state, idx, data: TrainData):
-        def body(state, batch_idx):
-            return step(state, data.images[batch_idx], data.labels[batch_idx])
-
-        return jax.lax.scan(body, state, idx)
-
-    def train_epoch(state: TrainState, key, data: TrainData):
-        idx = epoch_indices(key, data.images.shape[0], batch_size, num_steps)
-        if progress is None:
-            state, (loss, correct) = run_steps(state, idx, data)
-            return state, EpochMetrics(loss, correct.sum())
-        every = progress_every or max(1, num_steps // 20)
-        chunks, rest = divmod(num_steps, every)
-
-        def chunk(state, chunk_idx):
-            state, out = run_steps(state, chunk_idx, data)
-            jax.debug.callback(progress, state.step)
-            return state, out
-
-        state, (loss, correct) = jax.lax.scan(
-            chunk, state, idx[: chunks * every].reshape(chunks, every, -1)
-        )
-        loss, correct = loss.reshape(-1), correct.reshape(-1)
-        if rest:
-            state, (loss_r, correct_r) = chunk(state, idx[chunks * every :])
-            loss, correct = jnp.concatenate([loss, loss_r]), jnp.concatenate([correct, correct_r])
-        return state, EpochMetrics(loss, correct.sum())
-
-    return train_epoch
-
-
-class Reporter:
-    """What the run loop tells the outside world; the CLI subclasses it."""
+    wants_progress = False  # on_progress calls, from the device, every few steps
 
     def on_start(self, info: dict) -> None: ...
     def on_compiled(self, seconds: float) -> None: ...
     def on_epoch_start(self, epoch: int, num_steps: int, first_step: int) -> None: ...
     def on_progress(self, global_step: int) -> None: ...
-    def on_epoch_end(self, record: dict) -> None: ...
+    def on_epoch_end(self, end: EpochEnd) -> None: ...
     def on_finish(self, summary: dict) -> None: ...
 
-    wants_progress = False
+
+Reporter = Callback  # what the terminal and sweep reporters subclass
 
 
-def place_train_data(images: np.ndarray, labels: np.ndarray) -> TrainData:
-    """Copies a training set to the default device once, images kept as uint8."""
-    flat = images.reshape(images.shape[0], -1)
-    return TrainData(jax.device_put(flat), jax.device_put(labels.astype(np.int32)))
+class EpochEnd(NamedTuple):
+    """What an epoch did, handed to every callback."""
+
+    epoch: int
+    step: int  # optimizer steps taken so far
+    record: dict  # the metrics.jsonl line: means over the members, plus per-member lists
+    step_losses: np.ndarray  # float32 (steps,): this epoch's losses, mean over the members
+    losses: np.ndarray  # float32 (members, steps)
+    test: Evaluation
+    states: list  # one TrainState per chunk, on the devices (stacked along members)
+    population: Population
 
 
-def _check_finite(
-    losses: np.ndarray, epoch: int, first_step: int, members, stop: bool
-) -> list[int]:
+class Progress(NamedTuple):
+    """Where a run stands between epochs: enough to start the loop again there."""
+
+    epoch: int = 0  # epochs done
+    step: int = 0
+    records: tuple = ()
+    train_seconds: float = 0.0
+    eval_seconds: float = 0.0
+
+
+class RunResult(NamedTuple):
+    """What `train_population` did. Evaluations hold one row per member."""
+
+    population: Population
+    states: list  # one TrainState per chunk, stacked along the member axis
+    plan: config_lib.StepPlan
+    records: list[dict]  # per epoch, from the first epoch of the run
+    test: Evaluation  # after the last epoch run
+    info: dict  # what the run told the callbacks when it started
+    compile_seconds: float
+    train_seconds: float  # compiled epochs only
+    eval_seconds: float
+    steps: int  # steps run: fewer than planned when a stop rule ended the run
+    reached: list  # per point: {"epoch", "train_seconds"} when its mean reached the target
+    diverged: list[int]  # members whose loss became non-finite (when not stopping for it)
+
+
+def place_train_data(images: np.ndarray, labels: np.ndarray, layout=None) -> TrainData:
+    """Copies a training set to the device(s) once, images kept as uint8 (N, H, W);
+    with a `parallel.Layout`, replicated on every device of its mesh."""
+    labels = labels.astype(np.int32)
+    if layout is None:
+        return TrainData(jax.device_put(images), jax.device_put(labels))
+    return TrainData(layout.put(images, layout.replicated), layout.put(labels, layout.replicated))
+
+
+def _check_finite(losses, epoch: int, first_step: int, members, stop: bool) -> list[int]:
     """Members (indices) whose loss went non-finite; with `stop`, a TrainingError for the first.
 
     losses: float32 (members, steps) of this epoch.
@@ -170,51 +136,42 @@ def _check_finite(
     return diverged
 
 
-class RunResult(NamedTuple):
-    """What `train_population` did. Evaluations hold one row per member."""
+class TargetAccuracy:
+    """Stop rule: stop after the first epoch at which every point's mean test
+    accuracy has reached `target`. `points[i]` is the point member i belongs to."""
 
-    population: Any  # jaxmnist.population.Population: members, chunks, compiled programs
-    states: list  # one TrainState per chunk (stacked when there are several members)
+    def __init__(self, target: float | None, points: np.ndarray):
+        self.target, self.points = target, points
+        self.reached: list = [None] * (int(points.max()) + 1)
+
+    def __call__(self, end: EpochEnd, train_seconds: float) -> bool:
+        if self.target is None:
+            return False
+        for p in range(len(self.reached)):
+            mean = end.test.accuracy[self.points == p].mean()
+            if self.reached[p] is None and mean >= self.target:
+                self.reached[p] = {"epoch": end.epoch, "train_seconds": train_seconds}
+        return all(self.reached)
+
+
+class Setup(NamedTuple):
+    """A run set up and ready to compile: nothing has been compiled yet."""
+
+    cfg: config_lib.Config
     plan: config_lib.StepPlan
-    records: list[dict]  # per epoch; figures are means over the members, plus per-member lists
-    test: Any  # population.Evaluation after the last epoch run
-    info: dict  # what the run told the reporter when it started
-    compile_seconds: float
-    train_seconds: float  # compiled epochs only
-    eval_seconds: float
-    steps: int  # steps run: fewer than planned when the target accuracy stopped the run
-    reached: (
-        list  # per point: {"epoch", "train_seconds"} when its mean reached the target, else None
-    )
-    diverged: list[int]  # members whose loss became non-finite (when not stopping for it)
+    population: Population
+    states: list
+    train_data: TrainData
+    eval_sets: dict  # name -> evaluate.PlacedEval
+    info: dict
 
 
-def train_population(
-    cfg,
-    members,
-    dataset,
-    reporter: Reporter | None = None,
-    *,
-    points=None,
-    run=None,
-    events=None,
-    stop_on_nonfinite: bool = True,
-) -> RunResult:
-    """Trains `members` (`jaxmnist.population.Member`s: seed and hyperparameters) of `cfg`.
-
-    One member is today's single-model run. Several train in one vmapped program
-    (per memory chunk). `points[i]` names the point member i belongs to (default:
-    all one point); `cfg.train.target_accuracy` stops the run after the first
-    epoch at which every point's mean test accuracy has reached it. With `run` and
-    `events`, writes the run's start and per-epoch files. With `stop_on_nonfinite`
-    false, a diverging member is recorded in `diverged` instead of raising.
-    """
-    from jaxmnist import memory
-    from jaxmnist.population import Population, epoch_record
-
-    reporter = reporter or Reporter()
+def setup_run(cfg, members, dataset, layout: parallel.Layout | None = None) -> Setup:
+    """Plans, checks memory, initialises the states and places the data (see the module doc)."""
     spec, n_train = dataset.spec, len(dataset.train_labels)
     config_lib.validate(cfg, num_train_examples=n_train)
+    layout = layout or parallel.build_layout(1)
+    parallel.check_layout(layout, num_models=len(members), batch_size=cfg.train.batch_size)
     plan = config_lib.plan_steps(cfg.train, n_train)
     input_shape, num_classes = dataset.train_images.shape[1:], len(spec.class_names)
     optimizer = optim.make_optimizer(cfg.optimizer, plan.total_steps)
@@ -229,77 +186,163 @@ def train_population(
         "epochs": len(plan.epoch_steps),
         "total_steps": plan.total_steps,
         "backend": jax.default_backend(),
-        "device": str(jax.devices()[0]),
+        "device": str(layout.mesh.devices.flat[0]),
+        **layout.describe(),
     }
-    chunks = (1,)
-    if len(members) > 1:  # estimated before allocating anything: chunks that fit, or one clear line
-        chunks, about = memory.chunks_for(cfg, shapes, dataset, len(members))
+    # Estimated before anything is allocated: chunks that fit, or one clear line.
+    chunks, about = memory.chunks_for(cfg, shapes, dataset, len(members), layout.members)
+    if len(members) > 1:
         info.update(models=len(members), seeds=sorted({m.seed for m in members}), **about)
     pop = Population(
-        cfg, optimizer, members, chunks, input_shape, num_classes, len(plan.epoch_steps)
+        cfg, optimizer, members, chunks, input_shape, num_classes, len(plan.epoch_steps), layout
     )
     states = pop.init_states()
-    train_data = place_train_data(dataset.train_images, dataset.train_labels)
-    eval_sets = {
-        "test": evaluate_lib.place_eval_data(
-            dataset.test_images, dataset.test_labels, cfg.train.eval_batch_size
-        )
-    }
+    train_data = place_train_data(dataset.train_images, dataset.train_labels, layout)
+    sets = {"test": (dataset.test_images, dataset.test_labels)}
     if cfg.train.eval_train:
-        eval_sets["train"] = evaluate_lib.place_eval_data(
-            dataset.train_images, dataset.train_labels, cfg.train.eval_batch_size
-        )
-    if run:
-        run.write_start(cfg, info)
-    reporter.on_start(info)
+        sets["train"] = (dataset.train_images, dataset.train_labels)
+    eval_sets = {
+        name: evaluate_lib.place_eval_data(x, y, cfg.train.eval_batch_size, layout)
+        for name, (x, y) in sets.items()
+    }
+    return Setup(cfg, plan, pop, states, train_data, eval_sets, info)
 
-    # Compile every distinct program ahead of time, so that compile time is
-    # measured on its own and training never compiles.
-    compile_start = time.perf_counter()
-    chunk_offset = [0]  # steps of this epoch done by earlier chunks, for the progress bar
-    progress = (
-        (lambda step: reporter.on_progress(int(step) + chunk_offset[0]))
-        if reporter.wants_progress
-        else None
-    )
-    pop.compile(states, plan.epoch_steps, train_data, eval_sets, progress, cfg.train.progress_every)
-    compile_seconds = time.perf_counter() - compile_start
-    reporter.on_compiled(compile_seconds)
 
+def train_population(
+    cfg,
+    members,
+    dataset,
+    callbacks=(),
+    *,
+    points=None,
+    layout: parallel.Layout | None = None,
+    stop_on_nonfinite: bool = True,
+    start: tuple[Progress, list] | None = None,
+    stop_rules: tuple[Callable[[EpochEnd, float], bool], ...] = (),
+) -> RunResult:
+    """Trains `members` (`population.Member`s: seed and hyperparameters) of `cfg`.
+
+    `callbacks`: a `Callback` or a sequence of them. `points[i]` names the point
+    member i belongs to (default: all one point); `cfg.train.target_accuracy`
+    stops the run after the first epoch at which every point's mean test
+    accuracy has reached it; `stop_rules` may end it earlier. With
+    `stop_on_nonfinite` false, a diverging member is recorded in `diverged`
+    instead of raising. `start=(progress, states)` continues a run after
+    `progress.epoch` epochs from those states.
+    """
+    calls = _Callbacks(callbacks)
+    run = setup_run(cfg, members, dataset, layout)
+    states = run.states if start is None else start[1]
+    calls.on_start(run.info)
+    compile_seconds = _compile(run, calls)
+    calls.on_compiled(compile_seconds)
     points = np.zeros(len(members), int) if points is None else np.asarray(points)
-    reached = [None] * (int(points.max()) + 1)
-    target = cfg.train.target_accuracy
-    train_seconds = eval_seconds = 0.0
-    first_step = 0
-    records, diverged = [], []
-    for epoch, num_steps in enumerate(plan.epoch_steps, start=1):
-        reporter.on_epoch_start(epoch, num_steps * len(chunks), first_step)
+    target = TargetAccuracy(cfg.train.target_accuracy, points)
+    progress = Progress() if start is None else start[0]
+    return _run_epochs(
+        run,
+        states,
+        calls,
+        progress,
+        (target, *stop_rules),
+        target,
+        stop_on_nonfinite,
+        compile_seconds,
+    )
+
+
+class _Callbacks(Callback):
+    """Many callbacks as one; progress offsets for memory chunks."""
+
+    def __init__(self, callbacks):
+        if isinstance(callbacks, Callback):
+            callbacks = [callbacks]
+        self.items = [c for c in callbacks if c is not None]
+        self.wants_progress = any(c.wants_progress for c in self.items)
+        self.chunk_offset = 0  # steps of this epoch done by earlier chunks, for the progress bar
+
+    def _each(self, name: str, *args) -> None:
+        for c in self.items:
+            getattr(c, name)(*args)
+
+    def on_start(self, info: dict) -> None:
+        self._each("on_start", info)
+
+    def on_compiled(self, seconds: float) -> None:
+        self._each("on_compiled", seconds)
+
+    def on_epoch_start(self, epoch: int, num_steps: int, first_step: int) -> None:
+        self._each("on_epoch_start", epoch, num_steps, first_step)
+
+    def on_epoch_end(self, end: EpochEnd) -> None:
+        self._each("on_epoch_end", end)
+
+    def on_progress(self, global_step) -> None:
+        step = int(np.max(np.asarray(global_step))) + self.chunk_offset
+        for c in self.items:
+            c.on_progress(step)
+
+
+def _compile(run: Setup, calls: _Callbacks) -> float:
+    """Compiles every distinct program ahead of time; returns the seconds it took."""
+    start = time.perf_counter()
+    progress = calls.on_progress if calls.wants_progress else None
+    run.population.compile(
+        run.states,
+        run.plan.epoch_steps,
+        run.train_data,
+        run.eval_sets,
+        progress,
+        run.cfg.train.progress_every,
+    )
+    return time.perf_counter() - start
+
+
+def _run_epochs(
+    run: Setup,
+    states,
+    calls,
+    progress: Progress,
+    stop_rules,
+    target,
+    stop_on_nonfinite: bool,
+    compile_seconds: float,
+) -> RunResult:
+    cfg, pop = run.cfg, run.population
+    members, chunks = pop.members, pop.chunks
+    train_seconds, eval_seconds = progress.train_seconds, progress.eval_seconds
+    first_step = progress.step
+    records, diverged = list(progress.records), []
+    test = None
+    for epoch in range(progress.epoch + 1, len(run.plan.epoch_steps) + 1):
+        num_steps = run.plan.epoch_steps[epoch - 1]
+        calls.on_epoch_start(epoch, num_steps * len(chunks), first_step)
 
         def before_chunk(i, num_steps=num_steps):
-            chunk_offset[0] = i * num_steps
+            calls.chunk_offset = i * num_steps
 
         t0 = time.perf_counter()
         with jax.transfer_guard("disallow"):
-            states, metrics = pop.train_epoch(
+            states, outputs = pop.train_epoch(
                 states,
                 epoch - 1,
                 num_steps,
-                train_data,
-                before_chunk if progress and len(chunks) > 1 else None,
+                run.train_data,
+                before_chunk if calls.wants_progress and len(chunks) > 1 else None,
             )
-            metrics = jax.block_until_ready(metrics)
+            outputs = jax.block_until_ready(outputs)
         epoch_seconds = time.perf_counter() - t0
         train_seconds += epoch_seconds
-        losses, correct = pop.host_metrics(metrics)
+        losses, correct, lrs = pop.host_metrics(outputs)
         for i in _check_finite(losses, epoch, first_step, members, stop_on_nonfinite):
             if i not in diverged:
                 diverged.append(i)
 
         t0 = time.perf_counter()
-        test = pop.evaluate(states, "test", eval_sets["test"])
-        train_eval = (
-            pop.evaluate(states, "train", eval_sets["train"]) if cfg.train.eval_train else None
-        )
+        test = pop.evaluate(states, "test", run.eval_sets["test"])
+        train_eval = None
+        if cfg.train.eval_train:
+            train_eval = pop.evaluate(states, "train", run.eval_sets["train"])
         eval_seconds += time.perf_counter() - t0
         first_step += num_steps
         record = epoch_record(
@@ -310,64 +353,150 @@ def train_population(
             correct,
             test,
             train_eval,
-            pop.learning_rates(states),
+            lrs,
             epoch_seconds,
         )
         records.append(record)
-        mean_losses = losses[0] if len(members) == 1 else losses.mean(0)
-        if run:
-            run.append_metrics(record, mean_losses)
-        if events:
-            events.write_epoch(record, mean_losses)
-        reporter.on_epoch_end(record)
-        if target is not None:
-            for p in range(len(reached)):
-                if reached[p] is None and test.accuracy[points == p].mean() >= target:
-                    reached[p] = {"epoch": epoch, "train_seconds": train_seconds}
-            if all(reached):
-                break
+        end = EpochEnd(epoch, first_step, record, losses.mean(0), losses, test, states, pop)
+        calls.on_epoch_end(end)
+        if sum(bool(rule(end, train_seconds)) for rule in stop_rules):  # every rule sees it
+            break
     return RunResult(
         pop,
         states,
-        plan,
+        run.plan,
         records,
         test,
-        info,
+        run.info,
         compile_seconds,
         train_seconds,
         eval_seconds,
         first_step,
-        reached,
+        target.reached,
         diverged,
     )
+
+
+def epoch_record(
+    epoch: int,
+    step: int,
+    examples: int,
+    losses,
+    correct,
+    test: Evaluation,
+    train_eval: Evaluation | None,
+    learning_rates,
+    seconds: float,
+) -> dict:
+    """One metrics.jsonl line. losses: float32 (N, steps); correct: (N,) right in the
+    epoch's batches; examples: training examples per member this epoch.
+
+    Figures are means over the members, so one member's line is exactly a single
+    run's; several members add per-member lists (`*_per_seed`) and the spread of
+    test accuracy. examples_per_second counts every member's examples.
+    """
+    train_loss = losses.mean(axis=1)
+    batch_accuracy = correct / examples
+    train_accuracy = train_eval.accuracy if train_eval is not None else batch_accuracy
+    record = {
+        "epoch": epoch,
+        "step": step,
+        "train_loss": float(train_loss.mean()),
+        "train_accuracy": float(train_accuracy.mean()),
+        "train_batch_accuracy": float(batch_accuracy.mean()),
+        "test_loss": float(test.loss.mean()),
+        "test_accuracy": float(test.accuracy.mean()),
+        "learning_rate": None if learning_rates is None else float(learning_rates.mean()),
+        "epoch_seconds": seconds,
+        "examples_per_second": len(losses) * examples / seconds,
+    }
+    if len(losses) > 1:
+        record.update(
+            test_accuracy_std=float(test.accuracy.std(ddof=1)),
+            test_accuracy_per_seed=test.accuracy.tolist(),
+            test_loss_per_seed=test.loss.tolist(),
+            train_accuracy_per_seed=np.asarray(train_accuracy, np.float64).tolist(),
+            train_loss_per_seed=train_loss.astype(np.float64).tolist(),
+        )
+    return record
+
+
+def seed_summary(result: RunResult) -> dict:
+    """summary.json's multi-seed fields: the seeds, the test accuracy's mean, std,
+    95% CI, min and max, and the per-seed figures."""
+    from jaxmnist import stats
+
+    acc = result.test.accuracy
+    last = result.records[-1]
+    return {
+        "seeds": [m.seed for m in result.population.members],
+        **stats.spread(acc).to_json("test_accuracy"),
+        "test_accuracy_per_seed": acc.tolist(),
+        "test_loss_per_seed": result.test.loss.tolist(),
+        "train_accuracy_per_seed": last["train_accuracy_per_seed"],
+        "chunks": list(result.population.chunks),
+    }
+
+
+class _RunFiles(Callback):
+    """The run directory's per-epoch files, through `rundir.RunWriter`."""
+
+    def __init__(self, run: rundir.RunWriter, cfg):
+        self.run, self.cfg = run, cfg
+
+    def on_start(self, info: dict) -> None:
+        self.run.write_start(self.cfg, info)
+
+    def on_epoch_end(self, end: EpochEnd) -> None:
+        self.run.append_metrics(end.record, end.step_losses)
+
+
+class _Events(Callback):
+    """TensorBoard scalars per epoch (`report.tensorboard.EventWriter`)."""
+
+    def __init__(self, writer):
+        self.writer = writer
+
+    def on_epoch_end(self, end: EpochEnd) -> None:
+        self.writer.write_epoch(end.record, end.step_losses)
 
 
 def train_and_evaluate(
     cfg: config_lib.Config,
     workdir: str | os.PathLike | None,
-    reporter: Reporter | None = None,
+    reporter: Callback | None = None,
     dataset=None,
+    layout: parallel.Layout | None = None,
 ) -> dict:
     """Trains and evaluates `cfg.train.seeds` models as `cfg` says; returns the summary dict.
 
     With a `workdir`, writes config.json, environment.json, metrics.jsonl,
     summary.json, confusion_matrix.json and params.npz there (several seeds:
-    per-seed figures and parameters stacked along a leading seed axis). `dataset`
-    (a `jaxmnist.data.Dataset`) skips loading, for tests.
+    per-seed figures and parameters stacked along a leading seed axis); in a
+    multi-process run only process 0 writes or reports. `dataset` (a
+    `jaxmnist.data.Dataset`) skips loading, for tests; `layout` defaults to the
+    mesh `cfg.parallel` asks for.
     """
     from jaxmnist.data import load_dataset
-    from jaxmnist.population import seed_members, seed_summary
 
     wall_start = time.perf_counter()
-    reporter = reporter or Reporter()
+    main = parallel.is_main_process()
+    if layout is None:
+        layout = layout_for(cfg)
+    parallel.check_layout(layout, num_models=cfg.train.seeds, batch_size=cfg.train.batch_size)
     if cfg.compile_cache:
         runtime.enable_compilation_cache()
-    run = rundir.RunWriter(workdir) if workdir is not None else None
+    run = rundir.RunWriter(workdir) if workdir is not None and main else None
     if dataset is None:
         dataset = load_dataset(cfg.data.dataset, cfg.data.data_dir, download=cfg.data.download)
     config_lib.validate(cfg, num_train_examples=len(dataset.train_labels))
     events = _event_writer(run, cfg)
-    r = train_population(cfg, seed_members(cfg), dataset, reporter, run=run, events=events)
+    callbacks = [
+        reporter if main else None,
+        run and _RunFiles(run, cfg),
+        events and _Events(events),
+    ]
+    r = train_population(cfg, seed_members(cfg), dataset, callbacks, layout=layout)
 
     models = len(r.population)
     examples = r.steps * cfg.train.batch_size * models
@@ -386,25 +515,41 @@ def train_and_evaluate(
         "eval_seconds": r.eval_seconds,
         "examples_per_second": examples / r.train_seconds,
         "steady_epoch_seconds": _steady_epoch_seconds(r.records, r.plan),
+        "devices": layout.size,
+        "mesh": layout.describe()["mesh"],
         "wall_seconds": time.perf_counter() - wall_start,
     }
     if models > 1:
         summary.update(seed_summary(r))
     if cfg.train.target_accuracy is not None:
         summary.update(_target_summary(cfg, r))
+    params = r.population.params(r.states)  # every process: the gather is collective
     if run:
-        params = r.population.member_params(r.states, 0)  # predictions: the first seed's model
-        _save_predictions(run, cfg, params, dataset, r.test.confusion[0], events, r.steps)
+        first = jax.tree.map(lambda x: x[0], params)  # predictions: the first seed's model
+        _save_predictions(run, cfg, first, dataset, r.test.confusion[0], events, r.steps)
         per_seed = r.test.confusion if models > 1 else None
         run.write_end(
             summary,
             r.test.confusion[0],
-            r.population.params(r.states),
+            params if models > 1 else first,
             dataset.spec.class_names,
             confusion_per_seed=per_seed,
         )
-    reporter.on_finish(summary)
+    if reporter is not None and main:
+        reporter.on_finish(summary)
     return summary
+
+
+def layout_for(cfg, num_models: int | None = None) -> parallel.Layout:
+    """The mesh `cfg.parallel` asks for (a ConfigError when it cannot be had)."""
+    mesh = parallel.parse_mesh(cfg.parallel.mesh)
+    if cfg.parallel.devices is None:  # one device, unless a mesh names more
+        devices = mesh["members"] * mesh["data"] if mesh else 1
+    else:
+        devices = parallel.parse_devices(cfg.parallel.devices)
+    return parallel.build_layout(
+        devices, mesh, num_models=cfg.train.seeds if num_models is None else num_models
+    )
 
 
 def _target_summary(cfg, r: RunResult) -> dict:
@@ -429,10 +574,11 @@ def _event_writer(run, cfg: config_lib.Config):
     return EventWriter(run.path, cfg.to_dict())
 
 
-def _save_predictions(run, cfg, params, dataset, confusion, events, step: int) -> None:
+def _save_predictions(run, cfg, params: Any, dataset, confusion, events, step: int) -> None:
     """test_predictions.npz for reports (and the final TensorBoard images)."""
     from jaxmnist.report.predictions import save_test_predictions
 
+    params = jax.device_put(params, parallel.default_device())
     probs = evaluate_lib.predict_probabilities(
         cfg.model, params, dataset.test_images, cfg.train.eval_batch_size
     )
@@ -452,6 +598,8 @@ def _save_predictions(run, cfg, params, dataset, confusion, events, step: int) -
 def _steady_epoch_seconds(records: list[dict], plan) -> float | None:
     """Median time of full epochs after the first (which may still warm caches)."""
     full = [
-        r["epoch_seconds"] for r, n in zip(records, plan.epoch_steps) if n == plan.steps_per_epoch
+        r["epoch_seconds"]
+        for r, n in zip(records, plan.epoch_steps, strict=False)
+        if n == plan.steps_per_epoch
     ]
     return float(np.median(full[1:])) if len(full) > 1 else None

@@ -15,6 +15,12 @@ from jaxmnist.data.dataset import Dataset
 
 REAL_DATA_DIR = os.environ.get("JAXMNIST_DATA_DIR")
 
+# tests/multidevice needs 8 fake devices, set before JAX starts: `make test` runs it in
+# a pytest process of its own (see tests/multidevice/conftest.py).
+collect_ignore = ["run_tiny_cli.py"]
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    collect_ignore.append("multidevice")
+
 
 def learnable_arrays(train_size=640, test_size=150, seed=0) -> dict[str, np.ndarray]:
     """Class c is a bright 6x6 block at a class-specific place, over uniform noise."""

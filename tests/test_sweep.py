@@ -102,7 +102,7 @@ def test_sweep_point_equals_that_config_alone_with_a_schedule(tiny_dataset):
     alone = train_population(alone_cfg, [Member.of(alone_cfg)], tiny_dataset)
     grouped = jax.device_get(group.population.member_params(group.states, 1))
     for a, b in zip(
-        jax.tree.leaves(jax.device_get(alone.states[0].params)), jax.tree.leaves(grouped)
+        jax.tree.leaves(alone.population.member_params(alone.states, 0)), jax.tree.leaves(grouped)
     ):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
     lrs = group.population.learning_rates(group.states)

@@ -14,14 +14,8 @@ from jaxmnist import evaluate as evaluate_lib
 from jaxmnist import optim
 from jaxmnist.errors import TrainingError
 from jaxmnist.models import count_params, mlp
-from jaxmnist.train import (
-    EpochMetrics,
-    init_state,
-    make_train_epoch,
-    make_train_step,
-    place_train_data,
-    train_and_evaluate,
-)
+from jaxmnist.step import EpochMetrics, init_state, make_train_epoch, make_train_step
+from jaxmnist.train import place_train_data, train_and_evaluate
 
 
 def small_cfg(**train):
@@ -124,7 +118,7 @@ def test_masked_evaluation_matches_numpy_on_ragged_set(tiny_dataset):
     params = mlp.init(jax.random.key(5), cfg)
     images, labels = tiny_dataset.test_images[:37], tiny_dataset.test_labels[:37]
     data = evaluate_lib.place_eval_data(images, labels, 8)  # 5 batches, 3 padded rows
-    assert data.mask.shape == (5, 8) and int(data.mask.sum()) == 37
+    assert data.arrays.mask.shape == (5, 8) and int(data.arrays.mask.sum()) == 37
     result = evaluate_lib.compile_evaluate(cfg, params, data, 10)(params, data)
 
     x = images.reshape(37, -1).astype(np.float64) / 255.0

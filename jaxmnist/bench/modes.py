@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmnist.bench.timing import Guard
-from jaxmnist.train import TrainData, TrainState, epoch_indices, make_train_epoch, make_train_step
+from jaxmnist.step import TrainData, TrainState, epoch_indices, make_train_epoch, make_train_step
 
 MODES = ("python-dispatch", "jit-step-host", "jit-step-device", "scan-epoch")
 

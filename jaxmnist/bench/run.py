@@ -33,7 +33,8 @@ from jaxmnist.bench import timing
 from jaxmnist.bench.modes import HostData, build_runner
 from jaxmnist.bench.options import BenchOptions
 from jaxmnist.models import count_params, mlp
-from jaxmnist.train import init_state, place_train_data
+from jaxmnist.step import init_state
+from jaxmnist.train import place_train_data
 
 SCHEMA_VERSION = 1
 # Analytic FLOPs per training example, by model: (ModelConfig, input_shape, num_classes) -> int.

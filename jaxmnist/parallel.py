@@ -1,0 +1,268 @@
+"""Devices and processes: the mesh, where arrays live on it, and who may write.
+
+A run's devices form a 2-D `jax.sharding.Mesh` with axes `members` (the models
+of a population: seeds, sweep points) and `data` (the global batch). Arrays are
+placed once, described by a `NamedSharding`:
+
+    training set     replicated: every device gathers its own part of each batch
+    state, keys      split over `members` (replicated over `data`)
+    a batch          split over `data` (the constraint `shard_batch` applies)
+    evaluation set   batches split over `data`
+    metrics          replicated, so every process can read them
+
+With data parallelism the gradient mean over the `data` axis is inserted by the
+compiler (GSPMD) from these shardings; nothing here communicates by hand.
+
+Several processes (hosts) join through `jax.distributed` (its coordination
+service; on Cloud TPU, SLURM, Open MPI and Kubernetes it finds the cluster by
+itself). Every process runs the same program; global arrays are assembled from
+what each process holds (`jax.make_array_from_callback`: every process has the
+whole host array and hands over the slices of its own devices). Only process 0
+writes files and prints. This module is the only one that asks for devices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import sys
+import threading
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jaxmnist.errors import ConfigError
+
+AXES = ("members", "data")
+
+
+def initialize_distributed(
+    coordinator: str | None,
+    num_processes: int | None,
+    process_id: int | None,
+    *,
+    auto: bool = False,
+    timeout_seconds: int = 60,
+) -> None:
+    """Joins a multi-process run (call before anything else touches JAX).
+
+    With a coordinator `HOST:PORT`, the process count and this process's id are
+    required; with `auto`, `jax.distributed.initialize()` detects the cluster. A
+    peer that is not there within `timeout_seconds`, or that stops sending
+    heartbeats for `timeout_seconds` during the run, makes the others fail
+    instead of hang: the first with one line and exit 1 (a watchdog here, since
+    the coordination service itself aborts the process with a C++ stack trace),
+    the second through the coordination service, which ends the process.
+    """
+    if coordinator is None and not auto:
+        return
+    # CPU devices of different processes talk through gloo (GPUs and TPUs bring their
+    # own collectives; the setting only concerns the CPU backend). Asking for the
+    # backend first would start it, which must not happen before initialize().
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    kwargs = {
+        "initialization_timeout": timeout_seconds + 10,  # the watchdog below speaks first
+        "heartbeat_timeout_seconds": timeout_seconds,
+    }
+    if coordinator is not None:
+        kwargs.update(
+            coordinator_address=coordinator, num_processes=num_processes, process_id=process_id
+        )
+    where = f" at {coordinator}" if coordinator else ""
+    peers = f"all {num_processes} processes" if num_processes else "the other processes"
+    message = (
+        f"jaxmnist: error: {peers} did not join the distributed run{where} within "
+        f"{timeout_seconds} s (is every process started, with the same --coordinator?)\n"
+    )
+    watchdog = threading.Timer(timeout_seconds, _give_up, args=(message,))
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        jax.distributed.initialize(**kwargs)
+    except Exception as e:  # noqa: BLE001 -- the coordination service's errors vary by cause
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"could not join the distributed run{where}: {first}") from None
+    finally:
+        watchdog.cancel()
+
+
+def _give_up(message: str) -> None:
+    sys.stderr.write(message)
+    sys.stderr.flush()
+    os._exit(1)
+
+
+def check_process_args(coordinator, num_processes, process_id) -> None:
+    """ConfigError (exit 2) for an incomplete or inconsistent set of process flags."""
+    given = [x is not None for x in (coordinator, num_processes, process_id)]
+    if any(given) and not all(given):
+        raise ConfigError(
+            "--coordinator, --num-processes and --process-id go together "
+            "(or give none of them, on a cluster jax.distributed detects by itself)"
+        )
+    if num_processes is not None:
+        if num_processes < 1:
+            raise ConfigError(f"--num-processes must be at least 1, got {num_processes}")
+        if not 0 <= process_id < num_processes:
+            raise ConfigError(
+                f"--process-id must be in 0..{num_processes - 1} for {num_processes} processes, "
+                f"got {process_id}"
+            )
+    if coordinator is not None:
+        host, sep, port = coordinator.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"--coordinator must be HOST:PORT, got {coordinator!r}")
+
+
+def parse_mesh(text: str | None) -> dict[str, int] | None:
+    """`members=M,data=D` (either may be left out: 1) -> {"members": M, "data": D}."""
+    if text is None or not text.strip():
+        return None
+    sizes = {}
+    for part in text.split(","):
+        name, sep, value = part.partition("=")
+        name = name.strip()
+        if not sep or name not in AXES or not value.strip().isdigit() or int(value) < 1:
+            raise ConfigError(f"mesh: expected members=M,data=D with positive sizes, got {text!r}")
+        sizes[name] = int(value)
+    return {"members": sizes.get("members", 1), "data": sizes.get("data", 1)}
+
+
+def parse_devices(text: str | int | None) -> int | None:
+    """`N` or `all` -> a device count, or None for all devices."""
+    if text is None or str(text).strip().lower() == "all":
+        return None
+    try:
+        n = int(text)
+    except ValueError:
+        raise ConfigError(f"devices: expected a number or 'all', got {text!r}") from None
+    if n < 1:
+        raise ConfigError(f"devices must be at least 1, got {n}")
+    return n
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """A run's mesh and the shardings of everything placed on it."""
+
+    mesh: Mesh
+
+    @property
+    def members(self) -> int:
+        return self.mesh.shape["members"]
+
+    @property
+    def data(self) -> int:
+        return self.mesh.shape["data"]
+
+    @property
+    def size(self) -> int:
+        return self.mesh.size
+
+    def sharding(self, *spec) -> NamedSharding:
+        return NamedSharding(self.mesh, P(*spec))
+
+    @property
+    def replicated(self) -> NamedSharding:
+        return self.sharding()
+
+    @property
+    def by_member(self) -> NamedSharding:
+        """Leading axis split over `members`."""
+        return self.sharding("members")
+
+    @property
+    def batch(self) -> NamedSharding:
+        """A batch's leading axis split over `data` (inside a members-vmapped program
+        `vmap(..., spmd_axis_name="members")` adds the member axis)."""
+        return self.sharding("data")
+
+    @property
+    def eval_batches(self) -> NamedSharding:
+        """(num_batches, batch, ...): each batch split over `data`."""
+        return self.sharding(None, "data")
+
+    def shard_batch(self, x: jax.Array) -> jax.Array:
+        """The constraint `step.make_train_epoch` puts on each batch."""
+        if self.data == 1:
+            return x
+        return jax.lax.with_sharding_constraint(x, self.batch)
+
+    def put(self, array, sharding: NamedSharding) -> jax.Array:
+        """A global array from a host array every process holds in full."""
+        array = np.asarray(array)
+        return jax.make_array_from_callback(array.shape, sharding, lambda index: array[index])
+
+    def describe(self) -> dict:
+        return {
+            "mesh": {name: int(size) for name, size in self.mesh.shape.items()},
+            "devices": [str(d) for d in self.mesh.devices.flat],
+            "processes": jax.process_count(),
+        }
+
+
+def build_layout(
+    devices: int | None = None, mesh: dict[str, int] | None = None, *, num_models: int = 1
+) -> Layout:
+    """The mesh for `devices` (None: all) or an explicit `mesh` {members, data}.
+
+    Without an explicit mesh, several models take the `members` axis (as many
+    devices as divide the model count) and one model the `data` axis. Raises
+    ConfigError, one line, when the request does not fit the devices there are.
+    """
+    available = jax.devices()
+    if mesh is not None:
+        count = mesh["members"] * mesh["data"]
+        if devices is not None and devices != count:
+            raise ConfigError(
+                f"--mesh members={mesh['members']},data={mesh['data']} uses {count} devices "
+                f"but --devices says {devices}"
+            )
+        shape = (mesh["members"], mesh["data"])
+    else:
+        count = len(available) if devices is None else devices
+        if num_models > 1:
+            members = math.gcd(count, num_models)
+            shape = (members, count // members)
+        else:
+            shape = (1, count)
+    if count > len(available):
+        kind = available[0].platform
+        raise ConfigError(
+            f"{count} devices asked for, but only {len(available)} {kind} device(s) exist "
+            f"(on CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N fakes more)"
+        )
+    if jax.process_count() > 1 and count != len(available):
+        raise ConfigError(
+            f"a multi-process run uses every device of every process ({len(available)}); "
+            f"got {count}"
+        )
+    grid = np.array(available[:count]).reshape(shape)
+    return Layout(Mesh(grid, AXES))
+
+
+def check_layout(layout: Layout, *, num_models: int, batch_size: int) -> None:
+    """ConfigError unless the population and the batch divide over the mesh."""
+    if num_models % layout.members:
+        raise ConfigError(
+            f"{num_models} model(s) do not split over a members axis of {layout.members} devices; "
+            f"use a multiple of {layout.members} seeds or points, or --mesh members=1"
+        )
+    if batch_size % layout.data:
+        raise ConfigError(
+            f"batch size {batch_size} is not divisible by the data axis ({layout.data} devices); "
+            f"use a multiple of {layout.data}"
+        )
+
+
+def is_main_process() -> bool:
+    """Only process 0 writes the run directory, the report and the terminal table."""
+    return jax.process_index() == 0
+
+
+def default_device():
+    """The device a single-device computation (export, predict, reports) runs on."""
+    return jax.local_devices()[0]

@@ -1,0 +1,197 @@
+"""One run over many devices and processes equals the same run on one device.
+
+Runs with 8 fake CPU devices (see conftest.py). The same global batch sequence
+is used whatever the mesh, so data parallelism changes only the order of float
+sums (the gradient all-reduce), seed parallelism nothing at all.
+"""
+
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from jaxmnist import config as config_lib
+from jaxmnist import parallel
+from jaxmnist.bench.timing import compile_count
+from jaxmnist.cli import main
+from jaxmnist.population import seed_members
+from jaxmnist.train import Callback, train_population
+
+RUNNER = Path(__file__).parents[1] / "run_tiny_cli.py"
+
+
+def small_cfg(optimizer="adam", lr=1e-3, **train):
+    cfg = config_lib.get_preset("tpu101")
+    train = {"batch_size": 32, "steps": 50, "eval_batch_size": 64, **train}
+    return dataclasses.replace(
+        cfg,
+        optimizer=dataclasses.replace(cfg.optimizer, name=optimizer, lr=lr),
+        train=dataclasses.replace(cfg.train, **train),
+        compile_cache=False,
+    )
+
+
+def trained(cfg, dataset, layout):
+    result = train_population(cfg, seed_members(cfg), dataset, layout=layout)
+    return result, result.population.params(result.states)
+
+
+def assert_trees_close(a, b, **tol):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_allclose(x, y, **tol)
+
+
+@pytest.fixture(scope="module")
+def sgd_one_device(tiny_dataset):
+    return trained(small_cfg("sgd", 0.05), tiny_dataset, parallel.build_layout(1))
+
+
+@pytest.mark.parametrize("devices", [2, 8])
+def test_data_parallel_equals_one_device(tiny_dataset, sgd_one_device, devices):
+    result, params = trained(small_cfg("sgd", 0.05), tiny_dataset, parallel.build_layout(devices))
+    assert result.info["mesh"] == {"members": 1, "data": devices}
+    assert_trees_close(sgd_one_device[1], params, rtol=1e-5, atol=1e-7)
+    assert result.test.accuracy[0] == sgd_one_device[0].test.accuracy[0]
+
+
+def test_data_parallel_adam_agrees_to_its_rounding_noise(tiny_dataset):
+    """Adam divides by the gradient's running RMS, so a weight whose gradient is at
+    the rounding level moves by its sign noise: 50 steps agree to ~3e-5, not 1e-7."""
+    one, p1 = trained(small_cfg(), tiny_dataset, parallel.build_layout(1))
+    four, p4 = trained(small_cfg(), tiny_dataset, parallel.build_layout(4))
+    assert_trees_close(p1, p4, rtol=1e-5, atol=1e-4)
+    assert four.test.accuracy[0] == one.test.accuracy[0]
+
+
+def test_seed_parallel_and_mixed_mesh_equal_one_device(tiny_dataset):
+    cfg = small_cfg(seeds=8, steps=20)
+    _, p1 = trained(cfg, tiny_dataset, parallel.build_layout(1))
+    spread, p8 = trained(cfg, tiny_dataset, parallel.build_layout(8, num_models=8))
+    assert spread.info["mesh"] == {"members": 8, "data": 1}
+    assert_trees_close(p1, p8, rtol=1e-5, atol=1e-6)  # no communication: the same sums
+    mixed_cfg = small_cfg(seeds=4, steps=20)
+    _, p1 = trained(mixed_cfg, tiny_dataset, parallel.build_layout(1))
+    mixed, p24 = trained(
+        mixed_cfg, tiny_dataset, parallel.build_layout(None, {"members": 2, "data": 4})
+    )
+    assert mixed.info["mesh"] == {"members": 2, "data": 4}
+    assert_trees_close(p1, p24, rtol=1e-5, atol=1e-4)
+
+
+class CompileWatch(Callback):
+    """Counts JAX compiles from the end of compilation to the end of the last epoch."""
+
+    def on_compiled(self, seconds):
+        self.start = compile_count()
+
+    def on_epoch_end(self, end):
+        self.during_epochs = compile_count() - self.start
+
+
+@pytest.mark.parametrize("mesh", [{"members": 1, "data": 4}, {"members": 4, "data": 2}])
+def test_no_compile_after_compilation_and_exact_evaluation(tiny_dataset, mesh):
+    """Evaluation batches are rounded up to a multiple of the data axis and masked: the
+    150 test examples count exactly once (eval batch 50 -> 52 on 4 devices)."""
+    cfg = small_cfg(seeds=mesh["members"], steps=None, epochs=3, eval_batch_size=50)
+    watch = CompileWatch()
+    layout = parallel.build_layout(None, mesh)
+    result = train_population(cfg, seed_members(cfg), tiny_dataset, watch, layout=layout)
+    assert watch.during_epochs == 0 and len(result.records) == 3
+    assert result.test.count == 150
+    one = train_population(cfg, seed_members(cfg), tiny_dataset, layout=parallel.build_layout(1))
+    np.testing.assert_allclose(result.test.loss, one.test.loss, rtol=1e-4)
+    np.testing.assert_array_equal(result.test.confusion.sum(axis=(1, 2)), [150] * mesh["members"])
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--devices", "4", "--mesh", "members=2,data=1"], "uses 2 devices but --devices says 4"),
+        (["--devices", "16"], "only 8 cpu device"),
+        (["--devices", "3"], "batch size 32 is not divisible by the data axis (3 devices)"),
+        (["--seeds", "3", "--mesh", "members=2"], "3 model(s) do not split"),
+    ],
+)
+def test_impossible_meshes_are_one_line_and_exit_2(train_argv, tmp_path, capsys, extra, message):
+    run = tmp_path / "run"
+    assert main(train_argv(run, *extra)) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+    assert not (run / "config.json").exists()  # refused before any data was read
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _processes(tiny_data_dir, run_dir, count, *extra):
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    args = [
+        "train", "--dataset", "tiny", "--data-dir", str(tiny_data_dir), "--batch-size", "32",
+        "--no-compile-cache", "--no-report", "--devices", "all", "--run-dir", str(run_dir),
+        "--coordinator", f"127.0.0.1:{_free_port()}", "--num-processes", "2", *extra,
+    ]  # fmt: skip
+    return [
+        subprocess.Popen(
+            [sys.executable, str(RUNNER), *args, "--process-id", str(i)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(count)
+    ]
+
+
+def test_two_processes_equal_one_process_with_four_devices(tiny_data_dir, train_argv, tmp_path):
+    procs = _processes(tiny_data_dir, tmp_path / "multi", 2, "--steps", "30")
+    outs = [p.communicate(timeout=240) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    # Only process 0 prints (gloo's own C++ start-up lines aside, which it writes itself).
+    quiet = [line for line in outs[1][0].splitlines() if not line.startswith("[Gloo]")]
+    assert "test accuracy" in outs[0][0] and quiet == []
+    assert main(train_argv(tmp_path / "one", "--steps", "30", "--devices", "4", "--no-report")) == 0
+    with (
+        np.load(tmp_path / "one" / "params.npz") as a,
+        np.load(tmp_path / "multi" / "params.npz") as b,
+    ):
+        assert sorted(a.files) == sorted(b.files)
+        assert_trees_close([a[k] for k in a.files], [b[k] for k in a.files], rtol=1e-5, atol=1e-4)
+    summary = json.loads((tmp_path / "multi" / "summary.json").read_text())
+    assert summary["devices"] == 4 and summary["mesh"] == {"members": 1, "data": 4}
+
+
+def test_a_missing_process_is_one_line_within_the_timeout(tiny_data_dir, tmp_path):
+    start = time.monotonic()
+    (alone,) = _processes(tiny_data_dir, tmp_path / "run", 1, "--process-timeout", "3")
+    _, err = alone.communicate(timeout=60)
+    assert alone.returncode == 1 and time.monotonic() - start < 40
+    assert err.strip().splitlines()[-1].startswith("jaxmnist: error: all 2 processes did not join")
+
+
+def test_a_dead_process_stops_the_others(tiny_data_dir, tmp_path):
+    procs = _processes(
+        tiny_data_dir, tmp_path / "run", 2, "--epochs", "200", "--process-timeout", "5"
+    )
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+        assert time.monotonic() < deadline and procs[0].poll() is None
+        time.sleep(0.2)
+    procs[1].send_signal(signal.SIGKILL)
+    killed = time.monotonic()
+    _, err = procs[0].communicate(timeout=60)
+    procs[1].communicate()
+    assert procs[0].returncode != 0 and time.monotonic() - killed < 30
+    assert "another task died" in err
