@@ -93,7 +93,8 @@ proc = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subproce
 err = proc.stderr.read()
 _, status, usage = os.wait4(proc.pid, 0)
 wall = time.perf_counter() - t0
-print(json.dumps({"wall": wall, "maxrss_kb": usage.ru_maxrss, "rc": os.waitstatus_to_exitcode(status),
+rc = os.waitstatus_to_exitcode(status)
+print(json.dumps({"wall": wall, "maxrss_kb": usage.ru_maxrss, "rc": rc,
                   "stderr": err.decode()[-500:]}))
 """
 
@@ -208,7 +209,8 @@ def print_table(r: dict) -> None:
     e = r["epoch_seconds"]
     env = r["environment"]
     print(
-        f"{env['backend']} / {env['device_kind']} / {env['cpu_model']} ({env['cpu_count']} cores), jax {env['jax']}"
+        f"{env['backend']} / {env['device_kind']} / {env['cpu_model']} "
+        f"({env['cpu_count']} cores), jax {env['jax']}"
     )
     n = r["matmul_peak"]["matmul_shape"][0]
     print(
@@ -232,7 +234,8 @@ def print_table(r: dict) -> None:
     pf = r["peak_fraction"]
     print(
         f"{'fraction of matmul peak':28}{pf['tutorial']:>12.2f}{pf['jaxmnist']:>12.2f}{'':>8}"
-        f"{'>= ' + str(TARGETS['peak_fraction']):>10}{'  ok' if pf['jaxmnist'] >= TARGETS['peak_fraction'] else '  MISS'}"
+        f"{'>= ' + str(TARGETS['peak_fraction']):>10}"
+        f"{'  ok' if pf['jaxmnist'] >= TARGETS['peak_fraction'] else '  MISS'}"
     )
     if "programs" in r:
         p = r["programs"]
@@ -245,14 +248,17 @@ def print_table(r: dict) -> None:
             TARGETS["wall_ratio"],
         )
         print(
-            f"{'  jaxmnist, empty cache':28}{'':>12}{p['jaxmnist_cold_cache_wall_seconds']:>12.3f}{p['wall_ratio_cold_cache']:>8.2f}"
+            f"{'  jaxmnist, empty cache':28}{'':>12}"
+            f"{p['jaxmnist_cold_cache_wall_seconds']:>12.3f}{p['wall_ratio_cold_cache']:>8.2f}"
         )
         print(
-            f"{'  jaxmnist, with report':28}{'':>12}{w['jaxmnist_with_report']['median']:>12.3f}{p['wall_ratio_with_report']:>8.2f}"
+            f"{'  jaxmnist, with report':28}{'':>12}"
+            f"{w['jaxmnist_with_report']['median']:>12.3f}{p['wall_ratio_with_report']:>8.2f}"
         )
         m = p["peak_rss_mb"]
         print(
-            f"{'peak resident MB':28}{m['tutorial']:>12.0f}{m['jaxmnist']:>12.0f}{'':>8}{'<= 600':>10}"
+            f"{'peak resident MB':28}{m['tutorial']:>12.0f}{m['jaxmnist']:>12.0f}"
+            f"{'':>8}{'<= 600':>10}"
             f"{'  ok' if m['jaxmnist'] <= TARGETS['peak_rss_mb'] else '  MISS'}"
         )
         print(f"{'  jaxmnist, with report':28}{'':>12}{m['jaxmnist_with_report']:>12.0f}")

@@ -156,27 +156,30 @@ def print_table(r: dict) -> None:
     env, w, n = r["environment"], r["wall_seconds"], r["seeds"]
     print(
         f"{env['backend']} / {env['cpu_model']} ({env['cpu_count']} cores), jax {env['jax']}; "
-        f"load average before {r['load_average']['before'][0]:.2f}, after {r['load_average']['after'][0]:.2f}"
+        f"load average before {r['load_average']['before'][0]:.2f}, "
+        f"after {r['load_average']['after'][0]:.2f}"
     )
     print(f"{'':34}{'1 seed':>10}{f'{n} seeds':>10}{'ratio':>8}{'target':>10}")
     ok = "ok" if r["wall_ratio"] <= TARGETS["wall_ratio"] else "MISS"
     print(
-        f"{'whole program wall s (median)':34}{w['single']['median']:>10.2f}{w['seeds']['median']:>10.2f}"
-        f"{r['wall_ratio']:>8.2f}{'<= 5':>10}  {ok}"
+        f"{'whole program wall s (median)':34}"
+        f"{w['single']['median']:>10.2f}{w['seeds']['median']:>10.2f}{r['wall_ratio']:>8.2f}"
+        f"{'<= 5':>10}  {ok}"
     )
     print(
-        f"{'  range':34}{w['single']['min']:>5.1f}-{w['single']['max']:<4.1f}{w['seeds']['min']:>5.1f}-"
-        f"{w['seeds']['max']:<4.1f}  paired ratios "
+        f"{'  range':34}{w['single']['min']:>5.1f}-{w['single']['max']:<4.1f}"
+        f"{w['seeds']['min']:>5.1f}-{w['seeds']['max']:<4.1f}  paired ratios "
         + ", ".join(f"{x:.2f}" for x in r["paired_wall_ratios"])
     )
     c = r["cold_cache"]
     print(
-        f"{'  empty compilation cache':34}{c['single']:>10.2f}{c['seeds']:>10.2f}{r['wall_ratio_cold_cache']:>8.2f}"
+        f"{'  empty compilation cache':34}{c['single']:>10.2f}{c['seeds']:>10.2f}"
+        f"{r['wall_ratio_cold_cache']:>8.2f}"
     )
     t, e = r["train_seconds"], r["eval_seconds"]
     print(
-        f"{'training s (compiled epochs)':34}{t['single']['median']:>10.2f}{t['seeds']['median']:>10.2f}"
-        f"{r['train_ratio']:>8.2f}"
+        f"{'training s (compiled epochs)':34}"
+        f"{t['single']['median']:>10.2f}{t['seeds']['median']:>10.2f}{r['train_ratio']:>8.2f}"
     )
     print(
         f"{'evaluation s':34}{e['single']['median']:>10.2f}{e['seeds']['median']:>10.2f}"
@@ -187,12 +190,13 @@ def print_table(r: dict) -> None:
     a = r["seeds_test_accuracy"]
     ok = "ok" if a["mean"] >= TARGETS["mean_test_accuracy"] else "MISS"
     print(
-        f"{'test accuracy':34}{100 * r['single_test_accuracy']:>9.2f}%{100 * a['mean']:>9.2f}%{'':>8}"
-        f"{'>= 97.3%':>10}  {ok}"
+        f"{'test accuracy':34}{100 * r['single_test_accuracy']:>9.2f}%{100 * a['mean']:>9.2f}%"
+        f"{'':>8}{'>= 97.3%':>10}  {ok}"
     )
     print(
-        f"  {n} seeds: {100 * a['mean']:.2f}% ± {100 * a['std']:.2f}% (95% CI {100 * a['ci95'][0]:.2f}–"
-        f"{100 * a['ci95'][1]:.2f}%), min {100 * a['min']:.2f}%, max {100 * a['max']:.2f}%"
+        f"  {n} seeds: {100 * a['mean']:.2f}% ± {100 * a['std']:.2f}% "
+        f"(95% CI {100 * a['ci95'][0]:.2f}–{100 * a['ci95'][1]:.2f}%), "
+        f"min {100 * a['min']:.2f}%, max {100 * a['max']:.2f}%"
     )
 
 

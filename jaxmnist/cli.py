@@ -93,7 +93,10 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
         "overrides",
         nargs="*",
         metavar="KEY=VALUE",
-        help="any config field, e.g. optimizer.grad_clip=1.0 train.eval_train=false (see `jaxmnist config`)",
+        help=(
+            "any config field, e.g. optimizer.grad_clip=1.0 train.eval_train=false "
+            "(see `jaxmnist config`)"
+        ),
     )
 
 
@@ -216,8 +219,8 @@ def _check_target(summary: dict) -> None:
         seeds = len(summary.get("seeds", [0]))
         of = f"mean test accuracy of {seeds} seeds" if seeds > 1 else "test accuracy"
         raise TargetNotReached(
-            f"target {of} {summary['target_accuracy']:.2%} not reached: {summary['test_accuracy']:.2%} "
-            f"after all {summary['epochs']} epochs"
+            f"target {of} {summary['target_accuracy']:.2%} not reached: "
+            f"{summary['test_accuracy']:.2%} after all {summary['epochs']} epochs"
         )
 
 
@@ -422,7 +425,10 @@ def _add_bench_parser(sub) -> None:
     _add_config_args(p)
     p.add_argument(
         "--modes",
-        help="comma-separated, of: python-dispatch, jit-step-host, jit-step-device, scan-epoch (default all)",
+        help=(
+            "comma-separated, of: python-dispatch, jit-step-host, jit-step-device, scan-epoch "
+            "(default all)"
+        ),
     )
     p.add_argument(
         "--dtypes", help="compute dtypes to compare, e.g. float32,bfloat16 (default both)"

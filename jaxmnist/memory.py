@@ -118,8 +118,9 @@ def plan_chunks(
         )
         raise ConfigError(
             f"{num_models} models need about {need / MB:,.0f} MB even one at a time "
-            f"({est.resident_per_model / MB:.1f} MB each kept, {est.shared_bytes / MB:.0f} MB of data) but "
-            f"{source} is {budget / MB:,.0f} MB; train at most {most} seeds or points, or a smaller model"
+            f"({est.resident_per_model / MB:.1f} MB each kept, "
+            f"{est.shared_bytes / MB:.0f} MB of data) but {source} is {budget / MB:,.0f} MB; "
+            f"train at most {most} seeds or points, or a smaller model"
         )
     per_chunk = min(num_models, room // est.transient_per_model)
     count = math.ceil(num_models / per_chunk)

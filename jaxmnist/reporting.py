@@ -30,7 +30,8 @@ class TerminalReporter(Reporter):
     def on_start(self, info: dict) -> None:
         self._print(
             f"{info['dataset']} from {info['source']} | {info['num_params']:,} parameters | "
-            f"{info['epochs']} epochs x {info['steps_per_epoch']} steps | {info['backend']}: {info['device']}"
+            f"{info['epochs']} epochs x {info['steps_per_epoch']} steps | "
+            f"{info['backend']}: {info['device']}"
         )
         if "models" in info:
             seeds, chunks = info["seeds"], info["chunks"]
@@ -43,14 +44,16 @@ class TerminalReporter(Reporter):
             if info["memory_budget_mb"]:
                 budget = f" of {info['memory_budget_mb']:,} MB ({info['memory_budget_source']})"
             self._print(
-                f"{info['models']} models, seeds {seeds[0]}-{seeds[-1]}, vmapped in one program, {split} | "
+                f"{info['models']} models, seeds {seeds[0]}-{seeds[-1]}, "
+                f"vmapped in one program, {split} | "
                 f"memory estimate {info['memory_estimate_mb']:,.0f} MB{budget}"
             )
 
     def on_compiled(self, seconds: float) -> None:
         self._print(f"compiled in {seconds:.2f} s")
         self._print(
-            f"{'epoch':>5} {'step':>6} {'train loss':>10} {'train acc':>9} {'test loss':>9} {'test acc':>8} {'time s':>7}"
+            f"{'epoch':>5} {'step':>6} {'train loss':>10} {'train acc':>9} "
+            f"{'test loss':>9} {'test acc':>8} {'time s':>7}"
         )
 
     def on_epoch_start(self, epoch: int, num_steps: int, first_step: int) -> None:
@@ -122,8 +125,9 @@ def target_lines(s: dict) -> list[str]:
         return [f"target {of} {s['target_accuracy']:.2%} NOT reached in {s['epochs']} epochs"]
     return [
         (
-            f"target {of} {s['target_accuracy']:.2%} reached after epoch {s['epochs_to_target']} of "
-            f"{s['epochs_planned']}: {s['time_to_target_seconds']:.2f} s training, "
+            f"target {of} {s['target_accuracy']:.2%} reached after epoch "
+            f"{s['epochs_to_target']} of {s['epochs_planned']}: "
+            f"{s['time_to_target_seconds']:.2f} s training, "
             f"{s['time_to_target_with_compile_seconds']:.2f} s with compile"
         )
     ]
@@ -158,8 +162,8 @@ def print_eval(result: dict) -> None:
     )
     if result.get("train_accuracy") is not None:
         print(
-            f"train        accuracy {result['train_accuracy']:.2%}  loss {result['train_loss']:.4f}  "
-            f"({result['num_train_examples']:,} examples)"
+            f"train        accuracy {result['train_accuracy']:.2%}  "
+            f"loss {result['train_loss']:.4f}  ({result['num_train_examples']:,} examples)"
         )
     print("confusion matrix (test):")
     print(format_confusion(result["confusion_matrix"], result["class_names"]))

@@ -157,7 +157,8 @@ class SweepReporter(Reporter):
         acc = np.asarray(r.get("test_accuracy_per_seed", [r["test_accuracy"]]))
         best = max(acc[self.point_of == p].mean() for p in range(self.num_points))
         self.log(
-            f"  epoch {r['epoch']}: best point mean test accuracy {best:.2%} ({r['epoch_seconds']:.2f} s)"
+            f"  epoch {r['epoch']}: best point mean test accuracy {best:.2%} "
+            f"({r['epoch_seconds']:.2f} s)"
         )
 
 

@@ -147,6 +147,26 @@ def test_lying_header_fails_fast_without_allocating(tmp_path, arrays, spec):
     assert "holds 300" in msg
 
 
+@pytest.mark.parametrize("compress", [True, False])
+def test_trailing_bytes_after_the_declared_data(tmp_path, arrays, spec, compress):
+    # The header's own count is the authority: longer content is refused by the
+    # parser, before (and whatever) the checksum says.
+    data = synthetic.idx_bytes(arrays["train_labels"]) + b"\x00" * 5
+    msg = bad(
+        tmp_path,
+        spec,
+        arrays,
+        r"5 trailing bytes after the 6 = 6 bytes of data declared by the IDX header",
+        train_labels=gzip.compress(data) if compress else data,
+    )
+    assert "train-labels-idx1-ubyte" in msg and "SHA-256" not in msg
+    with pytest.raises(DataError, match=r"^here: 5 trailing bytes after the 6 = 6 bytes"):
+        formats.parse_idx(data, ndim=1, source="here")
+    images = synthetic.idx_bytes(arrays["train_images"]) + bytes(28)
+    with pytest.raises(DataError, match="28 trailing bytes after the 6x28x28 = 4704 bytes"):
+        formats.parse_idx(images, ndim=3, source="here")
+
+
 def test_gzip_bomb_is_capped(tmp_path, arrays, spec):
     bomb = gzip.compress(bytes(2 * 2**20))  # 2 MiB of zeros in ~2 KiB
     tracemalloc.start()

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from jaxmnist.cli import main
 from jaxmnist.data import (
     DATASETS,
     DatasetSpec,
@@ -17,6 +18,7 @@ from jaxmnist.data import (
     synthetic,
     verify_dataset,
 )
+from jaxmnist.data.locate import search_path
 from jaxmnist.data.registry import ROLES
 from jaxmnist.errors import ConfigError, DataError
 
@@ -109,6 +111,51 @@ def test_env_var_is_used_and_data_dir_overrides_it(tmp_path, monkeypatch, arrays
     synthetic.write_idx_folder(tmp_path / "arg" / spec.folder, arrays, spec, compress=False)
     ds = load_dataset(spec, tmp_path / "arg", download=False, **roots)
     assert ds.source == str(tmp_path / "arg" / spec.folder)
+
+
+def test_data_dir_alone_is_searched_when_env_is_set_too(tmp_path, monkeypatch, arrays, spec, roots):
+    # A good copy where the environment points: an empty --data-dir must not fall back to it.
+    env = tmp_path / "env"
+    synthetic.write_idx_folder(env / spec.folder, arrays, spec)
+    monkeypatch.setenv("JAXMNIST_DATA_DIR", str(env))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    places = search_path(spec, empty, **roots)
+    assert [p.label for p in places] == ["data_dir", "cache", "system"]
+    assert not any(p.folder.is_relative_to(env) for p in places)
+    with pytest.raises(DataError, match="tiny MNIST not found in") as info:
+        load_dataset(spec, empty, download=False, **roots)
+    assert str(empty) in str(info.value) and str(env) not in str(info.value)
+    with pytest.raises(DataError, match="not found"):
+        verify_dataset(spec, empty, **roots)
+    assert dataset_info(spec, empty, **roots)["location"] is None
+    assert load_dataset(spec, download=False, **roots).source == str(env / spec.folder)
+
+
+def test_cli_data_dir_overrides_env(tiny_data_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("JAXMNIST_DATA_DIR", str(tiny_data_dir))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["data", "verify", "tiny"]) == 0  # the environment's copy is there and good
+    capsys.readouterr()
+    for argv in (
+        ["data", "verify", "tiny", "--data-dir", str(empty)],
+        [
+            "train",
+            "--dataset",
+            "tiny",
+            "--data-dir",
+            str(empty),
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--no-compile-cache",
+            "data.download=false",
+        ],
+    ):
+        assert main(argv) == 1, argv[:2]
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "not found in" in err
+        assert str(empty) in err and str(tiny_data_dir) not in err
 
 
 def test_cache_then_system(tmp_path, arrays, spec, roots):

@@ -40,7 +40,8 @@ _RUNS = {}
 
 
 def tiny_run(tmp_path_factory, dataset, name: str = "a", **overrides):
-    """A finished tiny run, trained once per session for each name (the browser tests share them)."""
+    """A finished tiny run, trained once per session for each name (the browser tests share
+    them)."""
     if name not in _RUNS:
         path = tmp_path_factory.getbasetemp() / "tiny-runs" / name
         train_and_evaluate(tiny_cfg(**overrides), path, dataset=dataset)

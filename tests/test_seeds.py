@@ -111,7 +111,10 @@ def test_plan_chunks_and_the_too_small_message():
     assert memory.plan_chunks(8, est, 300 * memory.MB) == (2, 2, 2, 2)  # room 120 MB: 2 per chunk
     assert memory.plan_chunks(8, est, 380 * memory.MB) == (4, 4)
     assert memory.plan_chunks(7, est, 270 * memory.MB) == (2, 2, 2, 1)
-    message = r"8 models need about 230 MB even one at a time .* but memory_budget_mb is 200 MB; train at most 5 seeds"
+    message = (
+        r"8 models need about 230 MB even one at a time .* "
+        r"but memory_budget_mb is 200 MB; train at most 5 seeds"
+    )
     with pytest.raises(ConfigError, match=message):
         memory.plan_chunks(8, est, 200 * memory.MB, "memory_budget_mb")
 

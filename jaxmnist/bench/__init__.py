@@ -1,4 +1,5 @@
-"""`jaxmnist bench`: honest throughput of the training step, and how close it gets to the device's limit.
+"""`jaxmnist bench`: honest throughput of the training step, and how close it gets to the
+device's limit.
 
 Modules: `modes` (the four ways to drive the same training step), `timing`
 (warm-up, timed windows, the compile and transfer guards), `peak` (a large

@@ -19,11 +19,11 @@ are driven differs:
 A window is `steps` steps (`run`, timed). What a per-step loop needs before it
 starts (a host permutation, or the device index vectors) is made in `prepare`,
 outside the clock; `scan-epoch` shuffles inside its compiled call, so its
-shuffle is timed: the comparison leans, if anything, against it. Jitted modes are compiled ahead of time and their state
-is donated, as in training. The eager mode cannot run under a host-to-device
-transfer guard: an un-jitted step uploads each Python-scalar constant as it
-goes, which is part of what eager dispatch costs, so its `guard` allows that
-direction only.
+shuffle is timed: the comparison leans, if anything, against it. Jitted modes are
+compiled ahead of time and their state is donated, as in training. The eager mode
+cannot run under a host-to-device transfer guard: an un-jitted step uploads each
+Python-scalar constant as it goes, which is part of what eager dispatch costs, so
+its `guard` allows that direction only.
 """
 
 from __future__ import annotations

@@ -46,8 +46,9 @@ def headline(result: dict) -> list[str]:
     n = next(iter(result["peak"].values()))["matmul_shape"][0] if result["peak"] else 0
     return [
         (
-            f"preset {result['preset'] or '-'} | {d['dataset']} ({kind}, {d['num_train_examples']:,} "
-            f"training examples) | {m['name']} {m['num_params']:,} params | "
+            f"preset {result['preset'] or '-'} | {d['dataset']} "
+            f"({kind}, {d['num_train_examples']:,} training examples) | "
+            f"{m['name']} {m['num_params']:,} params | "
             f"{m['flops_per_example']:,} FLOP/example (forward + backward)"
         ),
         f"{device(env)} | jax {env['jax']} | measured peak ({n}^3 matmul): {peaks}",

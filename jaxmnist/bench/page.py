@@ -97,8 +97,9 @@ def _method(result: dict) -> str:
         ),
         (
             f"MFU = achieved FLOP/s / measured peak. Achieved FLOP/s = examples/s x "
-            f"{m['flops_per_example']:,} FLOPs per example ({m['flops_note']}). The peak is a chained "
-            "square matmul in the same dtype, measured in this run on this device."
+            f"{m['flops_per_example']:,} FLOPs per example ({m['flops_note']}). "
+            "The peak is a chained square matmul in the same dtype, "
+            "measured in this run on this device."
         ),
         (
             "python-dispatch compiles no whole step: its compile time is its first eager step, "
@@ -172,8 +173,8 @@ def render_bench_page(result: dict, png: bytes, table_text: str) -> str:
             (
                 "Tokens/s projection",
                 _p(
-                    f"tokens/s = examples/s x {t['tokens_per_example']:g} tokens per example, as given. "
-                    f"{t['note']}."
+                    f"tokens/s = examples/s x {t['tokens_per_example']:g} tokens per example, "
+                    f"as given. {t['note']}."
                 ),
             )
         )

@@ -39,7 +39,10 @@ from jaxmnist.train import place_train_data
 SCHEMA_VERSION = 1
 # Analytic FLOPs per training example, by model: (ModelConfig, input_shape, num_classes) -> int.
 FLOPS_PER_EXAMPLE = {"mlp": mlp.flops_per_example}
-SYNTHETIC_NOTE = "synthetic: uniform random pixels and labels of the dataset's shape (speed only; accuracy is chance)"
+SYNTHETIC_NOTE = (
+    "synthetic: uniform random pixels and labels of the dataset's shape "
+    "(speed only; accuracy is chance)"
+)
 
 
 def synthetic_dataset(name: str, seed: int = 0, train_size: int | None = None):
@@ -268,7 +271,9 @@ def run_bench(
         if opts.tokens_per_example is None
         else {
             "tokens_per_example": opts.tokens_per_example,
-            "note": "a projection, not a measurement: examples/s times the tokens per example you gave",
+            "note": (
+                "a projection, not a measurement: examples/s times the tokens per example you gave"
+            ),
         },
         "wall_seconds": time.perf_counter() - wall_start,
     }

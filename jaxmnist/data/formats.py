@@ -157,10 +157,15 @@ def parse_idx(data: bytes, *, ndim: int, source: object) -> np.ndarray:
     dims = struct.unpack_from(f">{ndim}I", data, 4)
     need = math.prod(dims)  # Python int: no overflow for lying headers
     have = len(data) - header_len
-    if need != have:
+    if have < need:
         raise DataError(
             f"{source}: IDX header says {'x'.join(map(str, dims))} = {need} bytes "
             f"of data but the file holds {have}; the file is truncated or corrupt"
+        )
+    if have > need:
+        raise DataError(
+            f"{source}: {have - need} trailing bytes after the {'x'.join(map(str, dims))} "
+            f"= {need} bytes of data declared by the IDX header; the file is corrupt"
         )
     return np.frombuffer(data, dtype=np.uint8, count=need, offset=header_len).reshape(dims)
 

@@ -138,7 +138,10 @@ def summary_rows(run: RunData) -> list[tuple[str, str, float | None]]:
         ),
         (
             "Host",
-            f"{e.get('cpu_model', DASH)}, {e.get('cpu_count', DASH)} CPUs; {e.get('platform', DASH)}",
+            (
+                f"{e.get('cpu_model', DASH)}, {e.get('cpu_count', DASH)} CPUs; "
+                f"{e.get('platform', DASH)}"
+            ),
             None,
         ),
         ("Versions", versions or DASH, None),

@@ -23,34 +23,43 @@ from importlib import metadata
 # No network, no script: images only from data: URIs, styles only inline.
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 
+# A trailing backslash joins two source lines into one line of the served stylesheet.
 CSS = """
 :root { --fg: #1d2330; --muted: #5b6475; --line: #dde2ea; --bg: #ffffff; --panel: #f5f7fa;
   --accent: #1f5fbf; --hl: #fff4c2; --good: #17803d; --bad: #c62828; }
 * { box-sizing: border-box; }
 html { -webkit-text-size-adjust: 100%; text-size-adjust: 100%; }
 body { margin: 0; background: var(--bg); color: var(--fg);
-  font: 15px/1.5 system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif; }
+  font: 15px/1.5 system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, \
+sans-serif; }
 main { max-width: 1100px; margin: 0 auto; padding: 1.25rem 1rem 3rem; }
 header h1 { font-size: 1.6rem; margin: 0 0 .25rem; line-height: 1.25; overflow-wrap: anywhere; }
 header .subtitle { color: var(--muted); margin: 0 0 1rem; overflow-wrap: anywhere; }
-nav.toc { display: flex; flex-wrap: wrap; gap: .35rem .9rem; padding: .6rem .8rem; margin: 0 0 1.5rem;
+nav.toc { display: flex; flex-wrap: wrap; gap: .35rem .9rem; padding: .6rem .8rem; \
+margin: 0 0 1.5rem;
   background: var(--panel); border: 1px solid var(--line); border-radius: 8px; font-size: .92rem; }
 nav.toc a { color: var(--accent); text-decoration: none; }
 nav.toc a:hover { text-decoration: underline; }
 section { margin: 0 0 2.2rem; }
-h2 { font-size: 1.25rem; margin: 0 0 .75rem; padding-bottom: .3rem; border-bottom: 2px solid var(--line); }
+h2 { font-size: 1.25rem; margin: 0 0 .75rem; padding-bottom: .3rem; \
+border-bottom: 2px solid var(--line); }
 h3 { font-size: 1.02rem; margin: 1.2rem 0 .5rem; }
 p { margin: .4rem 0 .8rem; }
 .note { color: var(--muted); font-size: .9rem; }
-code, .mono { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, "Liberation Mono", monospace;
+code, .mono { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, "Liberation Mono", \
+monospace;
   font-size: .88em; }
-pre { background: var(--panel); border: 1px solid var(--line); border-radius: 6px; padding: .6rem .8rem;
+pre { background: var(--panel); border: 1px solid var(--line); border-radius: 6px; \
+padding: .6rem .8rem;
   overflow-x: auto; white-space: pre-wrap; overflow-wrap: anywhere; }
 .table-wrap { overflow-x: auto; -webkit-overflow-scrolling: touch; margin: 0 0 1rem;
   border: 1px solid var(--line); border-radius: 8px; }
-table { border-collapse: collapse; width: 100%; font-size: .9rem; font-variant-numeric: tabular-nums; }
-th, td { padding: .38rem .65rem; border-bottom: 1px solid var(--line); text-align: left; vertical-align: top; }
-thead th { background: var(--panel); font-weight: 600; white-space: nowrap; position: sticky; top: 0; }
+table { border-collapse: collapse; width: 100%; font-size: .9rem; \
+font-variant-numeric: tabular-nums; }
+th, td { padding: .38rem .65rem; border-bottom: 1px solid var(--line); text-align: left; \
+vertical-align: top; }
+thead th { background: var(--panel); font-weight: 600; white-space: nowrap; position: sticky; \
+top: 0; }
 tbody tr:last-child td, tbody tr:last-child th { border-bottom: 0; }
 tbody tr:nth-child(even) td, tbody tr:nth-child(even) th { background: #fafbfc; }
 td.num, th.num { text-align: right; white-space: nowrap; }
@@ -65,12 +74,18 @@ figure { margin: 0 0 1.2rem; }
 figure img { display: block; max-width: 100%; height: auto; margin: 0;
   border: 1px solid var(--line); border-radius: 8px; background: #fff; }
 figcaption { color: var(--muted); font-size: .88rem; margin-top: .35rem; }
-.grid { display: grid; grid-template-columns: repeat(auto-fit, minmax(min(100%, 460px), 1fr)); gap: 1rem 1.2rem; }
-.cards { display: grid; grid-template-columns: repeat(auto-fit, minmax(9.5rem, 1fr)); gap: .7rem; margin: 0 0 1.5rem; }
-.card { background: var(--panel); border: 1px solid var(--line); border-radius: 8px; padding: .6rem .8rem; }
-.card .label { color: var(--muted); font-size: .8rem; text-transform: uppercase; letter-spacing: .04em; }
-.card .value { font-size: 1.35rem; font-weight: 650; font-variant-numeric: tabular-nums; overflow-wrap: anywhere; }
-footer { color: var(--muted); font-size: .82rem; border-top: 1px solid var(--line); padding-top: .8rem; }
+.grid { display: grid; grid-template-columns: repeat(auto-fit, minmax(min(100%, 460px), 1fr)); \
+gap: 1rem 1.2rem; }
+.cards { display: grid; grid-template-columns: repeat(auto-fit, minmax(9.5rem, 1fr)); gap: .7rem; \
+margin: 0 0 1.5rem; }
+.card { background: var(--panel); border: 1px solid var(--line); border-radius: 8px; \
+padding: .6rem .8rem; }
+.card .label { color: var(--muted); font-size: .8rem; text-transform: uppercase; \
+letter-spacing: .04em; }
+.card .value { font-size: 1.35rem; font-weight: 650; font-variant-numeric: tabular-nums; \
+overflow-wrap: anywhere; }
+footer { color: var(--muted); font-size: .82rem; border-top: 1px solid var(--line); \
+padding-top: .8rem; }
 @media (max-width: 600px) {
   body { font-size: 14px; }
   main { padding: .8rem .6rem 2rem; }
@@ -124,7 +139,8 @@ def figure_grid(items: Iterable[str]) -> str:
 def cards(items: Iterable[tuple[str, object]]) -> str:
     """Headline numbers as a row of labelled cards: (label, value) pairs."""
     body = "".join(
-        f'<div class="card"><div class="label">{esc(k)}</div><div class="value">{esc(v)}</div></div>'
+        f'<div class="card"><div class="label">{esc(k)}</div>'
+        f'<div class="value">{esc(v)}</div></div>'
         for k, v in items
     )
     return f'<div class="cards">{body}</div>'
@@ -157,7 +173,8 @@ def html_table(
     holds `(row, column)` cells to set in bold. With `row_headers` the first
     column labels its row (`<th scope="row">`, left-aligned). `kv=True` styles a
     key/value table: muted keys, wrapping values, every column left-aligned
-    (for runs side by side, too). Cells are shown with `str()`, so format numbers before passing them.
+    (for runs side by side, too). Cells are shown with `str()`, so format numbers
+    before passing them.
     """
     highlight = highlight if highlight is not None else ()
     best = best if best is not None else ()

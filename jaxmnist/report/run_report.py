@@ -66,7 +66,8 @@ def epoch_table(run: RunData) -> str:
     ]
     best = int(np.argmax([r["test_accuracy"] for r in run.records]))
     return html.html_table(header, rows, highlight={best}) + _note(
-        f"Highlighted: the epoch with the best test accuracy ({pct(run.records[best]['test_accuracy'])}). "
+        "Highlighted: the epoch with the best test accuracy "
+        f"({pct(run.records[best]['test_accuracy'])}). "
         "Time is the compiled epoch alone; evaluation is timed apart."
     )
 
@@ -118,7 +119,8 @@ def confusion_table(run: RunData) -> str:
     return html.html_table(
         ["true \\ predicted", *run.class_names], rows, highlight=worst, best=diag
     ) + _note(
-        "Counts; rows are the true class. Bold: right; highlighted: each class's most common mistake."
+        "Counts; rows are the true class. Bold: right; "
+        "highlighted: each class's most common mistake."
     )
 
 
@@ -152,7 +154,10 @@ def build_figures(run: RunData) -> dict[str, tuple[bytes, str]]:
             spread_plots.seed_accuracy(
                 run.records, s["seeds"], s["test_accuracy_per_seed"], s.get("test_accuracy_ci95")
             ),
-            "Test accuracy of every seed per epoch, and each seed's final accuracy with the mean and its 95% CI",
+            (
+                "Test accuracy of every seed per epoch, "
+                "and each seed's final accuracy with the mean and its 95% CI"
+            ),
         )
     p = run.predictions
     if p is not None:
@@ -171,7 +176,10 @@ def build_figures(run: RunData) -> dict[str, tuple[bytes, str]]:
             image_grids.prediction_grid(
                 p.images(grid), p.labels[grid], p.probs[grid], run.class_names
             ),
-            f"The first {len(grid)} test images with predicted and true class; green when right, red when wrong",
+            (
+                f"The first {len(grid)} test images with predicted and true class; "
+                "green when right, red when wrong"
+            ),
         )
         wrong = confident_mistakes(p.probs, p.labels)
         if len(wrong):
@@ -218,9 +226,10 @@ def seeds_section(run: RunData, figs) -> str:
         ["Seed", "Test accuracy", "Test loss", "Train accuracy"], rows, highlight=below
     )
     note = _note(
-        f"{len(s['seeds'])} models with independent initialisation and shuffling, trained in one vmapped "
-        "program. Highlighted: seeds below the mean. The interval is the mean ± t(0.975, n − 1) · s / √n "
-        "(Student's t). Elsewhere on this page, figures are means over the seeds; the predictions and the "
+        f"{len(s['seeds'])} models with independent initialisation and shuffling, "
+        "trained in one vmapped program. Highlighted: seeds below the mean. "
+        "The interval is the mean ± t(0.975, n − 1) · s / √n (Student's t). "
+        "Elsewhere on this page, figures are means over the seeds; the predictions and the "
         f"confusion matrix are seed {s['seeds'][0]}'s; examples/s counts every model's examples."
     )
     fig = html.figure(*figs["seed_accuracy"]) if "seed_accuracy" in figs else ""
@@ -298,12 +307,16 @@ def render_run_report(run: RunData, figs: dict[str, tuple[bytes, str]]) -> str:
     sections.append(("Per-epoch metrics", epoch_table(run)))
     config = [[k, json.dumps(v)] for k, v in flatten(run.config).items()]
     sections.append(("Configuration", html.html_table(["", ""], config, kv=True)))
-    subtitle = f"{dataset_title(s.get('dataset', ''))} · {accuracy_text(s)} test accuracy · {run.path.resolve()}"
+    subtitle = (
+        f"{dataset_title(s.get('dataset', ''))} · {accuracy_text(s)} test accuracy · "
+        f"{run.path.resolve()}"
+    )
     return html.render_page(f"jaxmnist run {run.name}", sections, subtitle)
 
 
 def write_run_report(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
-    """Writes plots/*.png and report.html (or `out`) for the run in `run_dir`; returns the page's path.
+    """Writes plots/*.png and report.html (or `out`) for the run in `run_dir`; returns the
+    page's path.
 
     Raises JaxmnistError (one line) if `run_dir` is not a finished run or a file
     is damaged, ConfigError if `out` cannot be written.

@@ -168,7 +168,8 @@ def render_sweep_page(sweep: dict, png: bytes) -> str:
 
 
 def write_sweep_page(sweep: dict, page: str | os.PathLike, png_path: str | os.PathLike) -> Path:
-    """Writes the plot to `png_path` and the page to `page`; ConfigError if either cannot be written."""
+    """Writes the plot to `png_path` and the page to `page`; ConfigError if either cannot be
+    written."""
     png = plots.to_png(spread_plots.sweep_figure(sweep))
     try:
         Path(png_path).write_bytes(png)
