@@ -18,7 +18,7 @@ from jax.extend.core import jaxprs_in_params
 
 from jaxmnist import config as config_lib
 from jaxmnist import optim
-from jaxmnist import train as core  # the step, its state and the epoch's shuffle
+from jaxmnist import step as core  # the step, its state and the epoch's shuffle
 from jaxmnist.models import apply_uint8
 from jaxmnist.train import train_and_evaluate
 
