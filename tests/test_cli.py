@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import jax
 import pytest
 
 from jaxmnist.cli import main
@@ -46,7 +47,7 @@ def test_train_then_eval_end_to_end(tiny_data_dir, train_argv, tmp_path, capsys)
     config = json.loads((run / "config.json").read_text())
     assert config["model"]["hidden"] == [64] and config["optimizer"]["grad_clip"] == 5.0
     env = json.loads((run / "environment.json").read_text())
-    assert env["backend"] == "cpu" and env["jax"]
+    assert env["backend"] == jax.default_backend() and env["jax"]
     confusion = json.loads((run / "confusion_matrix.json").read_text())
     assert sum(map(sum, confusion["matrix"])) == 150
 
@@ -138,8 +139,12 @@ def test_config_command_prints_resolved_config(capsys):
 def test_devices_reports_placement(capsys):
     assert main(["devices", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["placement"]["on_default_device"] is True
-    assert report["environment"]["backend"] == "cpu"
+    place, one = report["placement"], [report["environment"]["devices"][0]]
+    assert place["mesh"] == {"members": 1, "data": 1} and place["devices"] == one
+    for where in [*place["params"].values(), place["batch"], place["train_set"], place["logits"]]:
+        assert where["devices"] == one
+    assert place["batch"]["spec"] == "P('data',)" and place["train_set"]["spec"] == "P()"
+    assert report["environment"]["backend"] == jax.default_backend()
 
 
 def test_data_info_and_verify(tiny_data_dir, capsys):

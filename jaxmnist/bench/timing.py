@@ -136,14 +136,29 @@ def time_windows(
     """
     if windows < 1 or warmup < 0:
         raise ValueError(f"need windows >= 1 and warmup >= 0, got {windows}, {warmup}")
+    global _window_compiles
     seconds, out = [], None
+    _window_compiles = 0
     for i in range(warmup + windows):
         jax.block_until_ready(prepare(i) if prepare is not None else None)
         if i < warmup:
             out = jax.block_until_ready(run())
             continue
-        with guarded(label, guard):
-            start = time.perf_counter()
-            out = jax.block_until_ready(run())
-            seconds.append(time.perf_counter() - start)
+        before = compile_count()
+        try:
+            with guarded(label, guard):
+                start = time.perf_counter()
+                out = jax.block_until_ready(run())
+                seconds.append(time.perf_counter() - start)
+        finally:
+            _window_compiles += compile_count() - before
     return seconds, out
+
+
+_window_compiles = 0
+
+
+def last_window_compiles() -> int:
+    """JAX compiles counted inside the timed windows of the last `time_windows` call
+    (0 whenever it returned: `guarded` raises on the first)."""
+    return _window_compiles
