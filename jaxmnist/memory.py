@@ -31,7 +31,11 @@ from jaxmnist.errors import ConfigError
 
 MB = 2**20
 TRANSIENT_SAFETY = 2.0  # XLA temporaries, fusion buffers, allocator slack: measured well under this
-HOST_FRACTION = 0.8  # of the host's available memory, on CPU: the process needs some too
+# Headroom: the estimate is of the run's arrays, not of the allocator's slack, the
+# compiler's own buffers or (on CPU) the rest of the process, so a run is planned
+# into only part of what is free.
+HOST_FRACTION = 0.7  # of the host's available memory, on CPU
+DEVICE_FRACTION = 0.85  # of an accelerator's free memory
 
 
 class MemoryEstimate(NamedTuple):
@@ -90,12 +94,11 @@ def device_budget(cfg) -> tuple[int | None, str]:
     device = jax.local_devices()[0]
     stats = device.memory_stats() if hasattr(device, "memory_stats") else None
     if stats and "bytes_limit" in stats:
-        return int(
-            stats["bytes_limit"] - stats.get("bytes_in_use", 0)
-        ), f"free memory of {device.device_kind}"
+        free = stats["bytes_limit"] - stats.get("bytes_in_use", 0)
+        return int(free * DEVICE_FRACTION), f"85% of the free memory of {device.device_kind}"
     available = _host_available_bytes()
     if available is not None:
-        return int(available * HOST_FRACTION), "available host memory"
+        return int(available * HOST_FRACTION), "70% of the available host memory"
     return None, "unknown"
 
 
@@ -116,6 +119,15 @@ def plan_chunks(
             0,
             (budget - est.shared_bytes - est.transient_per_model) // max(est.resident_per_model, 1),
         )
+        if num_models == 1 or most == 0:
+            what = "this model needs" if num_models == 1 else "not even one model fits: one needs"
+            need = est.total(1, 1)
+            raise ConfigError(
+                f"{what} about {need / MB:,.0f} MB ({est.resident_per_model / MB:,.1f} MB of "
+                f"parameters and optimizer state, {est.shared_bytes / MB:,.0f} MB of data, the "
+                f"rest working memory) but {source} is {budget / MB:,.0f} MB; "
+                "use a smaller model or batch"
+            )
         raise ConfigError(
             f"{num_models} models need about {need / MB:,.0f} MB even one at a time "
             f"({est.resident_per_model / MB:.1f} MB each kept, "

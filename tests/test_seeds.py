@@ -216,3 +216,16 @@ def test_too_many_seeds_for_the_memory_fail_before_training(train_argv, tmp_path
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "50 models need about" in err
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_one_model_that_cannot_fit_is_refused_before_allocating(tiny_dataset):
+    """Every run is estimated, one model too (it once compiled, then died out of memory)."""
+    cfg = dataclasses.replace(small_cfg(), memory_budget_mb=1)
+    with pytest.raises(ConfigError, match=r"^this model needs about .* memory_budget_mb is 1 MB"):
+        train_population(cfg, population.seed_members(cfg), tiny_dataset)
+
+
+def test_not_even_one_of_many_models_fits():
+    est = memory.MemoryEstimate(100 * memory.MB, 10 * memory.MB, 50 * memory.MB)
+    with pytest.raises(ConfigError, match=r"^not even one model fits: one needs about 160 MB"):
+        memory.plan_chunks(8, est, 150 * memory.MB, "memory_budget_mb")
