@@ -15,7 +15,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from jaxmnist.data import formats
-from jaxmnist.data.download import DownloadError, DownloadPolicy, fetch_dataset, hosts, summarize
+from jaxmnist.data.download import (
+    DownloadError,
+    DownloadPolicy,
+    fetch_dataset,
+    hosts,
+    remove_stale_parts,
+    summarize,
+)
 from jaxmnist.data.formats import FileReport
 from jaxmnist.data.locate import ENV_DATA_DIR, Contents, Place, locate, scan, search_path
 from jaxmnist.data.registry import DatasetSpec, get_spec
@@ -95,6 +102,9 @@ def load_dataset(
     """
     spec = get_spec(name)
     places = search_path(spec, data_dir, cache_dir=cache_dir, system_root=system_root)
+    for place in places:
+        if place.label == "cache" and place.folder.is_dir():
+            remove_stale_parts(place.folder)  # a killed download's temporaries
     found = locate(places, spec)
     note = ""
     if found is None:
