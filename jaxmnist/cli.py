@@ -290,10 +290,9 @@ def cmd_data(args) -> int:
 
             out = Path(args.out or f"{name}_examples.png")
             png = dataset_examples_png(data.load_dataset(name, args.data_dir))
-            try:
-                out.write_bytes(png)
-            except OSError as e:
-                raise config_lib.ConfigError(f"{out}: cannot write ({e.strerror or e})") from None
+            from jaxmnist.rundir import atomic_write
+
+            atomic_write(out, png)
             print(out)
         elif args.action == "download":
             folder = data.download_dataset(name, args.cache_dir)
@@ -449,6 +448,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"jaxmnist {args.command}: interrupted", file=sys.stderr)
         return 130
+    except OSError as e:  # the environment failed us (a full disk, a vanished folder)
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"jaxmnist {args.command}: error: {where}{e.strerror or e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

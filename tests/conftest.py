@@ -100,13 +100,14 @@ def tiny_data_dir(tmp_path, tiny_arrays, tiny_spec, monkeypatch) -> Path:
 
 @pytest.fixture
 def small_tmpfs(tmp_path):
-    """`mount(kib)`: a fresh tmpfs of `kib` KiB (a disk that fills up, or is remounted
-    read-only even for root); skipped where mounting is not allowed (not root)."""
+    """`mount(kib, full=False)`: a fresh tmpfs of `kib` KiB (a disk that fills up, or is
+    remounted read-only even for root), filled to the last byte if `full`; skipped
+    where mounting is not allowed (not root)."""
     import subprocess
 
     mounted = []
 
-    def mount(kib: int) -> Path:
+    def mount(kib: int, full: bool = False) -> Path:
         where = tmp_path / f"tmpfs{len(mounted)}"
         where.mkdir()
         done = subprocess.run(
@@ -117,6 +118,14 @@ def small_tmpfs(tmp_path):
         if done.returncode:
             pytest.skip("cannot mount a tmpfs here (needs root)")
         mounted.append(where)
+        if full:
+            try:
+                with open(where / "filler", "wb") as f:
+                    while True:
+                        f.write(bytes(4096))
+                        f.flush()
+            except OSError:  # ENOSPC: full
+                pass
         return where
 
     yield mount

@@ -162,3 +162,16 @@ def test_real_entry_point_runs_as_a_program(tiny_data_dir, tmp_path):
     )
     assert proc.returncode == 2 and "epochs must be positive" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_an_os_error_from_the_environment_is_one_line_and_exit_1(monkeypatch, capsys):
+    from jaxmnist import cli
+
+    def vanished(args):
+        raise FileNotFoundError(2, "No such file or directory", "/gone/summary.json")
+
+    monkeypatch.setattr(cli, "cmd_config", vanished)
+    assert main(["config"]) == 1
+    assert capsys.readouterr().err == (
+        "jaxmnist config: error: /gone/summary.json: No such file or directory\n"
+    )

@@ -16,7 +16,7 @@ import pytest
 
 from jaxmnist.data import DownloadPolicy, download_dataset, load_dataset, synthetic
 from jaxmnist.data.registry import ROLES
-from jaxmnist.errors import DataError
+from jaxmnist.errors import DataError, WriteError
 
 FAST = DownloadPolicy(timeout=5.0, retries=1, backoff=0.0)
 IDX_NAMES = (
@@ -396,7 +396,7 @@ def test_web_page_from_a_mirror_is_named_as_such(tmp_path, server, spec):
 def test_full_disk_while_downloading_names_the_disk(tmp_path, server, arrays, spec, small_tmpfs):
     cache = small_tmpfs(64)
     (cache / "filler").write_bytes(bytes(63 << 10))  # leave ~1 KiB free
-    with pytest.raises(DataError) as info:
+    with pytest.raises(WriteError) as info:
         load_dataset(
             spec,
             cache_dir=cache,
@@ -405,6 +405,7 @@ def test_full_disk_while_downloading_names_the_disk(tmp_path, server, arrays, sp
             policy=FAST,
         )
     msg = str(info.value)
+    assert info.value.exit_code == 1
     assert msg.startswith(f"disk full while writing {cache / spec.folder}/.train-images")
     assert "network" not in msg and "127.0.0.1" not in msg
     assert "/m2/train-images-idx3-ubyte.gz" not in server.hits  # no other mirror can help

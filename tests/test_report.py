@@ -3,6 +3,7 @@
 import base64
 import dataclasses
 import json
+import os
 import re
 import shutil
 from html.parser import HTMLParser
@@ -363,3 +364,25 @@ def test_html_helpers_escape_and_highlight():
         rundata.class_stats(np.array([[2, 0], [1, 0]]))["precision"][1]
         != rundata.class_stats(np.array([[2, 0], [1, 0]]))["precision"][1]
     )  # never predicted: NaN, shown as a dash
+
+
+def test_report_that_cannot_be_written_is_one_line_and_exit_1(run_copy, small_tmpfs, capsys):
+    out = small_tmpfs(64, full=True) / "report.html"
+    assert main(["report", str(run_copy), "--out", str(out)]) == 1  # an I/O failure, not 2
+    err = capsys.readouterr().err
+    assert (
+        err
+        == f"jaxmnist report: error: disk full while writing {out}; free some space there and try again\n"
+    )
+    assert [p.name for p in out.parent.iterdir()] == ["filler"]  # nothing half-written
+
+
+def test_run_and_report_files_respect_the_umask(run_copy):
+    mask = os.umask(0o022)
+    os.umask(mask)
+    write_run_report(run_copy)
+    files = [p for p in run_copy.rglob("*") if p.is_file()]
+    assert {"config.json", "summary.json", "params.npz", "report.html"} <= {p.name for p in files}
+    assert {p.name: oct(p.stat().st_mode & 0o777) for p in files} == {
+        p.name: oct(0o666 & ~mask) for p in files
+    }

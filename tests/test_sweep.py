@@ -3,6 +3,7 @@
 import csv
 import dataclasses
 import json
+import os
 
 import jax
 import numpy as np
@@ -193,6 +194,10 @@ def test_cli_shape_changing_grid_runs_separate_programs(tiny_data_dir, tmp_path,
     assert all(g["models"] == 1 and g["steps"] > 0 for g in result["groups"])
     assert all(x["test_accuracy_std"] is None and x["epochs_to_target"] for x in result["results"])
     assert "epochs_to_target" in (out / "sweep.csv").read_text().splitlines()[0]
+    mask = os.umask(0o022)
+    os.umask(mask)
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in out.iterdir()}
+    assert modes == {p.name: oct(0o666 & ~mask) for p in out.iterdir()}  # shareable
 
 
 @pytest.mark.parametrize(

@@ -223,12 +223,17 @@ def _first(rows: list[dict], key: str):
 def write_outputs(result: dict, out_dir) -> dict[str, Path]:
     """Writes bench.json, bench.png and bench.html into `out_dir`; returns their paths."""
     from jaxmnist.bench.page import render_bench_page
+    from jaxmnist.errors import WriteError
+    from jaxmnist.rundir import atomic_write
 
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise WriteError.from_os_error(e, out) from None
     paths = {"json": out / JSON_NAME, "png": out / PNG_NAME, "html": out / HTML_NAME}
-    paths["json"].write_text(to_json(result))
+    atomic_write(paths["json"], to_json(result).encode())
     png = bar_chart(result)
-    paths["png"].write_bytes(png)
-    paths["html"].write_text(render_bench_page(result, png, format_table(result)))
+    atomic_write(paths["png"], png)
+    atomic_write(paths["html"], render_bench_page(result, png, format_table(result)).encode())
     return paths

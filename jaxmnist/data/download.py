@@ -38,7 +38,7 @@ from urllib.parse import urlsplit
 from jaxmnist.data import formats, transfer
 from jaxmnist.data.locate import default_cache_dir, scan
 from jaxmnist.data.registry import DatasetSpec, get_spec
-from jaxmnist.errors import DataError
+from jaxmnist.errors import DataError, WriteError
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ def _fetch_verified(
         try:
             open(tmp, "xb").close()
         except OSError as e:
-            raise transfer.LocalWriteError.from_os_error(e, tmp) from None
+            raise WriteError.from_os_error(e, tmp) from None
         log.info("downloading %s", url)
         _fetch(url, tmp, policy, max_bytes)
         verify(tmp)
@@ -136,7 +136,7 @@ def _fetch_verified(
         try:
             os.replace(tmp, dest)
         except OSError as e:
-            raise transfer.LocalWriteError.from_os_error(e, dest) from None
+            raise WriteError.from_os_error(e, dest) from None
         return dest
     finally:
         tmp.unlink(missing_ok=True)
@@ -190,7 +190,7 @@ def _download_into(
     def attempt(url, max_bytes, verify, final_name) -> Path | None:
         try:
             return _fetch_verified(url, folder, policy, max_bytes, verify, final_name)
-        except transfer.LocalWriteError:
+        except WriteError:
             raise  # a full disk here: no other mirror can help
         except transfer.TransferError as err:
             attempts.append((url, err.reason))
@@ -338,6 +338,6 @@ def download_dataset(
     lock); corrupt ones are replaced. `sources` overrides the spec's URLs (an entry
     ending in `.npz` is an npz URL, anything else a base URL for the .gz files).
     Raises `DownloadError` (a `DataError`) naming each source's failure, or
-    `transfer.LocalWriteError` when the disk is full.
+    `WriteError` when the disk is full.
     """
     return fetch_dataset(get_spec(name), cache_dir, sources=sources, policy=policy)[0]

@@ -8,7 +8,7 @@ end. So:
 
 - pooch writes the body into a `_Sink` (it accepts any object with `write`), which
   counts the decoded bytes and stops past `max_bytes`, recognises a web page in the
-  first chunk, and turns a full disk into `LocalWriteError` naming the file;
+  first chunk, and turns a full disk into `WriteError` naming the file;
 - the transfer runs in a daemon thread and the caller waits at most `deadline`
   seconds. Then the sink refuses further writes and the response's socket is shut
   down (urllib3's `HTTPResponse.shutdown`, meant for unblocking a read from another
@@ -22,12 +22,11 @@ summary ("connection closed after 100 of 5000 bytes"), never urllib3's raw text.
 
 from __future__ import annotations
 
-import errno
 import threading
 from pathlib import Path
 
 from jaxmnist.data import formats
-from jaxmnist.errors import DataError
+from jaxmnist.errors import DataError, JaxmnistError, WriteError
 
 REASON_MAX = 160
 """Longest reason kept from an exception's text (some are a kilobyte of urllib3 repr)."""
@@ -52,17 +51,6 @@ class TooSlow(TransferError):
         super().__init__(reason, skip_host=True)
 
 
-class LocalWriteError(DataError):
-    """Writing the downloaded bytes failed here (disk full, I/O error): no mirror can
-    help, so the download stops."""
-
-    @classmethod
-    def from_os_error(cls, err: OSError, path: Path) -> LocalWriteError:
-        if err.errno in (errno.ENOSPC, errno.EDQUOT):
-            return cls(f"disk full while writing {path}; free some space there and try again")
-        return cls(f"cannot write {path} ({err.strerror or err})")
-
-
 class _Stopped(Exception):
     """Raised into the worker when the caller has given up on it."""
 
@@ -78,7 +66,7 @@ class _Sink:
             # Closed by close(), which the caller always reaches (a `finally`).
             self._fh = open(path, "wb")  # noqa: SIM115
         except OSError as e:
-            raise LocalWriteError.from_os_error(e, path) from None
+            raise WriteError.from_os_error(e, path) from None
 
     def write(self, chunk: bytes) -> int:
         with self._lock:
@@ -96,7 +84,7 @@ class _Sink:
             try:
                 return self._fh.write(chunk)
             except OSError as e:
-                raise LocalWriteError.from_os_error(e, self.path) from None
+                raise WriteError.from_os_error(e, self.path) from None
 
     def flush(self) -> None:
         with self._lock:
@@ -105,7 +93,7 @@ class _Sink:
             try:
                 self._fh.flush()
             except OSError as e:
-                raise LocalWriteError.from_os_error(e, self.path) from None
+                raise WriteError.from_os_error(e, self.path) from None
 
     def stop(self) -> None:
         with self._lock:
@@ -118,7 +106,7 @@ class _Sink:
             try:
                 self._fh.close()
             except OSError as e:
-                raise LocalWriteError.from_os_error(e, self.path) from None
+                raise WriteError.from_os_error(e, self.path) from None
 
 
 def _shutdown(response) -> None:
@@ -164,7 +152,7 @@ def fetch(
     """Download `url` into `dest` (created or truncated), in at most `deadline` seconds.
 
     `timeout` bounds connecting and each read; `max_bytes` bounds the decoded body.
-    Raises `TransferError` (`TooSlow` past the deadline) or `LocalWriteError`; a
+    Raises `TransferError` (`TooSlow` past the deadline) or `WriteError`; a
     KeyboardInterrupt while waiting stops the transfer and propagates. `dest` may
     hold a partial body afterwards: the caller deletes it.
     """
@@ -213,7 +201,7 @@ def fetch(
             seen["response"].close()  # pooch leaves a failed streaming response open
         try:
             sink.close()
-        except LocalWriteError:
+        except WriteError:
             if not late and "error" not in outcome:
                 raise  # else the transfer failed anyway: its own reason is the one to report
     if late:
@@ -221,6 +209,6 @@ def fetch(
     err = outcome.get("error")
     if err is None:
         return
-    if isinstance(err, (DataError, KeyboardInterrupt)):
+    if isinstance(err, (JaxmnistError, KeyboardInterrupt)):
         raise err
     raise _reason(err, sink, seen.get("response")) from None

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxmnist.errors import ConfigError
+from jaxmnist import rundir
+from jaxmnist.errors import ConfigError, WriteError
 from jaxmnist.report import html, plots
 from jaxmnist.report.describe import DASH, flatten, pct, summary_rows
 from jaxmnist.report.rundata import RunData, load_run
@@ -155,7 +156,8 @@ def render_comparison(runs: list[RunData]) -> str:
 def write_comparison(run_dirs: list[str | os.PathLike], out: str | os.PathLike) -> Path:
     """Writes the comparison page of `run_dirs` to `out`; returns its path.
 
-    Raises ConfigError for fewer than two runs, JaxmnistError for a bad run directory.
+    Raises ConfigError for fewer than two runs, JaxmnistError for a bad run directory,
+    WriteError if the page cannot be written.
     """
     if len(run_dirs) < 2:
         raise ConfigError("compare needs at least two run directories")
@@ -167,7 +169,7 @@ def write_comparison(run_dirs: list[str | os.PathLike], out: str | os.PathLike) 
         )
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(render_comparison(runs), encoding="utf-8")
     except OSError as e:
-        raise ConfigError(f"{path}: cannot write ({e.strerror or e})") from None
+        raise WriteError.from_os_error(e, path) from None
+    rundir.atomic_write(path, render_comparison(runs).encode("utf-8"))
     return path

@@ -13,7 +13,7 @@ import json
 import os
 from pathlib import Path
 
-from jaxmnist.errors import ConfigError
+from jaxmnist import rundir
 from jaxmnist.report import html, plots, spread_plots
 from jaxmnist.report.describe import DASH, flatten, pct, secs
 
@@ -168,11 +168,8 @@ def render_sweep_page(sweep: dict, png: bytes) -> str:
 
 
 def write_sweep_page(sweep: dict, page: str | os.PathLike, png_path: str | os.PathLike) -> Path:
-    """Writes the plot to `png_path` and the page to `page`; ConfigError if either cannot be written."""
+    """Writes the plot to `png_path` and the page to `page`; WriteError if either cannot be written."""
     png = plots.to_png(spread_plots.sweep_figure(sweep))
-    try:
-        Path(png_path).write_bytes(png)
-        Path(page).write_text(render_sweep_page(sweep, png), encoding="utf-8")
-    except OSError as e:
-        raise ConfigError(f"{e.filename or page}: cannot write ({e.strerror or e})") from None
+    rundir.atomic_write(png_path, png)
+    rundir.atomic_write(page, render_sweep_page(sweep, png).encode("utf-8"))
     return Path(page)
