@@ -2,6 +2,7 @@
 
     config.json             the resolved Config
     environment.json        versions, backend, devices
+    data.json               the dataset's name, the folder it was read from, its SHA-256s
     metrics.jsonl           one JSON object per epoch (several seeds: means, plus per-seed lists)
     step_loss.csv           training loss of every step
     summary.json            final figures and timings
@@ -38,6 +39,7 @@ from jaxmnist.errors import ConfigError, JaxmnistError, WriteError
 
 PARAMS_FILE = "params.npz"
 COMMAND_FILE = "command.txt"
+DATA_FILE = "data.json"
 
 
 PROBE_NAME_LENGTH = 100
@@ -162,6 +164,7 @@ class RunWriter:
         for name in (
             "metrics.jsonl",
             "step_loss.csv",
+            DATA_FILE,
             "summary.json",
             "test_predictions.npz",
             "report.html",
@@ -175,6 +178,20 @@ class RunWriter:
         write_json(self.path / "config.json", cfg.to_dict())
         write_json(self.path / "environment.json", {**runtime.environment(), **info})
         atomic_write(self.path / "step_loss.csv", b"step,loss\n")
+
+    def write_data(self, dataset) -> None:
+        """data.json: where the (verified) data came from, so that `jaxmnist eval` finds
+        it again in a shell without the same --data-dir or JAXMNIST_DATA_DIR."""
+        folder = dataset.folder
+        write_json(
+            self.path / DATA_FILE,
+            {
+                "dataset": dataset.spec.name,
+                "folder": None if folder is None else str(Path(folder).absolute()),
+                "source": dataset.source,
+                "sha256": {f.name: f.sha256 for f in dataset.spec.files},
+            },
+        )
 
     def append_metrics(self, record: dict, step_losses: np.ndarray) -> None:
         append_lines(self.path / "metrics.jsonl", json.dumps(record) + "\n")
@@ -208,6 +225,15 @@ class RunWriter:
         )
         save_params(self.path / PARAMS_FILE, params)
         write_json(self.path / "summary.json", summary)
+
+
+def read_data_record(workdir: str | os.PathLike) -> dict | None:
+    """data.json of a run (see `RunWriter.write_data`), or None if absent or unreadable."""
+    try:
+        record = json.loads((Path(workdir) / DATA_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def read_run(workdir: str | os.PathLike) -> dict:

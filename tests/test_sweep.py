@@ -239,3 +239,14 @@ def test_set_hyperparams_reaches_through_gradient_clipping():
     expected = optim.make_schedule(dataclasses.replace(cfg, lr=4e-3), 10)(1)
     assert float(optim.current_learning_rate(state)) == pytest.approx(float(expected), rel=1e-6)
     assert float(state[1].hyperparams["weight_decay"]) == 0.0
+
+
+def test_programs_table_says_what_its_chunks_are():
+    from jaxmnist.report.sweep_report import programs_table
+
+    group = {"group": 0, "fixed": {}, "points": [0], "models": 24, "epochs": 1}
+    group.update(compile_seconds=1.0, train_seconds=2.0, eval_seconds=0.5)
+    one = programs_table({"groups": [{**group, "chunks": [24]}]})
+    assert "Memory chunks" in one and "1 of 24 models" in one
+    two = programs_table({"groups": [{**group, "chunks": [16, 8]}]})
+    assert "2: 16 + 8 models" in two

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -43,6 +44,7 @@ class Dataset:
     test_images: np.ndarray  # (10000, 28, 28) uint8
     test_labels: np.ndarray  # (10000,) uint8
     source: str  # human-readable: the folder or file it was read from, and any download
+    folder: Path | None = None  # the dataset folder it was read from (None: not from files)
 
 
 def _how_to_supply(spec: DatasetSpec) -> str:
@@ -126,6 +128,7 @@ def load_dataset(
         arrays["test_images"],
         arrays["test_labels"],
         f"{contents.source}{note}",
+        contents.folder,
     )
 
 

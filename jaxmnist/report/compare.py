@@ -10,6 +10,7 @@ per-class accuracy per run.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -76,11 +77,20 @@ def _side_by_side(
     return html.html_table(["", *labels], rows, highlight=differ, best=best, kv=True)
 
 
+def _config_value(flat: dict, key: str) -> str:
+    """A config value as config.json and the run report write it (`null`, `true`,
+    `[256, 128]`); a dash where the run has no such field."""
+    if key not in flat:
+        return DASH
+    value = flat[key]
+    return value if isinstance(value, str) else json.dumps(value)
+
+
 def _config_diff(runs: list[RunData], labels: list[str]) -> str:
     flat = [flatten(r.config) for r in runs]
     keys = sorted(set().union(*flat))
     rows = [
-        [k, *(str(f.get(k, DASH)) for f in flat)]
+        [k, *(_config_value(f, k) for f in flat)]
         for k in keys
         if len({repr(f.get(k, DASH)) for f in flat}) > 1
     ]
@@ -116,7 +126,10 @@ def render_comparison(runs: list[RunData]) -> str:
     ]
     headline = [row for row in full if row[0] in HEADLINE]
     curves = plots.compare_curves(
-        [(label, r.records, r.steps, r.step_losses) for label, r in zip(labels, runs)]
+        [
+            (plots.drawable(label), r.records, r.steps, r.step_losses)
+            for label, r in zip(labels, runs)
+        ]
     )
     alts = {
         "train_loss": "Training loss of every run against step, overlaid",

@@ -246,7 +246,10 @@ def target_table(s: dict) -> str:
     else:
         rows = [
             ["Target", f"{pct(s['target_accuracy'])} {of}"],
-            ["Reached", f"no: {pct(s['test_accuracy'])} after all {s['epochs']} epochs"],
+            [
+                "Reached",
+                f"no: {pct(s['test_accuracy'])} after all {s['epochs']} epoch{'s' * (s['epochs'] != 1)}",
+            ],
         ]
     return html.html_table(["", ""], rows, kv=True)
 

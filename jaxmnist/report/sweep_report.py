@@ -64,13 +64,20 @@ def results_table(sweep: dict) -> str:
     return html.html_table(header, rows, highlight={0}) + f'<p class="note">{html.esc(NOTE)}</p>'
 
 
+def _chunks_text(chunks: list[int]) -> str:
+    """[24] -> "1 of 24 models"; [16, 8] -> "2: 16 + 8 models" (models trained at once)."""
+    if len(chunks) == 1:
+        return f"1 of {chunks[0]} model{'s' * (chunks[0] != 1)}"
+    return f"{len(chunks)}: {' + '.join(map(str, chunks))} models"
+
+
 def programs_table(sweep: dict) -> str:
     header = [
         "Program",
         "Fixed values",
         "Points",
         "Models",
-        "Chunks",
+        "Memory chunks",
         "Epochs",
         "Compile",
         "Training",
@@ -82,7 +89,7 @@ def programs_table(sweep: dict) -> str:
             ", ".join(f"{k}={v}" for k, v in g["fixed"].items()) or "(all points)",
             len(g["points"]),
             g["models"],
-            " + ".join(map(str, g["chunks"])),
+            _chunks_text(g["chunks"]),
             g["epochs"],
             secs(g["compile_seconds"]),
             secs(g["train_seconds"]),
@@ -93,7 +100,9 @@ def programs_table(sweep: dict) -> str:
     note = (
         "Points that differ only in learning rate, weight decay, momentum or seed share one "
         "compiled program (those values are arrays in it); a value that changes a shape or the "
-        "program starts another, and programs run one after another."
+        "program starts another, and programs run one after another. Memory chunks: how many "
+        "times the program ran per epoch, and how many models each time, so that they fit in "
+        "memory."
     )
     return html.html_table(header, rows) + f'<p class="note">{html.esc(note)}</p>'
 
