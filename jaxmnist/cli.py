@@ -13,6 +13,7 @@ import datetime
 import importlib
 import json
 import logging
+import os
 import sys
 import threading
 from pathlib import Path
@@ -215,12 +216,13 @@ def _check_target(summary: dict) -> None:
     """Exit 3, after everything was written, when --target-accuracy was not reached."""
     if summary.get("target_reached") is False:
         from jaxmnist.errors import TargetNotReached
+        from jaxmnist.reporting import plural
 
         seeds = len(summary.get("seeds", [0]))
         of = f"mean test accuracy of {seeds} seeds" if seeds > 1 else "test accuracy"
         raise TargetNotReached(
             f"target {of} {summary['target_accuracy']:.2%} not reached: "
-            f"{summary['test_accuracy']:.2%} after all {summary['epochs']} epochs"
+            f"{summary['test_accuracy']:.2%} after all {plural(summary['epochs'], 'epoch')}"
         )
 
 
@@ -350,14 +352,28 @@ def cmd_devices(args) -> int:
 
 
 def cmd_data(args) -> int:
+    if args.action != "download":
+        return _data_action(args)
+    # The downloader reports mirrors and retries through logging: shown while it runs,
+    # and the logger left as it was (main() may be called again, from a test or a notebook).
+    log = logging.getLogger("jaxmnist.data")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    level = log.level
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        return _data_action(args)
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+
+
+def _data_action(args) -> int:
     from jaxmnist import data
     from jaxmnist.reporting import print_data_info, print_verify
+    from jaxmnist.rundir import atomic_write
 
-    if args.action == "download":  # the downloader reports mirrors and retries through logging
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        logging.getLogger("jaxmnist.data").addHandler(handler)
-        logging.getLogger("jaxmnist.data").setLevel(logging.INFO)
     names = [args.dataset] if args.dataset else list(data.DATASETS)
     for name in names:
         data.get_spec(name)
@@ -369,10 +385,7 @@ def cmd_data(args) -> int:
 
             out = Path(args.out or f"{name}_examples.png")
             png = dataset_examples_png(data.load_dataset(name, args.data_dir))
-            try:
-                out.write_bytes(png)
-            except OSError as e:
-                raise config_lib.ConfigError(f"{out}: cannot write ({e.strerror or e})") from None
+            atomic_write(out, png)
             print(out)
         elif args.action == "download":
             folder = data.download_dataset(name, args.cache_dir)
@@ -468,6 +481,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="jaxmnist",
         description="Train and benchmark MNIST-family classifiers with JAX and Optax.",
     )
+    from jaxmnist import __version__
+
+    parser.add_argument("--version", action="version", version=f"jaxmnist {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("train", help="train a model and write a run directory")
@@ -524,18 +540,37 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _silence_stdout() -> None:
+    """Points stdout at /dev/null, so that Python's flush at exit does not fail again on
+    the closed pipe (the recipe in the `signal` module's documentation)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass  # stdout is not a real file (a test's capture): nothing flushes it at exit
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # recorded with the run
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handlers, not at exit
+        return code
+    except BrokenPipeError:
+        _silence_stdout()
+        return 141  # as a process killed by SIGPIPE: the reader (`| head`) stopped reading
     except JaxmnistError as e:
         print(f"jaxmnist {args.command}: error: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print(f"jaxmnist {args.command}: interrupted", file=sys.stderr)
         return 130
+    except OSError as e:  # the environment failed us (a full disk, a vanished folder)
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"jaxmnist {args.command}: error: {where}{e.strerror or e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

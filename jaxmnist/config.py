@@ -192,7 +192,14 @@ def field_names(cfg: Config | None = None) -> list[str]:
 
 
 def apply_overrides(cfg: Config, overrides: dict[str, object]) -> Config:
-    """Returns `cfg` with dotted keys replaced; values may be strings or typed."""
+    """Returns `cfg` with dotted keys replaced; values may be strings or typed.
+
+    A duration given here wins over the one in `cfg`: `train.epochs` without
+    `train.steps` clears the steps a preset set (codelab's 400), since steps would
+    otherwise silently override the epochs asked for.
+    """
+    if "train.epochs" in overrides and "train.steps" not in overrides:
+        overrides = {**overrides, "train.steps": None}
     for key, raw in overrides.items():
         parts = key.split(".")
         if len(parts) > 2 or key not in field_names(cfg):
@@ -270,6 +277,11 @@ def validate(cfg: Config, *, num_train_examples: int | None = None) -> None:
         raise ConfigError(f"momentum must be in [0, 1), got {o.momentum}")
     if o.warmup_steps < 0:
         raise ConfigError(f"warmup_steps must be >= 0, got {o.warmup_steps}")
+    if o.warmup_steps and o.schedule != "warmup_cosine":
+        raise ConfigError(
+            f"warmup_steps={o.warmup_steps} has no effect with schedule {o.schedule!r}: "
+            "warmup applies to warmup_cosine only (use --schedule warmup_cosine, or drop it)"
+        )
     if o.grad_clip is not None and not (math.isfinite(o.grad_clip) and o.grad_clip > 0):
         raise ConfigError(f"grad_clip must be finite and positive, got {o.grad_clip}")
     if o.weight_decay and o.name == "adam":

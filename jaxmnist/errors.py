@@ -6,6 +6,8 @@ stderr and an exit code; anything else is a bug in jaxmnist and keeps its
 traceback.
 """
 
+from __future__ import annotations
+
 
 class JaxmnistError(Exception):
     """An error the user can fix; `exit_code` is what the CLI exits with."""
@@ -31,3 +33,16 @@ class TargetNotReached(JaxmnistError):
     """`--target-accuracy` was not reached; the run itself finished and was written."""
 
     exit_code = 3
+
+
+class WriteError(JaxmnistError):
+    """A file could not be written here (disk full, no permission, name too long)."""
+
+    @classmethod
+    def from_os_error(cls, err: OSError, path) -> WriteError:
+        """One line naming `path` and the cause; a full disk says so plainly."""
+        import errno
+
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            return cls(f"disk full while writing {path}; free some space there and try again")
+        return cls(f"cannot write {path}: {err.strerror or err}")

@@ -150,8 +150,38 @@ def predict_probabilities(
     return np.asarray(probs, np.float32).reshape(-1, probs.shape[-1])[:n]
 
 
+def _recorded_folder(recorded: dict | None, cfg):
+    """The folder training read its data from (the run's data.json), if it still has it."""
+    from pathlib import Path
+
+    from jaxmnist.data import get_spec
+    from jaxmnist.data.locate import scan
+
+    if not recorded or recorded.get("dataset") != cfg.data.dataset or not recorded.get("folder"):
+        return None
+    folder = Path(recorded["folder"])
+    return folder if scan(get_spec(cfg.data.dataset), folder).usable else None
+
+
+def _check_same_data(recorded: dict | None, dataset, run_dir) -> None:
+    """DataError if the run was trained on data with other checksums than `dataset`'s."""
+    from jaxmnist.errors import DataError
+
+    if not recorded or not isinstance(recorded.get("sha256"), dict):
+        return
+    now = {f.name: f.sha256 for f in dataset.spec.files}
+    if recorded["sha256"] != now:
+        raise DataError(
+            f"{run_dir}: trained on {recorded.get('dataset')} data with other checksums than "
+            f"{dataset.source} has; evaluating it there would not measure the same thing"
+        )
+
+
 def evaluate_run(run_dir, data_dir=None) -> dict:
     """Re-evaluates a run directory's saved parameters on the test and training sets.
+
+    The data is looked for in `data_dir`, then where training read it (the run's
+    data.json), then where `load_dataset` looks.
 
     A run of several seeds (parameters stacked along a leading seed axis) is
     evaluated seed by seed: the figures are means, with per-seed lists, and the
@@ -166,9 +196,13 @@ def evaluate_run(run_dir, data_dir=None) -> dict:
         cfg = config_lib.from_dict(run["config"])
     except Exception as e:  # noqa: BLE001 -- a hand-edited or foreign config.json
         raise rundir.JaxmnistError(f"{run_dir}/config.json: not a jaxmnist config ({e})") from None
+    recorded = rundir.read_data_record(run_dir)
     dataset = load_dataset(
-        cfg.data.dataset, data_dir or cfg.data.data_dir, download=cfg.data.download
+        cfg.data.dataset,
+        data_dir or _recorded_folder(recorded, cfg) or cfg.data.data_dir,
+        download=cfg.data.download,
     )
+    _check_same_data(recorded, dataset, run_dir)
     num_classes = len(dataset.spec.class_names)
     init = get_model(cfg.model.name).init
     like = jax.eval_shape(

@@ -30,7 +30,7 @@ class TerminalReporter(Reporter):
     def on_start(self, info: dict) -> None:
         self._print(
             f"{info['dataset']} from {info['source']} | {info['num_params']:,} parameters | "
-            f"{info['epochs']} epochs x {info['steps_per_epoch']} steps | "
+            f"{plural(info['epochs'], 'epoch')} x {plural(info['steps_per_epoch'], 'step')} | "
             f"{info['backend']}: {info['device']}"
         )
         if "models" in info:
@@ -90,7 +90,10 @@ class TerminalReporter(Reporter):
             f"test loss {s['test_loss']:.4f} | compile {s['compile_seconds']:.2f} s, "
             f"train {s['train_seconds']:.2f} s, {s['examples_per_second']:,.0f} examples/s"
         )
-        if self.mode != "json":
+        if self.mode == "quiet":  # exactly one line, as promised: the result and where it is
+            where = f" | run directory: {self.workdir}" if self.workdir is not None else ""
+            print(line + where, file=self.out, flush=True)
+        elif self.mode != "json":
             print(line, file=self.out, flush=True)
             for extra in seed_lines(s) + target_lines(s):
                 print(extra, file=self.out, flush=True)
@@ -122,7 +125,9 @@ def target_lines(s: dict) -> list[str]:
         return []
     of = "mean test accuracy" if "seeds" in s else "test accuracy"
     if not s["target_reached"]:
-        return [f"target {of} {s['target_accuracy']:.2%} NOT reached in {s['epochs']} epochs"]
+        return [
+            f"target {of} {s['target_accuracy']:.2%} NOT reached in {plural(s['epochs'], 'epoch')}"
+        ]
     return [
         (
             f"target {of} {s['target_accuracy']:.2%} reached after epoch "
@@ -133,9 +138,14 @@ def target_lines(s: dict) -> list[str]:
     ]
 
 
+def plural(n: int, noun: str) -> str:
+    """`1 epoch`, `3 epochs`."""
+    return f"{n:,} {noun}{'s' * (n != 1)}"
+
+
 def format_confusion(matrix, class_names) -> str:
-    """Counts, rows = true class, columns = predicted class."""
-    names = [n[:9] for n in class_names]
+    """Counts, rows = true class, columns = predicted class; class names in full."""
+    names = list(class_names)
     width = max(6, *(len(n) for n in names)) + 1
     lines = ["true \\ pred".ljust(width + 2) + "".join(n.rjust(width) for n in names)]
     for name, row in zip(names, matrix):

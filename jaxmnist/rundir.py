@@ -2,6 +2,7 @@
 
     config.json             the resolved Config
     environment.json        versions, backend, devices
+    data.json               the dataset's name, the folder it was read from, its SHA-256s
     metrics.jsonl           one JSON object per epoch (several seeds: means, plus per-seed lists)
     step_loss.csv           training loss of every step
     summary.json            final figures and timings
@@ -14,51 +15,109 @@
     tensorboard/            TensorBoard events, with tensorboard=true
 
 Every file is written to a temporary name and renamed into place, so a crashed
-or interrupted run never leaves a file that looks complete. summary.json is
-written last: its presence marks a finished run.
+or interrupted run never leaves a file that looks complete; the two growing files
+(metrics.jsonl, step_loss.csv) gain whole lines only: an append that fails is cut
+back to the last whole line. summary.json is written last: its presence marks a
+finished run. Files get the umask's permissions, so run directories can be shared.
+An OSError while writing becomes a `WriteError`: one line naming the file (exit 1).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import secrets
 import shlex
-import tempfile
 from pathlib import Path
 
 import jax
 import numpy as np
 
 from jaxmnist import runtime
-from jaxmnist.errors import ConfigError, JaxmnistError
+from jaxmnist.errors import ConfigError, JaxmnistError, WriteError
 
 PARAMS_FILE = "params.npz"
 COMMAND_FILE = "command.txt"
+DATA_FILE = "data.json"
 
 
-def _atomic_write(path: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+PROBE_NAME_LENGTH = 100
+"""Longest path we create inside a run directory, relative to it, with room to spare
+(e.g. `tensorboard/events.out.tfevents.<time>.<host>`, `.<name>.<pid>.<token>.tmp`)."""
+
+
+def atomic_write(path: str | os.PathLike, data) -> None:
+    """Writes `data` (bytes, or a function `write(binary_file)`) to `path` atomically.
+
+    The temporary file beside `path` is created with open(..., "x"), so it gets the
+    umask's permissions (mkstemp's 0600 would make run directories unreadable to
+    others); it is removed on any failure. Raises WriteError on an OSError.
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
+        with open(tmp, "xb") as f:
+            data(f) if callable(data) else f.write(data)
         os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
+    except BaseException as e:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass  # the directory itself is gone or unwritable: nothing was left there
+        if isinstance(e, OSError):
+            raise WriteError.from_os_error(e, path) from None
         raise
 
 
+def append_lines(path: str | os.PathLike, text: str) -> None:
+    """Appends `text` (whole lines) to `path`, creating it; all of it or none of it.
+
+    One unbuffered write loop; if it fails part-way (a full disk), the file is cut
+    back to its previous length, so it never ends in a cut-off line.
+    """
+    data = memoryview(text.encode())
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    except OSError as e:
+        raise WriteError.from_os_error(e, path) from None
+    try:
+        start = os.lseek(fd, 0, os.SEEK_END)
+        try:
+            while data:
+                data = data[os.write(fd, data) :]
+        except OSError as e:
+            os.ftruncate(fd, start)  # frees space: works on a full disk
+            raise WriteError.from_os_error(e, path) from None
+    finally:
+        os.close(fd)
+
+
 def write_json(path: Path, obj) -> None:
-    _atomic_write(path, lambda f: f.write((json.dumps(obj, indent=2) + "\n").encode()))
+    atomic_write(path, (json.dumps(obj, indent=2) + "\n").encode())
 
 
 def check_writable(workdir: str | os.PathLike) -> Path:
-    """Creates `workdir` if needed; ConfigError if it cannot be written."""
+    """Creates `workdir` if needed; ConfigError if it cannot be written.
+
+    Writes and removes a file with a name as long as the longest path a run creates
+    there, so a directory path near the system's length limit fails here, with a
+    clear message, and not after training.
+    """
     path = Path(workdir)
+    name = f".jaxmnist-probe-{os.getpid()}-{secrets.token_hex(4)}-"
+    probe = path / name.ljust(PROBE_NAME_LENGTH, "x")
     try:
         path.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
+        with open(probe, "xb"):
             pass
+        probe.unlink()
     except OSError as e:
+        if e.errno == errno.ENAMETOOLONG:
+            raise ConfigError(
+                f"run directory path is too long ({len(str(path.absolute()))} characters): the "
+                "files in it would pass the system's limit on path lengths; choose a shorter one"
+            ) from None
         raise ConfigError(
             f"run directory {str(path)!r} is not writable: {e.strerror or e}"
         ) from None
@@ -67,9 +126,7 @@ def check_writable(workdir: str | os.PathLike) -> Path:
 
 def write_command(workdir: str | os.PathLike, argv: list[str]) -> None:
     """command.txt: the command line that produced the run, shell-quoted."""
-    _atomic_write(
-        Path(workdir) / COMMAND_FILE, lambda f: f.write((shlex.join(argv) + "\n").encode())
-    )
+    atomic_write(Path(workdir) / COMMAND_FILE, (shlex.join(argv) + "\n").encode())
 
 
 def save_params(path: Path, params) -> None:
@@ -78,7 +135,7 @@ def save_params(path: Path, params) -> None:
         jax.tree_util.keystr(k): np.asarray(v)
         for k, v in jax.tree_util.tree_leaves_with_path(params)
     }
-    _atomic_write(path, lambda f: np.savez(f, **flat))
+    atomic_write(path, lambda f: np.savez(f, **flat))
 
 
 def load_params(path: Path, like):
@@ -107,24 +164,42 @@ class RunWriter:
         for name in (
             "metrics.jsonl",
             "step_loss.csv",
+            DATA_FILE,
             "summary.json",
             "test_predictions.npz",
             "report.html",
         ):
-            (self.path / name).unlink(missing_ok=True)
+            try:
+                (self.path / name).unlink(missing_ok=True)
+            except OSError as e:
+                raise WriteError.from_os_error(e, self.path / name) from None
 
     def write_start(self, cfg, info: dict) -> None:
         write_json(self.path / "config.json", cfg.to_dict())
         write_json(self.path / "environment.json", {**runtime.environment(), **info})
-        with open(self.path / "step_loss.csv", "w") as f:
-            f.write("step,loss\n")
+        atomic_write(self.path / "step_loss.csv", b"step,loss\n")
+
+    def write_data(self, dataset) -> None:
+        """data.json: where the (verified) data came from, so that `jaxmnist eval` finds
+        it again in a shell without the same --data-dir or JAXMNIST_DATA_DIR."""
+        folder = dataset.folder
+        write_json(
+            self.path / DATA_FILE,
+            {
+                "dataset": dataset.spec.name,
+                "folder": None if folder is None else str(Path(folder).absolute()),
+                "source": dataset.source,
+                "sha256": {f.name: f.sha256 for f in dataset.spec.files},
+            },
+        )
 
     def append_metrics(self, record: dict, step_losses: np.ndarray) -> None:
-        with open(self.path / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(record) + "\n")
+        append_lines(self.path / "metrics.jsonl", json.dumps(record) + "\n")
         first = record["step"] - len(step_losses)
-        with open(self.path / "step_loss.csv", "a") as f:
-            f.writelines(f"{first + i + 1},{loss:.6g}\n" for i, loss in enumerate(step_losses))
+        append_lines(
+            self.path / "step_loss.csv",
+            "".join(f"{first + i + 1},{loss:.6g}\n" for i, loss in enumerate(step_losses)),
+        )
 
     def write_end(
         self,
@@ -150,6 +225,15 @@ class RunWriter:
         )
         save_params(self.path / PARAMS_FILE, params)
         write_json(self.path / "summary.json", summary)
+
+
+def read_data_record(workdir: str | os.PathLike) -> dict | None:
+    """data.json of a run (see `RunWriter.write_data`), or None if absent or unreadable."""
+    try:
+        record = json.loads((Path(workdir) / DATA_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def read_run(workdir: str | os.PathLike) -> dict:

@@ -18,15 +18,13 @@ import numpy as np
 from jaxmnist.data.locate import default_cache_dir
 
 
-def enable_compilation_cache(directory: str | os.PathLike | None = None) -> Path:
+def enable_compilation_cache(directory: str | os.PathLike | None = None) -> Path | None:
     """Turns on JAX's persistent compilation cache, so a second identical run skips
-    most of its compile time. Every program is cached, however quick to compile."""
-    path = Path(directory) if directory else default_cache_dir() / "xla"
-    path.mkdir(parents=True, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", str(path))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    return path
+    most of its compile time; None (and one warning) when it cannot be written, and
+    the run goes on without it. See `jaxmnist.compile_cache`."""
+    from jaxmnist import compile_cache
+
+    return compile_cache.enable(Path(directory) if directory else default_cache_dir() / "xla")
 
 
 def _version(package: str) -> str | None:

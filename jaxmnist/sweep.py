@@ -34,7 +34,7 @@ from jaxmnist import config as config_lib
 from jaxmnist import stats
 from jaxmnist.errors import ConfigError
 from jaxmnist.population import TRACED_FIELDS, Member
-from jaxmnist.rundir import write_json
+from jaxmnist.rundir import atomic_write, write_json
 from jaxmnist.train import EpochEnd, Reporter, layout_for, train_population
 
 FILES = {"json": "sweep.json", "csv": "sweep.csv", "png": "sweep.png", "html": "sweep.html"}
@@ -380,6 +380,6 @@ def write_outputs(sweep: dict, out_dir: Path, command: str | None = None) -> dic
     paths = {k: Path(out_dir) / name for k, name in FILES.items()}
     sweep = {**sweep, "command": command}
     write_json(paths["json"], sweep)
-    paths["csv"].write_text(to_csv(sweep))
+    atomic_write(paths["csv"], to_csv(sweep).encode())
     write_sweep_page(sweep, paths["html"], paths["png"])
     return paths

@@ -490,6 +490,8 @@ def train_and_evaluate(
     if dataset is None:
         dataset = load_dataset(cfg.data.dataset, cfg.data.data_dir, download=cfg.data.download)
     config_lib.validate(cfg, num_train_examples=len(dataset.train_labels))
+    if run:
+        run.write_data(dataset)  # where the data came from, for `jaxmnist eval`
     events = _event_writer(run, cfg)
     callbacks = [
         reporter if main else None,

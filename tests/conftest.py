@@ -102,3 +102,38 @@ def tiny_data_dir(tmp_path, tiny_arrays, tiny_spec, monkeypatch) -> Path:
     synthetic.write_idx_folder(root / tiny_spec.folder, tiny_arrays, tiny_spec)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     return root
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """`mount(kib, full=False)`: a fresh tmpfs of `kib` KiB (a disk that fills up, or is
+    remounted read-only even for root), filled to the last byte if `full`; skipped
+    where mounting is not allowed (not root)."""
+    import subprocess
+
+    mounted = []
+
+    def mount(kib: int, full: bool = False) -> Path:
+        where = tmp_path / f"tmpfs{len(mounted)}"
+        where.mkdir()
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={kib}k", "tmpfs", str(where)],
+            capture_output=True,
+            check=False,
+        )
+        if done.returncode:
+            pytest.skip("cannot mount a tmpfs here (needs root)")
+        mounted.append(where)
+        if full:
+            try:
+                with open(where / "filler", "wb") as f:
+                    while True:
+                        f.write(bytes(4096))
+                        f.flush()
+            except OSError:  # ENOSPC: full
+                pass
+        return where
+
+    yield mount
+    for where in mounted:
+        subprocess.run(["umount", "-l", str(where)], check=False)

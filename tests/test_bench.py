@@ -212,3 +212,22 @@ def test_schema_check_reports_problems():
         "bench.modes[0].final_train_loss: expected int or float or null, got NoneType"
         not in problems
     )
+
+
+def test_differences_within_the_noise_are_not_shown_as_negative_times(quick_run):
+    from jaxmnist.bench.page import render_bench_page
+
+    result = json.loads((quick_run[1] / "bench.json").read_text())
+    steps = {m["mode"]: m["step_seconds"] for m in result["modes"]}
+    # A host copy that measured 0.15 ms *faster* than no copy, within a 0.4 ms spread.
+    steps["jit-step-device"].update(median=2.00e-3, min=1.8e-3, max=2.2e-3)
+    steps["jit-step-host"].update(median=1.85e-3, min=1.65e-3, max=2.05e-3)
+    result["breakdown"]["host_copy_seconds"] = 1.85e-3 - 2.00e-3
+    table = format_table(result)
+    line = next(x for x in table.splitlines() if x.startswith("per step, ms:"))
+    assert "host copy < noise (±0.400)" in line and "-0." not in line
+    page = render_bench_page(result, (quick_run[1] / "bench.png").read_bytes(), table)
+    assert "host copy &lt; noise (±0.400)" in page and "host copy -0.150" not in page
+    # A difference beyond the noise is still shown as measured.
+    result["breakdown"]["host_copy_seconds"] = 1.0e-3
+    assert "host copy 1.000" in format_table(result)

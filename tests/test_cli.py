@@ -64,7 +64,8 @@ def test_train_json_and_quiet(train_argv, tmp_path, capsys):
     assert summary["steps"] == 5 and summary["epochs"] == 1
     assert main(train_argv(tmp_path / "b", "--quiet", "--steps", "5")) == 0
     out = capsys.readouterr().out.strip().splitlines()
-    assert out[0].startswith("test accuracy")
+    assert len(out) == 1 and out[0].startswith("test accuracy")  # one line, as promised
+    assert out[0].endswith(f"run directory: {tmp_path / 'b'}")
 
 
 @pytest.mark.parametrize(
@@ -167,3 +168,96 @@ def test_real_entry_point_runs_as_a_program(tiny_data_dir, tmp_path):
     )
     assert proc.returncode == 2 and "epochs must be positive" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_an_os_error_from_the_environment_is_one_line_and_exit_1(monkeypatch, capsys):
+    from jaxmnist import cli
+
+    def vanished(args):
+        raise FileNotFoundError(2, "No such file or directory", "/gone/summary.json")
+
+    monkeypatch.setattr(cli, "cmd_config", vanished)
+    assert main(["config"]) == 1
+    assert capsys.readouterr().err == (
+        "jaxmnist config: error: /gone/summary.json: No such file or directory\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "args, epochs, steps",
+    [
+        (["--epochs", "1"], 1, None),  # codelab's train.steps=400 must not win
+        (["train.epochs=2"], 2, None),
+        (["--steps", "7"], 5, 7),
+        (["--epochs", "2", "--steps", "7"], 2, 7),  # both given: steps, as --help says
+    ],
+)
+def test_duration_on_the_command_line_wins_over_the_preset(args, epochs, steps, capsys):
+    assert main(["config", "--preset", "codelab", *args]) == 0
+    train = json.loads(capsys.readouterr().out)["train"]
+    assert (train["epochs"], train["steps"]) == (epochs, steps)
+
+
+def test_codelab_epochs_then_eval_in_a_new_shell(tiny_data_dir, tmp_path, capsys, monkeypatch):
+    """Data found through JAXMNIST_DATA_DIR at training is found again by `eval` in a
+    shell without it: the run records where its data came from."""
+    monkeypatch.setenv("JAXMNIST_DATA_DIR", str(tiny_data_dir))
+    run = tmp_path / "run"
+    argv = ["train", "--preset", "codelab", "--dataset", "tiny", "--run-dir", str(run)]
+    assert main([*argv, "--epochs", "1", "--batch-size", "32", "--no-compile-cache", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["epochs"], summary["steps"]) == (1, 640 // 32)  # not codelab's 400 steps
+    data = json.loads((run / "data.json").read_text())
+    assert data["folder"] == str(tiny_data_dir / "tiny") and len(data["sha256"]) == 4
+
+    monkeypatch.delenv("JAXMNIST_DATA_DIR")  # a new shell
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "empty-cache"))
+    assert main(["eval", str(run), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["test_accuracy"] == pytest.approx(summary["test_accuracy"])
+
+
+def test_version(capsys):
+    from importlib import metadata
+
+    import jaxmnist
+
+    assert jaxmnist.__version__ == metadata.version("jaxmnist")
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out == f"jaxmnist {jaxmnist.__version__}\n"
+
+
+def test_output_into_a_closed_pipe_is_no_traceback():
+    """`jaxmnist ... | head -3`: the reader has gone before everything was written."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jaxmnist", "config"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    proc.stdout.close()  # like head after its lines: nobody reads any more
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    assert proc.wait(timeout=120) == 141  # as killed by SIGPIPE, like other tools in a pipe
+    assert err == ""
+
+
+def test_warmup_steps_with_a_schedule_without_warmup_is_refused(capsys):
+    assert main(["config", "--schedule", "cosine", "optimizer.warmup_steps=10"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "warmup applies to warmup_cosine only" in err
+    assert main(["config", "--schedule", "warmup_cosine", "optimizer.warmup_steps=10"]) == 0
+
+
+def test_one_epoch_is_singular():
+    import io
+
+    from jaxmnist.reporting import TerminalReporter
+
+    out = io.StringIO()
+    info = {"dataset": "tiny", "source": "memory", "num_params": 10, "epochs": 1}
+    TerminalReporter("normal", stream=out).on_start(
+        {**info, "steps_per_epoch": 20, "backend": "cpu", "device": "cpu:0"}
+    )
+    assert "| 1 epoch x 20 steps |" in out.getvalue()

@@ -16,7 +16,7 @@ import pytest
 
 from jaxmnist.data import DownloadPolicy, download_dataset, load_dataset, synthetic
 from jaxmnist.data.registry import ROLES
-from jaxmnist.errors import DataError
+from jaxmnist.errors import DataError, WriteError
 
 FAST = DownloadPolicy(timeout=5.0, retries=1, backoff=0.0)
 IDX_NAMES = (
@@ -31,7 +31,8 @@ class Server:
     """Serves `routes[path]`: a list of responses used in turn (the last repeats).
 
     A response is `(status, body)`, or `(status, body, declared_length)` to send a
-    Content-Length larger than the body and hang up (an interrupted transfer).
+    Content-Length larger than the body and hang up (an interrupted transfer), or
+    `(status, write)` where `write(handler)` sends headers and body itself.
     `hits[path]` counts requests; `delay` slows every response.
     """
 
@@ -47,6 +48,8 @@ class Server:
                 resp = responses[min(server.hits[self.path], len(responses)) - 1]
                 status, body = resp[0], resp[1]
                 self.send_response(status)
+                if callable(body):
+                    return body(self)
                 self.send_header("Content-Length", str(resp[2] if len(resp) > 2 else len(body)))
                 self.end_headers()
                 self.wfile.write(body)
@@ -235,8 +238,7 @@ def test_truncated_transfer_leaves_nothing(tmp_path, server, arrays, spec):
 
 def test_interrupted_download_leaves_nothing(tmp_path, monkeypatch, server, arrays, spec):
     def interrupted(self, url, output_file, pooch_, check_only=False):
-        with open(output_file, "wb") as fh:
-            fh.write(b"\x1f\x8b partial")
+        output_file.write(b"\x1f\x8b partial")
         raise KeyboardInterrupt
 
     monkeypatch.setattr(pooch.HTTPDownloader, "__call__", interrupted)
@@ -278,3 +280,217 @@ def test_concurrent_processes_on_empty_cache(tmp_path, server, arrays, spec):
         p.close()
     assert_valid_cache(tmp_path / "c" / spec.folder, spec, arrays)
     assert all(server.hits[f"/m/{n}.gz"] == 1 for n in IDX_NAMES)  # the lock: one download
+
+
+# --- A hostile mirror: endless bodies, gzip bombs, trickles, web pages, a full disk ---
+
+IMAGES = "train-images-idx3-ubyte.gz"
+
+
+def endless(sent, limit):
+    """A body without Content-Length that never ends (until `limit` bytes, so a test
+    without the cap still finishes); `sent[0]` counts the bytes the client took."""
+
+    def write(handler):
+        handler.send_header("Connection", "close")
+        handler.end_headers()
+        chunk = b"\0\0\x08\x03" + bytes(65532)  # the start of an IDX file, then zeros
+        try:
+            while sent[0] < limit:
+                handler.wfile.write(chunk)
+                sent[0] += len(chunk)
+        except OSError:
+            pass  # the client hung up
+
+    return write
+
+
+def test_endless_body_stops_at_the_size_cap(tmp_path, server, arrays, spec):
+    sent = [0]
+    server.routes[f"/endless/{IMAGES}"] = [(200, endless(sent, 256 << 20))]
+    with pytest.raises(DataError, match="sent more than") as info:
+        download_dataset(spec, tmp_path / "c", sources=[f"{server.base}/endless/"], policy=FAST)
+    assert len(str(info.value)) < 300
+    # Cap: twice the file's size plus framing, a few KiB here; the socket buffers
+    # hold a few MiB more. Without the cap the whole 256 MiB would be taken.
+    assert sent[0] < 32 << 20
+    assert leftovers(tmp_path / "c" / spec.folder) == []
+
+
+def test_gzip_bomb_content_encoding_stops_at_the_size_cap(tmp_path, server, arrays, spec):
+    bomb = gzip.compress(b"\0\0\x08\x03" + bytes(64 << 20), compresslevel=9)  # ~64 KiB
+
+    def write(handler):
+        handler.send_header("Content-Encoding", "gzip")
+        handler.send_header("Content-Length", str(len(bomb)))
+        handler.end_headers()
+        handler.wfile.write(bomb)
+
+    server.routes[f"/bomb/{IMAGES}"] = [(200, write)]
+    with pytest.raises(DataError) as info:
+        download_dataset(spec, tmp_path / "c", sources=[f"{server.base}/bomb/"], policy=FAST)
+    # Refused while streaming, from the decoded size, not after writing 64 MiB.
+    assert "sent more than" in str(info.value)
+    assert leftovers(tmp_path / "c" / spec.folder) == []
+
+
+def test_trickling_mirror_meets_the_deadline_then_the_next_mirror(tmp_path, server, arrays, spec):
+    sent = [0]
+
+    def trickle(handler):  # one byte every 0.2 s, for at most 10 s
+        handler.send_header("Content-Length", "5000")
+        handler.end_headers()
+        try:
+            for _ in range(50):
+                handler.wfile.write(b"\x1f")
+                handler.wfile.flush()
+                sent[0] += 1
+                time.sleep(0.2)
+        except OSError:
+            pass
+
+    for name in IDX_NAMES:
+        server.routes[f"/slow/{name}.gz"] = [(200, trickle)]
+    other = Server()  # a host that is too slow is skipped: the good mirror is elsewhere
+    good = other.serve("good", gz_files(arrays))
+    policy = DownloadPolicy(timeout=5.0, retries=1, backoff=0.0, deadline=1.0)
+    start = time.perf_counter()
+    folder = download_dataset(
+        spec, tmp_path / "c", sources=[f"{server.base}/slow/", good], policy=policy
+    )
+    assert time.perf_counter() - start < 6  # deadline 1 s; the trickle alone lasts 10 s
+    assert_valid_cache(folder, spec, arrays)
+    assert server.hits[f"/slow/{IMAGES}"] == 1  # too slow is not retried...
+    assert f"/slow/{IDX_NAMES[1]}.gz" not in server.hits  # ...nor asked for the other files
+    assert sent[0] < 20  # the transfer was dropped at the deadline, not left running
+    other.stop()
+
+
+def test_truncated_transfer_says_how_many_bytes(tmp_path, server, arrays, spec):
+    data = gz_files(arrays)[IMAGES]
+    server.routes[f"/cut/{IMAGES}"] = [(200, data[:100], len(data))]
+    with pytest.raises(DataError) as info:
+        load_dataset(
+            spec,
+            cache_dir=tmp_path / "c",
+            system_root=tmp_path / "s",
+            sources=[f"{server.base}/cut/"],
+            policy=FAST,
+        )
+    msg = str(info.value)
+    port = server.httpd.server_address[1]
+    assert f"mirror 127.0.0.1:{port}: connection closed after 100 of {len(data):,} bytes" in msg
+    assert "urllib3" not in msg and "IncompleteRead" not in msg and len(msg) < 600
+
+
+def test_web_page_from_a_mirror_is_named_as_such(tmp_path, server, spec):
+    page = b"<!DOCTYPE html><html><body>Please log in</body></html>" * 10
+    url = server.serve("portal", {f"{n}.gz": page for n in IDX_NAMES})
+    with pytest.raises(DataError) as info:
+        download_dataset(spec, tmp_path / "c", sources=[url], policy=FAST)
+    msg = str(info.value)
+    assert "returned a web page instead of data" in msg
+    assert "delete it" not in msg  # nothing was saved: there is nothing to delete
+
+
+def test_full_disk_while_downloading_names_the_disk(tmp_path, server, arrays, spec, small_tmpfs):
+    cache = small_tmpfs(64)
+    (cache / "filler").write_bytes(bytes(63 << 10))  # leave ~1 KiB free
+    with pytest.raises(WriteError) as info:
+        load_dataset(
+            spec,
+            cache_dir=cache,
+            system_root=tmp_path / "s",
+            sources=[server.serve("m", gz_files(arrays)), server.serve("m2", gz_files(arrays))],
+            policy=FAST,
+        )
+    msg = str(info.value)
+    assert info.value.exit_code == 1
+    assert msg.startswith(f"disk full while writing {cache / spec.folder}/.train-images")
+    assert "network" not in msg and "127.0.0.1" not in msg
+    assert "/m2/train-images-idx3-ubyte.gz" not in server.hits  # no other mirror can help
+    assert leftovers(cache / spec.folder) == []
+
+
+def test_waiting_on_another_download_says_so_first(tmp_path, server, arrays, spec):
+    import logging
+
+    import filelock
+
+    folder = tmp_path / "c" / spec.folder
+    folder.mkdir(parents=True)
+    lock = filelock.FileLock(folder / ".lock")  # held as another downloading process holds it
+    notices = []
+
+    class OtherProcessFinishes(logging.Handler):  # ...as soon as the waiter says it waits
+        def emit(self, record):
+            if "waiting for another jaxmnist process" in record.getMessage():
+                notices.append(record)
+                lock.release()
+
+    handler = OtherProcessFinishes()
+    logging.getLogger("jaxmnist.data.download").addHandler(handler)
+    lock.acquire()
+    start = time.time()
+    try:
+        policy = DownloadPolicy(timeout=5.0, retries=0, lock_wait=20.0)
+        download_dataset(
+            spec, tmp_path / "c", sources=[server.serve("m", gz_files(arrays))], policy=policy
+        )
+    finally:
+        logging.getLogger("jaxmnist.data.download").removeHandler(handler)
+        if lock.is_locked:
+            lock.release()
+    assert len(notices) == 1 and notices[0].levelname == "WARNING"  # stderr when unconfigured
+    assert notices[0].created - start < 10  # said within seconds, not after the 20 s wait
+    msg = notices[0].getMessage()
+    assert msg.startswith(f"waiting for another jaxmnist process to finish downloading {spec.name}")
+
+
+def test_waiting_on_another_download_gives_up_after_lock_wait(tmp_path, server, spec):
+    import filelock
+
+    folder = tmp_path / "c" / spec.folder
+    folder.mkdir(parents=True)
+    policy = DownloadPolicy(timeout=5.0, retries=0, lock_wait=2.5)
+    # The lock is held as another process downloading would hold it.
+    with filelock.FileLock(folder / ".lock"), pytest.raises(DataError) as info:
+        download_dataset(spec, tmp_path / "c", sources=[f"{server.base}/m/"], policy=policy)
+    assert str(info.value).startswith("gave up after 2.5 s waiting for another jaxmnist process")
+    assert server.hits == {}
+
+
+def test_stale_part_of_a_killed_download_goes_on_the_next_run(tmp_path, arrays, spec):
+    folder = tmp_path / "c" / spec.folder
+    synthetic.write_idx_folder(folder, arrays, spec)
+    stale = folder / f".{IMAGES}.999999.0badf00d.part"
+    stale.write_bytes(b"left by a killed download")
+    load_dataset(spec, cache_dir=tmp_path / "c", system_root=tmp_path / "s", download=False)
+    assert not stale.exists()
+
+
+def test_part_of_a_running_download_is_left_alone(tmp_path, arrays, spec):
+    import filelock
+
+    folder = tmp_path / "c" / spec.folder
+    synthetic.write_idx_folder(folder, arrays, spec)
+    live = folder / f".{IMAGES}.1.0badf00d.part"
+    live.write_bytes(b"being written")
+    with filelock.FileLock(folder / ".lock"):  # its downloader holds the lock
+        load_dataset(spec, cache_dir=tmp_path / "c", system_root=tmp_path / "s", download=False)
+    assert live.exists()
+
+
+def test_complete_cache_needs_no_lock(tmp_path, monkeypatch, arrays, spec):
+    import filelock
+
+    folder = tmp_path / "c" / spec.folder
+    synthetic.write_idx_folder(folder, arrays, spec)
+
+    class ReadOnly(filelock.FileLock):
+        def acquire(self, *args, **kwargs):
+            raise PermissionError(13, "Read-only file system")
+
+    monkeypatch.setattr(filelock, "FileLock", ReadOnly)
+    assert download_dataset(spec, tmp_path / "c", sources=[], policy=FAST) == folder
+    assert not (folder / ".lock").exists()

@@ -3,6 +3,7 @@
 import base64
 import dataclasses
 import json
+import os
 import re
 import shutil
 from html.parser import HTMLParser
@@ -364,3 +365,64 @@ def test_html_helpers_escape_and_highlight():
         rundata.class_stats(np.array([[2, 0], [1, 0]]))["precision"][1]
         != rundata.class_stats(np.array([[2, 0], [1, 0]]))["precision"][1]
     )  # never predicted: NaN, shown as a dash
+
+
+def test_report_that_cannot_be_written_is_one_line_and_exit_1(run_copy, small_tmpfs, capsys):
+    out = small_tmpfs(64, full=True) / "report.html"
+    assert main(["report", str(run_copy), "--out", str(out)]) == 1  # an I/O failure, not 2
+    err = capsys.readouterr().err
+    expected = f"disk full while writing {out}; free some space there and try again\n"
+    assert err == f"jaxmnist report: error: {expected}"
+    assert [p.name for p in out.parent.iterdir()] == ["filler"]  # nothing half-written
+
+
+def test_run_and_report_files_respect_the_umask(run_copy):
+    mask = os.umask(0o022)
+    os.umask(mask)
+    write_run_report(run_copy)
+    files = [p for p in run_copy.rglob("*") if p.is_file()]
+    assert {"config.json", "summary.json", "params.npz", "report.html"} <= {p.name for p in files}
+    assert {p.name: oct(p.stat().st_mode & 0o777) for p in files} == {
+        p.name: oct(0o666 & ~mask) for p in files
+    }
+
+
+def test_compare_page_writes_null_like_the_other_pages(run_dir, run_copy, tmp_path):
+    config = json.loads((run_copy / "config.json").read_text())
+    config["optimizer"]["grad_clip"] = 1.0  # the other run has null
+    (run_copy / "config.json").write_text(json.dumps(config))
+    page = write_comparison([run_dir, run_copy], tmp_path / "c.html").read_text()
+    row = re.search(r"<tr><t[hd][^>]*>optimizer\.grad_clip</t[hd]>.*?</tr>", page, re.DOTALL).group(
+        0
+    )
+    assert "null" in row and "None" not in row
+
+
+def test_compare_with_an_emoji_in_a_run_name_draws_without_warnings(run_dir, tmp_path):
+    rocket = shutil.copytree(run_dir, tmp_path / "run-\N{ROCKET}")
+    # filterwarnings=error: a "Glyph ... missing from font" warning would fail this test.
+    page = write_comparison([run_dir, rocket], tmp_path / "c.html").read_text()
+    assert "run-\N{ROCKET}" in page  # the page itself keeps the real name
+
+
+def test_seed_plot_legends_cannot_hide_a_point():
+    from jaxmnist.report import spread_plots
+
+    records = [{"epoch": e, "test_accuracy_per_seed": [0.9, 0.95, 0.91]} for e in (1, 2)]
+    fig = spread_plots.seed_accuracy(records, [0, 1, 2], [0.9, 0.95, 0.91], (0.88, 0.97))
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        legend = ax.get_legend().get_window_extent(renderer)
+        assert not legend.overlaps(ax.get_window_extent(renderer))  # outside the data area
+
+
+def test_eval_prints_class_names_in_full(capsys):
+    from jaxmnist.data import get_spec
+    from jaxmnist.reporting import format_confusion
+
+    names = get_spec("fashion_mnist").class_names
+    text = format_confusion(np.eye(10, dtype=int), names)
+    assert "T-shirt/top" in text and "Ankle boot" in text
+    header = text.splitlines()[0].split()
+    assert header[-2:] == ["Ankle", "boot"] and "T-shirt/top" in header

@@ -3,6 +3,7 @@
 import csv
 import dataclasses
 import json
+import os
 
 import jax
 import numpy as np
@@ -193,6 +194,10 @@ def test_cli_shape_changing_grid_runs_separate_programs(tiny_data_dir, tmp_path,
     assert all(g["models"] == 1 and g["steps"] > 0 for g in result["groups"])
     assert all(x["test_accuracy_std"] is None and x["epochs_to_target"] for x in result["results"])
     assert "epochs_to_target" in (out / "sweep.csv").read_text().splitlines()[0]
+    mask = os.umask(0o022)
+    os.umask(mask)
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in out.iterdir()}
+    assert modes == {p.name: oct(0o666 & ~mask) for p in out.iterdir()}  # shareable
 
 
 @pytest.mark.parametrize(
@@ -234,3 +239,14 @@ def test_set_hyperparams_reaches_through_gradient_clipping():
     expected = optim.make_schedule(dataclasses.replace(cfg, lr=4e-3), 10)(1)
     assert float(optim.current_learning_rate(state)) == pytest.approx(float(expected), rel=1e-6)
     assert float(state[1].hyperparams["weight_decay"]) == 0.0
+
+
+def test_programs_table_says_what_its_chunks_are():
+    from jaxmnist.report.sweep_report import programs_table
+
+    group = {"group": 0, "fixed": {}, "points": [0], "models": 24, "epochs": 1}
+    group.update(compile_seconds=1.0, train_seconds=2.0, eval_seconds=0.5)
+    one = programs_table({"groups": [{**group, "chunks": [24]}]})
+    assert "Memory chunks" in one and "1 of 24 models" in one
+    two = programs_table({"groups": [{**group, "chunks": [16, 8]}]})
+    assert "2: 16 + 8 models" in two

@@ -95,6 +95,34 @@ def _timing_rows(rows: list[dict], first: str, key, tokens: bool, quality: bool)
     return lines
 
 
+def breakdown_text(result: dict) -> str:
+    """The per-step breakdown in ms, e.g. "compiled step 0.412, call overhead < noise (±0.150)".
+
+    A part is the difference of two modes' median step times. When it is no larger
+    than the noise of the two medians (half of each mode's min-max range over its
+    windows, added) its size and even its sign are not measured, so it is shown as
+    "< noise" with that spread instead of a number that may be negative.
+    """
+    from jaxmnist.bench.run import BREAKDOWN_PARTS
+
+    steps = {m["mode"]: m["step_seconds"] for m in result["modes"]}
+
+    def half_range(mode):
+        s = steps.get(mode)
+        return (s["max"] - s["min"]) / 2 if s else 0.0
+
+    cells = []
+    for name, seconds in result["breakdown"].items():
+        a, b = BREAKDOWN_PARTS.get(name, (None, None))
+        label = name.removesuffix("_seconds").replace("_", " ")
+        noise = half_range(a) + half_range(b) if b else 0.0
+        if b and abs(seconds) <= noise:
+            cells.append(f"{label} < noise (±{1e3 * noise:.3f})")
+        else:
+            cells.append(f"{label} {1e3 * seconds:.3f}")
+    return ", ".join(cells)
+
+
 def format_table(result: dict) -> str:
     """The terminal report: headline, then one table per comparison."""
     tokens = result["tokens"] is not None
@@ -114,14 +142,8 @@ def format_table(result: dict) -> str:
         shown = [f"{k} {v:.2f}x" for k, v in ratios.items() if k != "bfloat16/float32"]
         if shown:
             lines.append("examples/s ratios: " + ", ".join(shown))
-        b = {k: v * 1e3 for k, v in result["breakdown"].items()}
-        if b:
-            lines.append(
-                "per step, ms: "
-                + ", ".join(
-                    f"{k.removesuffix('_seconds').replace('_', ' ')} {v:.3f}" for k, v in b.items()
-                )
-            )
+        if result["breakdown"]:
+            lines.append("per step, ms: " + breakdown_text(result))
     if dtypes:
         lines += ["", f"Compute dtype: {dtypes[0]['mode']}, batch {dtypes[0]['batch_size']}"]
         lines += _timing_rows(dtypes, "dtype", lambda m: m["dtype"], tokens, quality=True)
@@ -224,12 +246,17 @@ def _first(rows: list[dict], key: str):
 def write_outputs(result: dict, out_dir) -> dict[str, Path]:
     """Writes bench.json, bench.png and bench.html into `out_dir`; returns their paths."""
     from jaxmnist.bench.page import render_bench_page
+    from jaxmnist.errors import WriteError
+    from jaxmnist.rundir import atomic_write
 
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise WriteError.from_os_error(e, out) from None
     paths = {"json": out / JSON_NAME, "png": out / PNG_NAME, "html": out / HTML_NAME}
-    paths["json"].write_text(to_json(result))
+    atomic_write(paths["json"], to_json(result).encode())
     png = bar_chart(result)
-    paths["png"].write_bytes(png)
-    paths["html"].write_text(render_bench_page(result, png, format_table(result)))
+    atomic_write(paths["png"], png)
+    atomic_write(paths["html"], render_bench_page(result, png, format_table(result)).encode())
     return paths

@@ -11,7 +11,7 @@ from __future__ import annotations
 import html as html_lib
 import json
 
-from jaxmnist.bench.output import device
+from jaxmnist.bench.output import breakdown_text, device
 from jaxmnist.report.html import cards, figure, html_table, render_page
 
 COLUMNS = ["compile s", "ms/step", "spread", "examples/s", "GFLOP/s", "MFU"]
@@ -131,11 +131,8 @@ def render_bench_page(result: dict, png: bytes, table_text: str) -> str:
         extra = ""
         if result["breakdown"]:
             extra = _p(
-                "Per step, ms: "
-                + ", ".join(
-                    f"{k.removesuffix('_seconds').replace('_', ' ')} {1e3 * v:.3f}"
-                    for k, v in result["breakdown"].items()
-                )
+                f"Per step, ms: {breakdown_text(result)} (a difference of two modes within "
+                "their measurement noise is shown as < noise, with that spread)"
             )
         sections.append(
             (

@@ -303,18 +303,21 @@ def _ratios(modes: list[dict], dtypes: list[dict]) -> dict:
     return out
 
 
+BREAKDOWN_PARTS = {
+    "compiled_step_seconds": ("scan-epoch", None),
+    "call_overhead_seconds": ("jit-step-device", "scan-epoch"),
+    "host_copy_seconds": ("jit-step-host", "jit-step-device"),
+    "eager_dispatch_seconds": ("python-dispatch", "jit-step-device"),
+}
+"""Each part of a step's time: the mode measured, minus the mode it is compared with."""
+
+
 def _breakdown(modes: list[dict]) -> dict:
     """Where a step's time goes, as differences of median seconds per step between modes."""
     t = {r["mode"]: r["step_seconds"]["median"] for r in modes}
-    parts = {
-        "compiled_step_seconds": ("scan-epoch", None),
-        "call_overhead_seconds": ("jit-step-device", "scan-epoch"),
-        "host_copy_seconds": ("jit-step-host", "jit-step-device"),
-        "eager_dispatch_seconds": ("python-dispatch", "jit-step-device"),
-    }
     return {
         name: t[a] - (t[b] if b else 0.0)
-        for name, (a, b) in parts.items()
+        for name, (a, b) in BREAKDOWN_PARTS.items()
         if a in t and (b is None or b in t)
     }
 

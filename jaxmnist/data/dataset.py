@@ -11,11 +11,19 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from jaxmnist.data import formats
-from jaxmnist.data.download import DownloadError, DownloadPolicy, fetch_dataset, hosts, summarize
+from jaxmnist.data.download import (
+    DownloadError,
+    DownloadPolicy,
+    fetch_dataset,
+    hosts,
+    remove_stale_parts,
+    summarize,
+)
 from jaxmnist.data.formats import FileReport
 from jaxmnist.data.locate import ENV_DATA_DIR, Contents, Place, locate, scan, search_path
 from jaxmnist.data.registry import DatasetSpec, get_spec
@@ -36,6 +44,7 @@ class Dataset:
     test_images: np.ndarray  # (10000, 28, 28) uint8
     test_labels: np.ndarray  # (10000,) uint8
     source: str  # human-readable: the folder or file it was read from, and any download
+    folder: Path | None = None  # the dataset folder it was read from (None: not from files)
 
 
 def _how_to_supply(spec: DatasetSpec) -> str:
@@ -95,6 +104,9 @@ def load_dataset(
     """
     spec = get_spec(name)
     places = search_path(spec, data_dir, cache_dir=cache_dir, system_root=system_root)
+    for place in places:
+        if place.label == "cache" and place.folder.is_dir():
+            remove_stale_parts(place.folder)  # a killed download's temporaries
     found = locate(places, spec)
     note = ""
     if found is None:
@@ -116,6 +128,7 @@ def load_dataset(
         arrays["test_images"],
         arrays["test_labels"],
         f"{contents.source}{note}",
+        contents.folder,
     )
 
 

@@ -14,6 +14,7 @@ names; reading and verifying is `formats`, downloading is `download`.
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,11 +26,26 @@ SYSTEM_DATA_ROOT = Path("/usr/share/datasets")
 """Root of system-wide dataset folders; tests pass `system_root=` instead."""
 
 
+def _home() -> Path:
+    """$HOME, or the account's home folder when HOME is unset, empty or relative
+    (Python reads `HOME=''` as `/`, which would put the cache in `/.cache`)."""
+    home = os.environ.get("HOME", "")
+    if os.path.isabs(home):
+        return Path(home)
+    import pwd
+
+    try:
+        home = pwd.getpwuid(os.getuid()).pw_dir
+    except KeyError:  # no account entry (some containers)
+        home = ""
+    return Path(home) if os.path.isabs(home) else Path(tempfile.gettempdir())
+
+
 def default_cache_dir() -> Path:
     """`$XDG_CACHE_HOME/jaxmnist`, or `~/.cache/jaxmnist` when that is unset."""
     xdg = os.environ.get("XDG_CACHE_HOME", "")
     # The XDG spec says relative values are invalid and must be ignored.
-    base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache"
+    base = Path(xdg) if os.path.isabs(xdg) else _home() / ".cache"
     return base / "jaxmnist"
 
 

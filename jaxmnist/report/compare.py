@@ -10,12 +10,14 @@ per-class accuracy per run.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import numpy as np
 
-from jaxmnist.errors import ConfigError
+from jaxmnist import rundir
+from jaxmnist.errors import ConfigError, WriteError
 from jaxmnist.report import html, plots
 from jaxmnist.report.describe import DASH, flatten, pct, summary_rows
 from jaxmnist.report.rundata import RunData, load_run
@@ -75,11 +77,20 @@ def _side_by_side(
     return html.html_table(["", *labels], rows, highlight=differ, best=best, kv=True)
 
 
+def _config_value(flat: dict, key: str) -> str:
+    """A config value as config.json and the run report write it (`null`, `true`,
+    `[256, 128]`); a dash where the run has no such field."""
+    if key not in flat:
+        return DASH
+    value = flat[key]
+    return value if isinstance(value, str) else json.dumps(value)
+
+
 def _config_diff(runs: list[RunData], labels: list[str]) -> str:
     flat = [flatten(r.config) for r in runs]
     keys = sorted(set().union(*flat))
     rows = [
-        [k, *(str(f.get(k, DASH)) for f in flat)]
+        [k, *(_config_value(f, k) for f in flat)]
         for k in keys
         if len({repr(f.get(k, DASH)) for f in flat}) > 1
     ]
@@ -115,7 +126,10 @@ def render_comparison(runs: list[RunData]) -> str:
     ]
     headline = [row for row in full if row[0] in HEADLINE]
     curves = plots.compare_curves(
-        [(label, r.records, r.steps, r.step_losses) for label, r in zip(labels, runs)]
+        [
+            (plots.drawable(label), r.records, r.steps, r.step_losses)
+            for label, r in zip(labels, runs)
+        ]
     )
     alts = {
         "train_loss": "Training loss of every run against step, overlaid",
@@ -155,7 +169,8 @@ def render_comparison(runs: list[RunData]) -> str:
 def write_comparison(run_dirs: list[str | os.PathLike], out: str | os.PathLike) -> Path:
     """Writes the comparison page of `run_dirs` to `out`; returns its path.
 
-    Raises ConfigError for fewer than two runs, JaxmnistError for a bad run directory.
+    Raises ConfigError for fewer than two runs, JaxmnistError for a bad run directory,
+    WriteError if the page cannot be written.
     """
     if len(run_dirs) < 2:
         raise ConfigError("compare needs at least two run directories")
@@ -167,7 +182,7 @@ def write_comparison(run_dirs: list[str | os.PathLike], out: str | os.PathLike) 
         )
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(render_comparison(runs), encoding="utf-8")
     except OSError as e:
-        raise ConfigError(f"{path}: cannot write ({e.strerror or e})") from None
+        raise WriteError.from_os_error(e, path) from None
+    rundir.atomic_write(path, render_comparison(runs).encode("utf-8"))
     return path

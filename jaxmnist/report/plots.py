@@ -12,6 +12,7 @@ The image grids (examples, predictions, mistakes) are in `image_grids`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import math
 
@@ -46,6 +47,23 @@ def style():
     """matplotlib's defaults plus ours, ignoring the user's matplotlibrc."""
     with matplotlib.style.context("default"), matplotlib.rc_context(STYLE):
         yield
+
+
+@functools.cache
+def _glyphs() -> frozenset[int]:
+    """Code points the figures' font can draw."""
+    from matplotlib import font_manager
+
+    with style():
+        path = font_manager.findfont(font_manager.FontProperties())
+    return frozenset(font_manager.get_font(path).get_charmap())
+
+
+def drawable(text: str) -> str:
+    """`text` with characters our font lacks (an emoji in a run directory's name) shown
+    as "?", so that drawing it does not make matplotlib warn about missing glyphs."""
+    glyphs = _glyphs()
+    return "".join(c if ord(c) in glyphs or c.isspace() else "?" for c in text)
 
 
 def new_figure(width: float, height: float, layout: str | None = "constrained") -> Figure:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import io
 import os
-import tempfile
 import zipfile
 import zlib
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from jaxmnist import rundir
 from jaxmnist.errors import JaxmnistError
 
 PREDICTIONS_FILE = "test_predictions.npz"
@@ -102,14 +102,7 @@ def save_test_predictions(run_dir: str | os.PathLike, probs, labels, images) -> 
         sample_images=np.asarray(images[index], np.uint8),
     )
     path = Path(run_dir) / PREDICTIONS_FILE
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(buf.getvalue())
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    rundir.atomic_write(path, buf.getvalue())
     return path
 
 

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxmnist.errors import ConfigError
+from jaxmnist import rundir
+from jaxmnist.errors import WriteError
 from jaxmnist.report import html, image_grids, plots, spread_plots
 from jaxmnist.report.describe import DASH, dataset_title, flatten, num, pct, secs, summary_rows
 from jaxmnist.report.predictions import GRID_SIZE, class_examples, confident_mistakes
@@ -254,7 +255,13 @@ def target_table(s: dict) -> str:
     else:
         rows = [
             ["Target", f"{pct(s['target_accuracy'])} {of}"],
-            ["Reached", f"no: {pct(s['test_accuracy'])} after all {s['epochs']} epochs"],
+            [
+                "Reached",
+                (
+                    f"no: {pct(s['test_accuracy'])} after all "
+                    f"{s['epochs']} epoch{'s' * (s['epochs'] != 1)}"
+                ),
+            ],
         ]
     return html.html_table(["", ""], rows, kv=True)
 
@@ -319,7 +326,7 @@ def write_run_report(run_dir: str | os.PathLike, out: str | os.PathLike | None =
     page's path.
 
     Raises JaxmnistError (one line) if `run_dir` is not a finished run or a file
-    is damaged, ConfigError if `out` cannot be written.
+    is damaged, WriteError if a file cannot be written.
     """
     run = load_run(run_dir)
     figs = build_figures(run)
@@ -334,12 +341,11 @@ def write_run_report(run_dir: str | os.PathLike, out: str | os.PathLike | None =
             write_atomic(plot_dir / f"{name}.png", png)
         write_atomic(page, render_run_report(run, figs).encode("utf-8"))
     except OSError as e:
-        raise ConfigError(f"{e.filename or page}: cannot write ({e.strerror or e})") from None
+        raise WriteError.from_os_error(e, e.filename or page) from None
     return page
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Writes `data` to a temporary name beside `path`, then renames it into place."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    """Writes `data` to a temporary name beside `path`, then renames it into place;
+    WriteError (one line, exit 1) if it cannot."""
+    rundir.atomic_write(path, data)

@@ -44,7 +44,8 @@ def seed_accuracy(records: list[dict], seeds: list[int], final: list[float], ci9
         left.set(title="Test accuracy of every seed", xlabel="epoch")
         left.xaxis.set_major_locator(MaxNLocator(integer=True))
         left.yaxis.set_major_formatter(PercentFormatter(decimals=1))
-        left.legend(fontsize=8, loc="lower right")
+        # Legends below the axes: inside, they can hide a curve or a seed's point.
+        left.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16))
         x = np.arange(len(final))
         right.scatter(x, final, color=TEST, s=22, zorder=3, label="one seed")
         mean = final.mean()
@@ -57,7 +58,7 @@ def seed_accuracy(records: list[dict], seeds: list[int], final: list[float], ci9
         right.set(title="Final test accuracy by seed", xlabel="seed")
         right.yaxis.set_major_formatter(PCT)
         right.grid(axis="x", visible=False)
-        right.legend(fontsize=7.5, loc="best")
+        right.legend(fontsize=7.5, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncols=3)
     return fig
 
 

@@ -13,7 +13,7 @@ import json
 import os
 from pathlib import Path
 
-from jaxmnist.errors import ConfigError
+from jaxmnist import rundir
 from jaxmnist.report import html, plots, spread_plots
 from jaxmnist.report.describe import DASH, flatten, pct, secs
 
@@ -64,13 +64,20 @@ def results_table(sweep: dict) -> str:
     return html.html_table(header, rows, highlight={0}) + f'<p class="note">{html.esc(NOTE)}</p>'
 
 
+def _chunks_text(chunks: list[int]) -> str:
+    """[24] -> "1 of 24 models"; [16, 8] -> "2: 16 + 8 models" (models trained at once)."""
+    if len(chunks) == 1:
+        return f"1 of {chunks[0]} model{'s' * (chunks[0] != 1)}"
+    return f"{len(chunks)}: {' + '.join(map(str, chunks))} models"
+
+
 def programs_table(sweep: dict) -> str:
     header = [
         "Program",
         "Fixed values",
         "Points",
         "Models",
-        "Chunks",
+        "Memory chunks",
         "Epochs",
         "Compile",
         "Training",
@@ -82,7 +89,7 @@ def programs_table(sweep: dict) -> str:
             ", ".join(f"{k}={v}" for k, v in g["fixed"].items()) or "(all points)",
             len(g["points"]),
             g["models"],
-            " + ".join(map(str, g["chunks"])),
+            _chunks_text(g["chunks"]),
             g["epochs"],
             secs(g["compile_seconds"]),
             secs(g["train_seconds"]),
@@ -93,7 +100,9 @@ def programs_table(sweep: dict) -> str:
     note = (
         "Points that differ only in learning rate, weight decay, momentum or seed share one "
         "compiled program (those values are arrays in it); a value that changes a shape or the "
-        "program starts another, and programs run one after another."
+        "program starts another, and programs run one after another. Memory chunks: how many "
+        "times the program ran per epoch, and how many models each time, so that they fit in "
+        "memory."
     )
     return html.html_table(header, rows) + f'<p class="note">{html.esc(note)}</p>'
 
@@ -168,12 +177,9 @@ def render_sweep_page(sweep: dict, png: bytes) -> str:
 
 
 def write_sweep_page(sweep: dict, page: str | os.PathLike, png_path: str | os.PathLike) -> Path:
-    """Writes the plot to `png_path` and the page to `page`; ConfigError if either cannot be
+    """Writes the plot to `png_path` and the page to `page`; WriteError if either cannot be
     written."""
     png = plots.to_png(spread_plots.sweep_figure(sweep))
-    try:
-        Path(png_path).write_bytes(png)
-        Path(page).write_text(render_sweep_page(sweep, png), encoding="utf-8")
-    except OSError as e:
-        raise ConfigError(f"{e.filename or page}: cannot write ({e.strerror or e})") from None
+    rundir.atomic_write(png_path, png)
+    rundir.atomic_write(page, render_sweep_page(sweep, png).encode("utf-8"))
     return Path(page)
