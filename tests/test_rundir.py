@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from jaxmnist import rundir
+from jaxmnist.errors import WriteError
 
 
 def names(folder) -> list[str]:
@@ -34,8 +35,8 @@ def test_write_failing_midway_keeps_the_old_file(tmp_path, name):
         f.write(b'{"new": tr')
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    with pytest.raises(OSError, match="No space left"):
-        rundir._atomic_write(path, half_then_disk_full)
+    with pytest.raises(WriteError, match="disk full"):
+        rundir.atomic_write(path, half_then_disk_full)
     assert path.read_bytes() == before
     assert names(tmp_path) == [name]
 
