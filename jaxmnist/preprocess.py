@@ -94,11 +94,12 @@ def mnist_style(image: Image.Image) -> np.ndarray:
     An image without ink (blank paper) comes back all black.
     """
     ink = ink_on_black(grayscale(_shrink(image)))
-    rows, cols = np.nonzero(ink > INK)
+    mask = ink > INK
+    rows, cols = np.flatnonzero(mask.any(1)), np.flatnonzero(mask.any(0))
     out = np.zeros((SIZE, SIZE), np.uint8)
     if not len(rows):
         return out
-    crop = ink[rows.min() : rows.max() + 1, cols.min() : cols.max() + 1]
+    crop = ink[rows[0] : rows[-1] + 1, cols[0] : cols[-1] + 1]
     h, w = crop.shape
     scale = BOX / max(h, w)
     size = (max(1, round(w * scale)), max(1, round(h * scale)))

@@ -3,7 +3,8 @@
 The model is compiled once, for a batch of one, when the app is built; every
 request goes through that one compiled function under a lock, so concurrent
 requests are served one model call at a time and nothing compiles again.
-Decoding and preprocessing run in Starlette's thread pool, off the event loop.
+Decoding, preprocessing and the model call run in Starlette's thread pool, off
+the event loop.
 Bodies over `MAX_BODY_BYTES` get 413 before they are read whole; malformed ones
 get 400; every error is JSON `{"error": "..."}` and never carries a traceback.
 Every response carries a Content-Security-Policy that lets the page load
@@ -147,11 +148,15 @@ def create_app(
         if flag not in ("true", "false", "1", "0"):
             raise HTTPException(400, "preprocess must be true or false")
         content_type = request.headers.get("content-type", "application/octet-stream")
+
+        def answer():  # one trip to the thread pool per request: decode, then the model
+            image = parse_input(body, content_type, flag in ("true", "1"))
+            return image, engine(image)
+
         try:
-            image = await run_in_threadpool(parse_input, body, content_type, flag in ("true", "1"))
+            image, probs = await run_in_threadpool(answer)
         except DataError as e:
             raise HTTPException(400, str(e)) from None
-        probs = await run_in_threadpool(engine, image)
         return JSONResponse(
             {
                 "probabilities": [float(p) for p in probs],
