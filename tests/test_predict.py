@@ -10,6 +10,7 @@ import io
 import json
 import shutil
 import struct
+import warnings
 import zlib
 
 import jax
@@ -122,14 +123,25 @@ def _corrupt_files(good_png: bytes) -> dict[str, bytes]:
         "truncated.png": good_png[: len(good_png) // 2],
         "notes.png": b"shopping list: milk, eggs\n",
         "zero.png": png_header(0, 0),
-        # 40,000 x 40,000 pixels declared in 60 bytes: over Pillow's pixel limit.
+        # Pixels declared in 60 bytes: over twice Pillow's limit (it refuses them itself),
+        # and just over the limit (Pillow only warns; predict refuses them too).
         "bomb.png": png_header(40_000, 40_000),
+        "bomb-warned.png": png_header(10_000, 10_000),
     }
 
 
-@pytest.mark.parametrize(
-    "bad", ["corrupt.png", "empty.png", "truncated.png", "notes.png", "zero.png", "bomb.png"]
-)
+PROBLEMS = {
+    "corrupt.png": "corrupt",
+    "empty.png": "empty file",
+    "truncated.png": "truncated",
+    "notes.png": "not an image",
+    "zero.png": "not an image",
+    "bomb.png": "decompression bomb",
+    "bomb-warned.png": "decompression bomb",
+}
+
+
+@pytest.mark.parametrize("bad", list(PROBLEMS))
 def test_one_bad_file_does_not_cost_the_other_99(
     tiny_model_run, tiny_arrays, tmp_path, bad, capsys
 ):
@@ -140,7 +152,9 @@ def test_one_bad_file_does_not_cost_the_other_99(
         paths[-1].write_bytes(png_bytes(Image.fromarray(image)))
     (tmp_path / bad).write_bytes(_corrupt_files(paths[0].read_bytes())[bad])
     paths.insert(50, tmp_path / bad)
-    code = main(["predict", str(tiny_model_run), *map(str, paths), "--json", "--no-preprocess"])
+    with warnings.catch_warnings():  # as outside pytest, where Pillow's warning is no error
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        code = main(["predict", str(tiny_model_run), *map(str, paths), "--json", "--no-preprocess"])
     out = capsys.readouterr()
     assert code == 1
     records = [json.loads(line) for line in out.out.splitlines()]
@@ -152,6 +166,7 @@ def test_one_bad_file_does_not_cost_the_other_99(
     assert [r["top"][0]["class"] for r in good] == expected.tolist()
     errors = [line for line in out.err.splitlines() if "error" in line]
     assert len(errors) == 1 and str(tmp_path / bad) in errors[0], out.err
+    assert PROBLEMS[bad] in errors[0], errors[0]
     assert "Traceback" not in out.err
 
 
