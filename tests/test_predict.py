@@ -64,8 +64,10 @@ def test_preprocess_ignores_colours_place_and_polarity():
     inverted = preprocess.mnist_style(
         drawn_seven(ink=(255, 255, 255), paper=(0, 0, 0, 255))
     ).astype(int)
-    # Transparent pixels carry black RGB here: only compositing on white makes them paper.
-    transparent = preprocess.mnist_style(drawn_seven(paper=(0, 0, 0, 0))).astype(int)
+    # Black ink on transparent black, as a canvas exports it: only alpha tells them apart,
+    # and only compositing on white makes the page paper.
+    transparent = preprocess.mnist_style(drawn_seven(ink=(0, 0, 0), paper=(0, 0, 0, 0)))
+    transparent = transparent.astype(int)
     for other in (moved, inverted, transparent):
         assert np.abs(other - reference).mean() < 3
 

@@ -208,7 +208,13 @@ def test_draw_a_1_and_a_7_then_upload_a_digit(mnist_server, tmp_path, width, hei
         pad = rect(browser, session, "#pad")
         assert pad["x"] >= 0 and pad["x"] + pad["w"] <= width
 
-        stroke(browser, session, pad, [(0.52, 0.15), (0.5, 0.5), (0.48, 0.85)], touch)
+        one = [(0.52, 0.15), (0.5, 0.5), (0.48, 0.85)]
+        # Clear at once, while answers to the stroke are still out: none may show after it.
+        stroke(browser, session, pad, one, touch)
+        tap(browser, session, "#clear", touch)
+        time.sleep(0.5)
+        assert wait_idle(browser, session) == ""
+        stroke(browser, session, pad, one, touch)
         shown_one = wait_idle(browser, session)
         tap(browser, session, "#clear", touch)
         assert wait_idle(browser, session, shown="") == ""  # a tap's click may come later

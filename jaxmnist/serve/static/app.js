@@ -1,7 +1,9 @@
 // The page of `jaxmnist serve`: draw or upload, POST to /api/predict, show the answer.
 // Drawing sends the pad as PNG while the stroke goes on, at most one request in flight:
-// a change made meanwhile is sent when the answer arrives. body.dataset.state is
-// "busy" while a request is out and "idle" when the shown answer is current.
+// a change made meanwhile is sent when the answer arrives. Clear and uploads start a
+// new generation: answers to older requests are dropped, never shown over the new
+// state. body.dataset.state is "busy" while anything is outstanding, "idle" when the
+// shown answer is current.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -11,13 +13,22 @@ const seen = $("seen").getContext("2d");
 let model = null;
 let inFlight = false;
 let pending = null; // a body to send once the request in flight returns
+let blobs = 0; // pad snapshots being encoded as PNG
+let generation = 0; // bumped by Clear and uploads; older answers are stale
 let stroke = null; // the last point of the stroke being drawn
+
+function updateState() {
+  document.body.dataset.state = inFlight || pending || blobs ? "busy" : "idle";
+}
 
 function setStatus(text) {
   $("status").textContent = text;
 }
 
 function clearPad() {
+  generation += 1;
+  pending = null;
+  updateState();
   ctx.fillStyle = "#fff";
   ctx.fillRect(0, 0, pad.width, pad.height);
   seen.fillStyle = "#000";
@@ -75,11 +86,13 @@ function showSeen(rows) {
 
 async function send(body, type) {
   if (inFlight) {
-    pending = { body, type };
+    pending = { body, type, generation };
+    updateState();
     return;
   }
   inFlight = true;
-  document.body.dataset.state = "busy";
+  updateState();
+  const sent = generation;
   try {
     const response = await fetch("/api/predict", {
       method: "POST",
@@ -87,6 +100,7 @@ async function send(body, type) {
       body,
     });
     const result = await response.json();
+    if (sent !== generation) return; // cleared or replaced while it was out
     if (response.ok) {
       showProbabilities(result);
       setStatus("");
@@ -94,22 +108,25 @@ async function send(body, type) {
       setStatus(result.error || `the server answered ${response.status}`);
     }
   } catch (err) {
-    setStatus(`no answer from the server (${err.message})`);
+    if (sent === generation) setStatus(`no answer from the server (${err.message})`);
   } finally {
     inFlight = false;
-    if (pending) {
-      const next = pending;
-      pending = null;
-      send(next.body, next.type);
-    } else {
-      document.body.dataset.state = "idle";
-    }
+    const next = pending;
+    pending = null;
+    if (next && next.generation === generation) send(next.body, next.type);
+    updateState();
   }
 }
 
 function sendPad() {
-  document.body.dataset.state = "busy";
-  pad.toBlob((blob) => send(blob, "image/png"), "image/png");
+  blobs += 1;
+  updateState();
+  const drawn = generation;
+  pad.toBlob((blob) => {
+    blobs -= 1;
+    if (drawn === generation) send(blob, "image/png");
+    updateState();
+  }, "image/png");
 }
 
 function sendFile(file) {
@@ -118,6 +135,8 @@ function sendFile(file) {
     setStatus(`${file.name} is over ${model.max_body_bytes / 1048576} MB`);
     return;
   }
+  generation += 1;
+  pending = null;
   if (!$("draw").hidden) {
     ctx.fillStyle = "#fff";
     ctx.fillRect(0, 0, pad.width, pad.height);
@@ -208,7 +227,6 @@ async function start() {
   });
   $("clear").addEventListener("click", clearPad);
   clearPad();
-  document.body.dataset.state = "idle";
 }
 
 start();
