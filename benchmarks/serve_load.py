@@ -195,7 +195,8 @@ def main() -> None:
     print(f"throughput   {result['requests_per_second']:.0f} requests/s ({wall:.2f} s)")
     if len(ms):
         print(
-            f"latency      p50 {lat['p50']:.1f} ms, p99 {lat['p99']:.1f} ms, max {lat['max']:.1f} ms"
+            f"latency      p50 {lat['p50']:.1f} ms, p99 {lat['p99']:.1f} ms, "
+            f"max {lat['max']:.1f} ms"
         )
     print(
         f"cpu time     server {result['server_cpu_ms_per_request']:.2f} ms, clients "

@@ -446,7 +446,7 @@ def cmd_predict(args) -> int:
         raise config_lib.ConfigError(f"-k must be within 1..{len(model.class_names)}")
     show = rundir.check_writable(args.show_input) if args.show_input else None
     print(f"model: {model.describe()}", file=sys.stderr)
-    items = predict.read_inputs(args.inputs, preprocess_images=not args.no_preprocess)
+    items = predict.read_inputs(args.inputs, not args.no_preprocess, model.dataset)
     records = predict.predict_items(model, items, args.k)
     if args.json:
         for r in records:

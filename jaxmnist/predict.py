@@ -184,8 +184,11 @@ def _array_items(path: Path) -> list[Item]:
     return items
 
 
-def read_inputs(paths: Sequence[str], preprocess_images: bool = True) -> list[Item]:
-    """Every input's model-ready image, or its error, in the order given."""
+def read_inputs(
+    paths: Sequence[str], preprocess_images: bool = True, dataset: str = "mnist"
+) -> list[Item]:
+    """Every input's model-ready image (images made like `dataset`'s), or its error,
+    in the order given."""
     items = []
     for p in paths:
         path = Path(p)
@@ -199,7 +202,8 @@ def read_inputs(paths: Sequence[str], preprocess_images: bool = True) -> list[It
                 data = path.read_bytes()
             except OSError as e:
                 raise DataError(f"{p}: cannot read ({e.strerror or e})") from None
-            items.append(Item(p, preprocess.image_to_model_input(data, p, preprocess_images)))
+            image = preprocess.image_to_model_input(data, p, preprocess_images, dataset)
+            items.append(Item(p, image))
         except DataError as e:
             items.append(Item(p, None, str(e)))
     return items

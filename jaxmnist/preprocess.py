@@ -6,7 +6,9 @@ field so that its centre of mass lies in the middle (pixel (14, 14), measured on
 the training set). `mnist_style` repeats those steps for any image: grayscale
 with transparency composited on white, inverted when the background is light,
 the background level subtracted and the contrast stretched, cropped to the ink,
-the longer side scaled to 20 px, and centred by mass. `as_model_input` is the
+the longer side scaled to 20 px, and centred by mass. Fashion-MNIST's products
+were trimmed, scaled to a 28 px longer side and centred: `fashion_style`.
+`as_model_input` is the
 other road in, for arrays already in the model's format. `predict`, `serve` and
 the report's image grids all go through this module, so what they show is what
 the model sees. Nothing here imports JAX.
@@ -88,11 +90,9 @@ def ink_on_black(gray: np.ndarray) -> np.ndarray:
     return ink / top if top > 0 else ink
 
 
-def mnist_style(image: Image.Image) -> np.ndarray:
-    """uint8 (28, 28): `image` made the way MNIST digits were (see the module docstring).
-
-    An image without ink (blank paper) comes back all black.
-    """
+def _normalise(image: Image.Image, box: int, by_mass: bool) -> np.ndarray:
+    """uint8 (28, 28): the ink cropped, its longer side scaled to `box` px, placed so its
+    centre of mass (`by_mass`) or its middle is at the centre. No ink: all black."""
     ink = ink_on_black(grayscale(_shrink(image)))
     mask = ink > INK
     rows, cols = np.flatnonzero(mask.any(1)), np.flatnonzero(mask.any(0))
@@ -101,21 +101,47 @@ def mnist_style(image: Image.Image) -> np.ndarray:
         return out
     crop = ink[rows[0] : rows[-1] + 1, cols[0] : cols[-1] + 1]
     h, w = crop.shape
-    scale = BOX / max(h, w)
+    scale = box / max(h, w)
     size = (max(1, round(w * scale)), max(1, round(h * scale)))
     # LANCZOS anti-aliases when shrinking, as MNIST's normalisation did.
-    small = Image.fromarray(np.round(crop * 255).astype(np.uint8)).resize(
-        size, Image.Resampling.LANCZOS
+    small = np.asarray(
+        Image.fromarray(np.round(crop * 255).astype(np.uint8)).resize(
+            size, Image.Resampling.LANCZOS
+        )
     )
-    digit = np.asarray(small, np.float64)
-    if digit.sum() == 0:
+    if not small.any():
         return out
-    cy, cx = ndimage.center_of_mass(digit)
+    if by_mass:
+        cy, cx = ndimage.center_of_mass(small.astype(np.float64))
+    else:
+        cy, cx = (small.shape[0] - 1) / 2, (small.shape[1] - 1) / 2
+    centre = CENTRE if by_mass else (SIZE - 1) / 2
     # Whole-pixel shifts keep the strokes sharp; the box stays inside the field.
-    top = int(np.clip(round(CENTRE - cy), 0, SIZE - digit.shape[0]))
-    left = int(np.clip(round(CENTRE - cx), 0, SIZE - digit.shape[1]))
-    out[top : top + digit.shape[0], left : left + digit.shape[1]] = np.asarray(small)
+    top = int(np.clip(round(centre - cy), 0, SIZE - small.shape[0]))
+    left = int(np.clip(round(centre - cx), 0, SIZE - small.shape[1]))
+    out[top : top + small.shape[0], left : left + small.shape[1]] = small
     return out
+
+
+def mnist_style(image: Image.Image) -> np.ndarray:
+    """uint8 (28, 28): `image` made the way MNIST digits were (see the module docstring):
+    longer side 20 px, centre of mass at (14, 14). Blank paper comes back all black."""
+    return _normalise(image, BOX, by_mass=True)
+
+
+def fashion_style(image: Image.Image) -> np.ndarray:
+    """uint8 (28, 28): `image` made the way Fashion-MNIST's product photos were (Xiao et
+    al. 2017): trimmed to the product, longer side 28 px, centred, light background
+    turned black."""
+    return _normalise(image, SIZE, by_mass=False)
+
+
+STYLES = {"fashion_mnist": fashion_style}  # datasets not made like MNIST's digits
+
+
+def style_for(dataset: str):
+    """The preprocessing that made `dataset`'s images (MNIST's for any other)."""
+    return STYLES.get(dataset, mnist_style)
 
 
 def as_is(image: Image.Image, name: str = "image") -> np.ndarray:
@@ -129,10 +155,13 @@ def as_is(image: Image.Image, name: str = "image") -> np.ndarray:
     return np.round(grayscale(image)).astype(np.uint8)
 
 
-def image_to_model_input(data: bytes, name: str = "image", preprocess: bool = True) -> np.ndarray:
-    """uint8 (28, 28) from the bytes of an image file; DataError if unusable."""
+def image_to_model_input(
+    data: bytes, name: str = "image", preprocess: bool = True, dataset: str = "mnist"
+) -> np.ndarray:
+    """uint8 (28, 28) from the bytes of an image file, made like `dataset`'s images
+    (or as it is, when not `preprocess`); DataError if unusable."""
     image = decode_image(data, name)
-    return mnist_style(image) if preprocess else as_is(image, name)
+    return style_for(dataset)(image) if preprocess else as_is(image, name)
 
 
 def as_model_input(array, name: str = "array") -> np.ndarray:

@@ -246,3 +246,33 @@ def test_reads_digits_saved_as_ordinary_images(real_mnist_run, tmp_path, capsys)
     ]
     correct = np.mean(np.array(predicted) == test.test_labels[:30])
     assert correct >= 0.85, (predicted, test.test_labels[:30].tolist())
+
+
+def fashion_copy(run_dir, tmp_path):
+    """The tiny run relabelled as a Fashion-MNIST run (same shapes, other classes)."""
+    run = shutil.copytree(run_dir, tmp_path / "fashion-run")
+    config = json.loads((run / "config.json").read_text())
+    config["data"]["dataset"] = "fashion_mnist"
+    (run / "config.json").write_text(json.dumps(config))
+    return run
+
+
+def extent(image_u8):
+    rows, cols = np.nonzero(image_u8)
+    return np.ptp(rows) + 1, np.ptp(cols) + 1
+
+
+def test_fashion_runs_preprocess_like_fashion_mnist(tiny_model_run, tmp_path, capsys):
+    """Fashion-MNIST's products were trimmed, scaled to a 28 px longer side and centred."""
+    photo = Image.new("RGB", (300, 200), (250, 250, 250))
+    ImageDraw.Draw(photo).rectangle([30, 40, 89, 159], fill=(90, 60, 40))  # 60 x 120 px
+    (tmp_path / "bag.png").write_bytes(png_bytes(photo))
+    seen = tmp_path / "seen"
+    run = fashion_copy(tiny_model_run, tmp_path)
+    assert main(["predict", str(run), str(tmp_path / "bag.png"), "--show-input", str(seen)]) == 0
+    out = np.asarray(Image.open(next(seen.iterdir())))
+    assert extent(out) == (28, 14)
+    cols = np.nonzero(out.any(0))[0]
+    assert (cols[0], 27 - cols[-1]) == (7, 7)  # centred
+    assert extent(preprocess.mnist_style(photo)) == (20, 10)
+    assert "Fashion-MNIST" in capsys.readouterr().err

@@ -198,9 +198,11 @@ def test_port_in_use_is_one_line_and_exit_1(tiny_model_run, capsys):
         port = taken.getsockname()[1]
         assert main(["serve", str(tiny_model_run), "--port", str(port)]) == 1
     err = capsys.readouterr().err.splitlines()
-    assert err == [
-        f"jaxmnist serve: error: port {port} on 127.0.0.1 is already in use; stop what uses it or choose another with --port"
-    ]
+    expected = (
+        f"jaxmnist serve: error: port {port} on 127.0.0.1 is already in use; "
+        "stop what uses it or choose another with --port"
+    )
+    assert err == [expected]
 
 
 def test_argument_mistakes_exit_2(tiny_model_run, tmp_path, capsys):
@@ -257,3 +259,16 @@ def test_concurrent_requests_agree_with_one_at_a_time(client, tiny_arrays):
     for t in threads:
         t.join()
     assert [r["probabilities"] for r in results] == [r["probabilities"] for r in alone]
+
+
+def test_a_fashion_model_reads_photos_like_fashion_mnist(tiny_model_run, tmp_path):
+    from test_predict import extent, fashion_copy
+
+    model = predict.load_trained(fashion_copy(tiny_model_run, tmp_path))
+    photo = Image.new("RGB", (300, 200), "white")
+    ImageDraw.Draw(photo).rectangle([30, 40, 89, 159], fill="black")
+    with TestClient(app_lib.create_app(model), base_url=BASE) as c:
+        info = c.get("/api/model").json()
+        seen = c.post("/api/predict", content=png(photo)).json()["input"]
+    assert info["handwritten"] is False and info["class_names"][0] == "T-shirt/top"
+    assert extent(np.asarray(seen)) == (28, 14)

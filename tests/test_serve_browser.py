@@ -223,7 +223,8 @@ def test_draw_a_1_and_a_7_then_upload_a_digit(mnist_server, tmp_path, width, hei
         seen = evaluate(
             browser,
             session,
-            "Array.from(document.getElementById('seen').getContext('2d').getImageData(0, 0, 28, 28).data)",
+            "Array.from(document.getElementById('seen').getContext('2d')"
+            ".getImageData(0, 0, 28, 28).data)",
         )
         upload(browser, session, photo)
         time.sleep(0.1)

@@ -97,8 +97,10 @@ async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
     return bytes(body)
 
 
-def parse_input(body: bytes, content_type: str, preprocess_image: bool) -> np.ndarray:
-    """uint8 (28, 28) from a request body: image file bytes, or JSON
+def parse_input(
+    body: bytes, content_type: str, preprocess_image: bool, dataset: str = "mnist"
+) -> np.ndarray:
+    """uint8 (28, 28) from a request body: image file bytes (made like `dataset`'s), or JSON
     `{"image": 28x28 numbers}` (integers 0..255, or floats in [0, 1], white ink on
     black, used as is). DataError for anything else."""
     if content_type.split(";")[0].strip().lower() == "application/json":
@@ -115,7 +117,7 @@ def parse_input(body: bytes, content_type: str, preprocess_image: bool) -> np.nd
         if array.ndim != 2:
             raise DataError(f"image must be a 28x28 array, not shape {array.shape}")
         return preprocess.as_model_input(array, "image")[0]
-    return preprocess.image_to_model_input(body, "image", preprocess_image)
+    return preprocess.image_to_model_input(body, "image", preprocess_image, dataset)
 
 
 def create_app(
@@ -150,7 +152,7 @@ def create_app(
         content_type = request.headers.get("content-type", "application/octet-stream")
 
         def answer():  # one trip to the thread pool per request: decode, then the model
-            image = parse_input(body, content_type, flag in ("true", "1"))
+            image = parse_input(body, content_type, flag in ("true", "1"), model.dataset)
             return image, engine(image)
 
         try:

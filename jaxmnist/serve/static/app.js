@@ -57,6 +57,10 @@ function buildBars() {
   });
 }
 
+function percent(fraction, digits) {
+  return `${(100 * fraction).toFixed(digits)}%`;
+}
+
 function showProbabilities(result) {
   const top = $("top");
   const best = result ? result.top[0].class : -1;
@@ -65,9 +69,10 @@ function showProbabilities(result) {
     el.classList.toggle("best", i === best);
     const p = result ? result.probabilities[i] : 0;
     if (el.className.startsWith("track")) el.firstChild.style.width = `${(100 * p).toFixed(1)}%`;
-    if (el.classList.contains("value")) el.textContent = result ? `${(100 * p).toFixed(1)}%` : "–";
+    if (el.classList.contains("value")) el.textContent = result ? percent(p, 1) : "–";
   }
-  top.textContent = result ? `${result.top[0].name} (${(100 * result.top[0].probability).toFixed(1)}%)` : "–";
+  const first = result && result.top[0];
+  top.textContent = result ? `${first.name} (${percent(first.probability, 1)})` : "–";
   top.dataset.class = result ? String(best) : "";
   if (result) showSeen(result.input);
 }
@@ -146,7 +151,10 @@ function sendFile(file) {
 
 function at(event) {
   const r = pad.getBoundingClientRect();
-  return [((event.clientX - r.left) * pad.width) / r.width, ((event.clientY - r.top) * pad.height) / r.height];
+  return [
+    ((event.clientX - r.left) * pad.width) / r.width,
+    ((event.clientY - r.top) * pad.height) / r.height,
+  ];
 }
 
 function drawTo(point) {
@@ -205,8 +213,10 @@ async function start() {
     $("model").textContent = `Cannot reach the server (${err.message}).`;
     return;
   }
-  const accuracy = model.test_accuracy == null ? "" : `, test accuracy ${(100 * model.test_accuracy).toFixed(2)}%`;
-  const seeds = model.seeds_in_run > 1 ? ` (seed ${model.seed}, the first of ${model.seeds_in_run})` : "";
+  const accuracy =
+    model.test_accuracy == null ? "" : `, test accuracy ${percent(model.test_accuracy, 2)}`;
+  const seeds =
+    model.seeds_in_run > 1 ? ` (seed ${model.seed}, the first of ${model.seeds_in_run})` : "";
   $("model").textContent = `${model.model} trained on ${model.display_name}${seeds}${accuracy}`;
   buildBars();
   if (model.handwritten) {
