@@ -276,3 +276,25 @@ def test_fashion_runs_preprocess_like_fashion_mnist(tiny_model_run, tmp_path, ca
     assert (cols[0], 27 - cols[-1]) == (7, 7)  # centred
     assert extent(preprocess.mnist_style(photo)) == (20, 10)
     assert "Fashion-MNIST" in capsys.readouterr().err
+
+
+def test_npz_uses_its_image_arrays_and_bad_arrays_are_one_line_each(
+    tiny_model_run, tiny_arrays, tmp_path, capsys
+):
+    images, labels = tiny_arrays["test_images"][:5], tiny_arrays["test_labels"][:5]
+    np.savez(tmp_path / "set.npz", x_test=images, y_test=labels)  # Keras's layout
+    np.savez(tmp_path / "labels.npz", y=labels)
+    np.save(tmp_path / "wrong.npy", np.zeros((3, 32, 32), np.uint8))
+    np.save(tmp_path / "bright.npy", np.full((28, 28), 2.0))  # float outside [0, 1]
+    (tmp_path / "junk.npy").write_bytes(b"\x93NUMPY garbage")
+    names = ["set.npz", "labels.npz", "wrong.npy", "bright.npy", "junk.npy"]
+    code = main(["predict", str(tiny_model_run), *(str(tmp_path / n) for n in names), "--json"])
+    out = capsys.readouterr()
+    assert code == 1
+    records = [json.loads(line) for line in out.out.splitlines()]
+    assert [r["input"] for r in records[:5]] == [
+        f"{tmp_path}/set.npz:x_test[{i}]" for i in range(5)
+    ]
+    assert all("top" in r for r in records[:5]) and all("error" in r for r in records[5:])
+    errors = [line for line in out.err.splitlines() if "error:" in line]
+    assert len(errors) == 4 and all(str(tmp_path) in line for line in errors), errors
