@@ -77,7 +77,9 @@ def load_trained(run_dir) -> TrainedModel:
     """The model of a run directory (the first seed's if it has several).
 
     ConfigError (exit 2) when `run_dir` is not a run with parameters; JaxmnistError
-    when its files are corrupt.
+    when its files are corrupt. This is the only reader of a run's parameters for
+    predict, export and serve: reading an unfinished run's newest checkpoint, when
+    runs have checkpoints, belongs here.
     """
     path = Path(run_dir)
     try:
