@@ -537,6 +537,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_data)
     _add_bench_parser(sub)
     _add_sweep_parser(sub)
+    _add_use_parsers(sub)
     return parser
 
 
@@ -548,6 +549,102 @@ def _silence_stdout() -> None:
         os.dup2(devnull, sys.stdout.fileno())
     except (OSError, ValueError, AttributeError):
         pass  # stdout is not a real file (a test's capture): nothing flushes it at exit
+
+
+def cmd_predict(args) -> int:
+    from jaxmnist import predict, rundir
+
+    model = predict.load_trained(args.run_dir)
+    if not 1 <= args.k <= len(model.class_names):
+        raise config_lib.ConfigError(f"-k must be within 1..{len(model.class_names)}")
+    show = rundir.check_writable(args.show_input) if args.show_input else None
+    print(f"model: {model.describe()}", file=sys.stderr)
+    items = predict.read_inputs(args.inputs, not args.no_preprocess, model.dataset)
+    records = predict.predict_items(model, items, args.k)
+    if args.json:
+        for r in records:
+            print(json.dumps(r))
+    elif table := predict.format_table(records):
+        print(table)
+    for r in records:
+        if "error" in r:
+            print(f"jaxmnist predict: error: {r['error']}", file=sys.stderr)
+    if show:
+        written = predict.write_inputs(show, items)
+        print(f"wrote {len(written)} model inputs to {show}", file=sys.stderr)
+    return 1 if any("error" in r for r in records) else 0
+
+
+def cmd_export(args) -> int:
+    from jaxmnist import export, predict
+
+    out = export.check_output(args.out)
+    model = predict.load_trained(args.run_dir)
+    header = export.export_model(model, out, platforms=args.platforms.split(","))
+    print(f"model: {model.describe()}", file=sys.stderr)
+    size = out.stat().st_size
+    print(f"wrote {out} ({size / 1e6:.1f} MB, platforms {', '.join(header['platforms'])})")
+    return 0
+
+
+def cmd_serve(args) -> int:
+    from jaxmnist.serve import serve
+
+    return serve(args.run_dir, host=args.host, port=args.port)
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (0..65535)")
+    return int(text)
+
+
+def _add_use_parsers(sub) -> None:
+    """predict, export and serve: using a trained run directory."""
+    p = sub.add_parser(
+        "predict",
+        allow_abbrev=False,
+        help="top classes for your own images (PNG, JPEG, ...) or .npy/.npz arrays",
+    )
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("inputs", nargs="+", metavar="INPUT", help="image files or .npy/.npz arrays")
+    p.add_argument("-k", type=int, default=3, help="how many top classes to show (default 3)")
+    p.add_argument("--json", action="store_true", help="one JSON object per input on stdout")
+    p.add_argument(
+        "--no-preprocess",
+        action="store_true",
+        help="feed 28x28 images as they are (no inversion, cropping or centring)",
+    )
+    p.add_argument("--show-input", metavar="DIR", help="write what the model saw as PNGs here")
+    p.set_defaults(func=cmd_predict)
+
+    p = sub.add_parser(
+        "export",
+        allow_abbrev=False,
+        help="one file (StableHLO + parameters + JSON header) that only needs jax to run",
+    )
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--out", required=True, metavar="FILE", help="the file to write")
+    p.add_argument(
+        "--platforms",
+        default="cpu,cuda,tpu",
+        help="platforms the file runs on (default cpu,cuda,tpu)",
+    )
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser(
+        "serve",
+        allow_abbrev=False,
+        help="a local web page to draw or upload digits, and a JSON API",
+    )
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--port", type=_port, default=8000, help="port (default 8000; 0: any free)")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1: this machine only)",
+    )
+    p.set_defaults(func=cmd_serve)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,6 +14,7 @@ import math
 import numpy as np
 from matplotlib.figure import Figure
 
+from jaxmnist import preprocess
 from jaxmnist.report.plots import BAD, GOOD, new_figure, style
 
 CELL_INCHES = 1.5  # width of one image and its gap on the page
@@ -33,6 +34,7 @@ def _montage(
     One `imshow` and a text per image instead of an axes per image: drawing 25
     axes costs several times more than the figure's content.
     """
+    images = preprocess.as_model_input(images)  # the pixels exactly as the model gets them
     n, h, w = images.shape
     cols = max(1, min(cols, n))
     rows = max(1, math.ceil(n / cols))

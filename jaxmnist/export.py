@@ -1,0 +1,124 @@
+"""Exporting a trained model as one file that runs with only `jax` installed.
+
+The file is a JSON header on its first line, then the bytes of a `jax.export`
+serialisation: the StableHLO of `images uint8 (batch, 28, 28) -> probabilities
+float32 (batch, C)` with a symbolic batch size and the trained parameters
+embedded as constants. Loading it needs `json`, `jax` and nothing of jaxmnist:
+
+    with open(path, "rb") as f:
+        header = json.loads(f.readline())
+        model = jax.export.deserialize(bytearray(f.read()))
+    probs = model.call(images_uint8)
+
+The function is the one `jaxmnist eval` runs (`models.apply_uint8` then a
+softmax), so the exported model predicts exactly what eval counts. The file is
+written to a temporary name beside the target and renamed into place: a failed
+export never leaves a file that looks complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from importlib import metadata
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+from jaxmnist.errors import ConfigError, JaxmnistError
+from jaxmnist.predict import TrainedModel, probabilities_fn
+
+FORMAT = "jaxmnist-export/1"
+PLATFORMS = ("cpu", "cuda", "rocm", "tpu")  # what jax.export lowers for
+
+
+def check_output(out) -> Path:
+    """The export's path, after checking it can be written; ConfigError if not."""
+    path = Path(out)
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a folder; --out names the file to write")
+    if not path.parent.is_dir():
+        raise ConfigError(f"{path}: folder {path.parent} does not exist")
+    try:
+        with tempfile.TemporaryFile(dir=path.parent):
+            pass
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot write in {path.parent} ({e.strerror or e})") from None
+    return path
+
+
+def make_header(model: TrainedModel, exported: jax.export.Exported, platforms) -> dict:
+    """What a server needs to know besides the function: classes, input format, versions."""
+    try:
+        version = metadata.version("jaxmnist")
+    except metadata.PackageNotFoundError:
+        version = None
+    h, w = model.image_shape
+    return {
+        "format": FORMAT,
+        "class_names": list(model.class_names),
+        "input": {
+            "shape": ["batch", h, w],
+            "dtype": "uint8",
+            "scaling": "0 = black background .. 255 = white ink; the model divides by 255",
+            "preprocessing": "as MNIST: longer side of the ink scaled to 20 px, centre of mass "
+            "at pixel (14, 14) of the 28x28 field",
+        },
+        "output": {"shape": ["batch", len(model.class_names)], "dtype": "float32"},
+        "output_meaning": "class probabilities (softmax), in class_names order",
+        "platforms": list(platforms),
+        "test_accuracy": model.test_accuracy,
+        "jaxmnist_version": version,
+        "jax_version": jax.__version__,
+        "calling_convention_version": exported.calling_convention_version,
+        "trained": model.info(),
+    }
+
+
+def export_model(model: TrainedModel, out, platforms=("cpu", "cuda", "tpu")) -> dict:
+    """Writes `model` to `out` (see the module docstring); returns the header."""
+    platforms = tuple(platforms)
+    unknown = [p for p in platforms if p not in PLATFORMS]
+    if unknown or not platforms:
+        raise ConfigError(
+            f"unknown platform {', '.join(unknown) or '(none)'}; choose from {', '.join(PLATFORMS)}"
+        )
+    path = check_output(out)
+    params = jax.device_get(model.params)  # host arrays: embedded in the module as constants
+    probabilities = probabilities_fn(model.config.model)
+    (batch,) = jax.export.symbolic_shape("batch")
+    spec = jax.ShapeDtypeStruct((batch, *model.image_shape), jnp.uint8)
+    try:
+        exported = jax.export.export(
+            jax.jit(lambda images: probabilities(params, images)), platforms=platforms
+        )(spec)
+    except (ValueError, NotImplementedError) as e:  # an op one of the platforms lacks
+        raise JaxmnistError(f"cannot export for {', '.join(platforms)}: {e}") from None
+    header = make_header(model, exported, platforms)
+    blob = exported.serialize()
+    _atomic_write(path, json.dumps(header).encode() + b"\n" + bytes(blob))
+    return header
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise JaxmnistError(f"{path}: cannot write ({e.strerror or e})") from None
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_export(path) -> tuple[dict, jax.export.Exported]:
+    """(header, exported) from a file `export_model` wrote: the README's loader."""
+    with open(path, "rb") as f:
+        header = json.loads(f.readline())
+        exported = jax.export.deserialize(bytearray(f.read()))
+    return header, exported

@@ -1,0 +1,266 @@
+"""Using a trained run on people's own inputs: load it, read the inputs, predict top-k classes.
+
+`load_trained` is the one place a run directory becomes a model (config,
+parameters, class names); `predict`, `export` and `serve` all start there. A run
+of several seeds keeps its parameters stacked along a leading seed axis; a model
+here is the first seed's, and `TrainedModel.describe` says so. Inputs are image
+files (anything Pillow reads, made MNIST-like by `jaxmnist.preprocess`) or
+`.npy`/`.npz` arrays already in the model's format. One bad input becomes one
+error record naming it; it never stops the others.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import zipfile
+import zlib
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxmnist import config as config_lib
+from jaxmnist import preprocess, rundir
+from jaxmnist.data import get_spec
+from jaxmnist.errors import ConfigError, DataError, JaxmnistError
+from jaxmnist.models import apply_uint8, count_params, get_model
+
+ARRAY_SUFFIXES = (".npy", ".npz")
+CLI_BATCH = 256  # predict's one compiled batch size: the last batch is padded
+
+
+class TrainedModel(NamedTuple):
+    run_dir: Path
+    config: config_lib.Config
+    params: Any  # one model's parameter pytree (the first seed's of a multi-seed run)
+    dataset: str
+    display_name: str
+    class_names: tuple[str, ...]
+    image_shape: tuple[int, int]
+    seed: int
+    seeds: int  # models the run trained; only the first is used
+    test_accuracy: float | None  # this model's, from summary.json (None if absent)
+
+    def describe(self) -> str:
+        """One line: which model this is, and which seed when the run has several."""
+        which = f"seed {self.seed}"
+        if self.seeds > 1:
+            which += f", the first of the run's {self.seeds} seeds"
+        acc = "" if self.test_accuracy is None else f", test accuracy {self.test_accuracy:.2%}"
+        return (
+            f"{self.config.model.name} trained on {self.display_name} "
+            f"({self.run_dir}, {which}{acc})"
+        )
+
+    def info(self) -> dict:
+        """What the model is, as JSON-ready values (the API's and the export's header)."""
+        return {
+            "model": self.config.model.name,
+            "model_config": self.config.to_dict()["model"],
+            "num_params": count_params(self.params),
+            "dataset": self.dataset,
+            "display_name": self.display_name,
+            "class_names": list(self.class_names),
+            "input_shape": list(self.image_shape),
+            "run_dir": str(self.run_dir),
+            "seed": self.seed,
+            "seeds_in_run": self.seeds,
+            "test_accuracy": self.test_accuracy,
+        }
+
+
+def load_trained(run_dir) -> TrainedModel:
+    """The model of a run directory (the first seed's if it has several).
+
+    ConfigError (exit 2) when `run_dir` is not a run with parameters; JaxmnistError
+    when its files are corrupt. This is the only reader of a run's parameters for
+    predict, export and serve: reading an unfinished run's newest checkpoint, when
+    runs have checkpoints, belongs here.
+    """
+    path = Path(run_dir)
+    try:
+        run = rundir.read_run(path)
+    except JaxmnistError as e:  # a missing or unfinished run: the argument is wrong
+        raise ConfigError(str(e)) from None
+    try:
+        cfg = config_lib.from_dict(run["config"])
+    except Exception as e:  # noqa: BLE001 -- a hand-edited or foreign config.json
+        raise ConfigError(f"{path}/config.json: not a jaxmnist config ({e})") from None
+    spec = get_spec(cfg.data.dataset)
+    init = get_model(cfg.model.name).init
+    like = jax.eval_shape(
+        lambda: init(jax.random.key(0), cfg.model, spec.image_shape, spec.num_classes)
+    )
+    seeds = cfg.train.seeds
+    if seeds > 1:
+        like = jax.tree.map(lambda x: jax.ShapeDtypeStruct((seeds, *x.shape), x.dtype), like)
+    params = rundir.load_params(path / rundir.PARAMS_FILE, like)
+    if seeds > 1:
+        params = jax.tree.map(lambda x: x[0], params)
+    return TrainedModel(
+        path,
+        cfg,
+        jax.device_put(params),
+        spec.name,
+        spec.display_name,
+        tuple(spec.class_names),
+        tuple(spec.image_shape),
+        cfg.train.seed,
+        seeds,
+        _first_seed_accuracy(path),
+    )
+
+
+def _first_seed_accuracy(path: Path) -> float | None:
+    try:
+        summary = json.loads((path / "summary.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    per_seed = summary.get("test_accuracy_per_seed")
+    return float(per_seed[0]) if per_seed else summary.get("test_accuracy")
+
+
+def probabilities_fn(model_cfg) -> Callable:
+    """The pure `(params, images uint8 (B, H, W)) -> probabilities float32 (B, C)`."""
+
+    def probabilities(params, images):
+        return jax.nn.softmax(apply_uint8(params, images, model_cfg), axis=-1)
+
+    return probabilities
+
+
+def compile_predict(model: TrainedModel, batch_size: int) -> Callable[[np.ndarray], np.ndarray]:
+    """Compiles now, for one fixed batch size, and returns `images uint8 (N, H, W) ->
+    probabilities float32 (N, C)` for any N: batches are padded to `batch_size`, so
+    no call ever compiles again."""
+    shape = jax.ShapeDtypeStruct((batch_size, *model.image_shape), jnp.uint8)
+    compiled = jax.jit(probabilities_fn(model.config.model)).lower(model.params, shape).compile()
+
+    def run(images: np.ndarray) -> np.ndarray:
+        images = np.asarray(images, np.uint8)
+        out = []
+        for start in range(0, len(images), batch_size):
+            batch = images[start : start + batch_size]
+            padded = np.zeros((batch_size, *model.image_shape), np.uint8)
+            padded[: len(batch)] = batch
+            out.append(np.asarray(compiled(model.params, padded))[: len(batch)])
+        return np.concatenate(out) if out else np.zeros((0, len(model.class_names)), np.float32)
+
+    return run
+
+
+class Item(NamedTuple):
+    name: str  # the file, with [i] or :key[i] for an array's entries
+    image: np.ndarray | None  # uint8 (28, 28): what the model sees; None on error
+    error: str | None = None
+
+
+def _array_items(path: Path) -> list[Item]:
+    name = str(path)
+    try:
+        loaded = np.load(path, allow_pickle=False)
+        if isinstance(loaded, np.lib.npyio.NpzFile):
+            with loaded:
+                arrays = {k: loaded[k] for k in loaded.files}
+        else:
+            arrays = {"": loaded}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+        raise DataError(f"{name}: cannot read as a NumPy file ({e})") from None
+    # An .npz may hold labels beside the images (Keras's mnist.npz): use the image arrays.
+    images = {k: a for k, a in arrays.items() if a.shape[-2:] == (preprocess.SIZE,) * 2}
+    if not images:
+        shapes = ", ".join(f"{k or 'array'} {a.shape}" for k, a in arrays.items())
+        raise DataError(f"{name}: no (N, 28, 28) or (28, 28) array in it ({shapes or 'empty'})")
+    items = []
+    for key, array in images.items():
+        label = f"{name}:{key}" if key else name
+        batch = preprocess.as_model_input(array, label)
+        if array.ndim == 2:
+            items.append(Item(label, batch[0]))
+        else:
+            items.extend(Item(f"{label}[{i}]", image) for i, image in enumerate(batch))
+    return items
+
+
+def read_inputs(
+    paths: Sequence[str], preprocess_images: bool = True, dataset: str = "mnist"
+) -> list[Item]:
+    """Every input's model-ready image (images made like `dataset`'s), or its error,
+    in the order given."""
+    items = []
+    for p in paths:
+        path = Path(p)
+        try:
+            if path.is_dir():
+                raise DataError(f"{p}: is a directory")
+            if path.suffix.lower() in ARRAY_SUFFIXES:
+                items.extend(_array_items(path))
+                continue
+            try:
+                data = path.read_bytes()
+            except OSError as e:
+                raise DataError(f"{p}: cannot read ({e.strerror or e})") from None
+            image = preprocess.image_to_model_input(data, p, preprocess_images, dataset)
+            items.append(Item(p, image))
+        except DataError as e:
+            items.append(Item(p, None, str(e)))
+    return items
+
+
+def top_k(probs: np.ndarray, class_names: Sequence[str], k: int) -> list[dict]:
+    """The `k` likeliest classes of one probability vector (C,), likeliest first."""
+    order = np.argsort(-probs, kind="stable")[:k]
+    return [
+        {"class": int(i), "name": class_names[i], "probability": float(probs[i])} for i in order
+    ]
+
+
+def predict_items(model: TrainedModel, items: list[Item], k: int) -> list[dict]:
+    """One record per item: {"input", "top": [...]} or {"input", "error"}."""
+    good = [it for it in items if it.error is None]
+    probs = compile_predict(model, min(CLI_BATCH, max(1, len(good))))(
+        np.stack([it.image for it in good]) if good else np.zeros((0, *model.image_shape))
+    )
+    found = iter(probs)
+    return [
+        {"input": it.name, "error": it.error}
+        if it.error
+        else {"input": it.name, "top": top_k(next(found), model.class_names, k)}
+        for it in items
+    ]
+
+
+def write_inputs(folder: Path, items: list[Item]) -> list[Path]:
+    """Each good item's 28x28 model input as a PNG, numbered in input order."""
+    written = []
+    for i, it in enumerate(items, 1):
+        if it.image is None:
+            continue
+        stem = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(it.name).name)[-80:]
+        out = folder / f"{i:04d}-{stem}.png"
+        try:
+            out.write_bytes(preprocess.to_png(it.image))
+        except OSError as e:
+            raise JaxmnistError(f"{out}: cannot write ({e.strerror or e})") from None
+        written.append(out)
+    return written
+
+
+def format_table(records: list[dict]) -> str:
+    """The good records as an aligned table: input, then each top class and probability."""
+    rows = [
+        [r["input"], *(f"{t['name']} {t['probability']:.1%}" for t in r["top"])]
+        for r in records
+        if "top" in r
+    ]
+    if not rows:
+        return ""
+    k = max(len(r) for r in rows) - 1
+    header = ["input", *(f"top-{i}" for i in range(1, k + 1))]
+    rows.insert(0, header)
+    widths = [max(len(r[c]) for r in rows if c < len(r)) for c in range(k + 1)]
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows)

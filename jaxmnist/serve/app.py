@@ -1,0 +1,191 @@
+"""The web application: the page, `POST /api/predict`, `GET /api/model` and `GET /healthz`.
+
+The model is compiled once, for a batch of one, when the app is built; every
+request goes through that one compiled function under a lock, so concurrent
+requests are served one model call at a time and nothing compiles again.
+Decoding, preprocessing and the model call run in Starlette's thread pool, off
+the event loop.
+Bodies over `MAX_BODY_BYTES` get 413 before they are read whole; malformed ones
+get 400; every error is JSON `{"error": "..."}` and never carries a traceback.
+Every response carries a Content-Security-Policy that lets the page load
+nothing but its own files and talk to nothing but this server.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from pathlib import Path
+
+import numpy as np
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from jaxmnist import preprocess
+from jaxmnist.errors import DataError
+from jaxmnist.predict import TrainedModel, compile_predict, top_k
+
+MAX_BODY_BYTES = 2 * 1024 * 1024
+STATIC = Path(__file__).parent / "static"
+HANDWRITTEN = ("mnist",)  # datasets whose classes a person can draw on the canvas
+CSP = (
+    b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
+    b"connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+SECURITY_HEADERS = [
+    (b"content-security-policy", CSP),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"cache-control", b"no-store"),
+]
+log = logging.getLogger("jaxmnist.serve")
+
+
+class Engine:
+    """The model behind the API: compiled now, called one request at a time."""
+
+    def __init__(self, model: TrainedModel):
+        self.model = model
+        self._predict = compile_predict(model, batch_size=1)
+        self._lock = threading.Lock()
+        self._predict(np.zeros((1, *model.image_shape), np.uint8))  # first call allocates
+
+    def __call__(self, image_u8: np.ndarray) -> np.ndarray:
+        """Probabilities float32 (C,) for one uint8 (28, 28) image."""
+        with self._lock:
+            return self._predict(image_u8[None])[0]
+
+
+class SecurityHeaders:
+    """ASGI middleware adding `SECURITY_HEADERS` to every HTTP response."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def send_with_headers(message):
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), *SECURITY_HEADERS]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
+    """The request body; 413 as soon as it is known to exceed `limit` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None and not declared.isdigit():
+        raise HTTPException(400, "malformed Content-Length")
+    if declared is not None and int(declared) > limit:
+        raise HTTPException(413, f"body over the {limit // 1024 // 1024} MB limit")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise HTTPException(413, f"body over the {limit // 1024 // 1024} MB limit")
+    return bytes(body)
+
+
+def parse_input(
+    body: bytes, content_type: str, preprocess_image: bool, dataset: str = "mnist"
+) -> np.ndarray:
+    """uint8 (28, 28) from a request body: image file bytes (made like `dataset`'s), or JSON
+    `{"image": 28x28 numbers}` (integers 0..255, or floats in [0, 1], white ink on
+    black, used as is). DataError for anything else."""
+    if content_type.split(";")[0].strip().lower() == "application/json":
+        try:
+            payload = json.loads(body)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise DataError(f"body is not valid JSON ({e})") from None
+        if not isinstance(payload, dict) or "image" not in payload:
+            raise DataError('JSON body must be an object {"image": [[...28 numbers] x 28]}')
+        try:
+            array = np.asarray(payload["image"])
+        except (ValueError, TypeError):
+            raise DataError("image must be a 28x28 array of numbers") from None
+        if array.ndim != 2:
+            raise DataError(f"image must be a 28x28 array, not shape {array.shape}")
+        return preprocess.as_model_input(array, "image")[0]
+    return preprocess.image_to_model_input(body, "image", preprocess_image, dataset)
+
+
+def create_app(
+    model: TrainedModel, allowed_hosts: tuple[str, ...] = ("127.0.0.1", "localhost")
+) -> Starlette:
+    """The application for `model`; compiles the model before returning.
+
+    `allowed_hosts`: Host headers accepted (a page elsewhere cannot reach a
+    loopback server through a DNS name it controls); ("*",) accepts any.
+    """
+    engine = Engine(model)
+    info = {
+        **model.info(),
+        "handwritten": model.dataset in HANDWRITTEN,
+        "max_body_bytes": MAX_BODY_BYTES,
+    }
+
+    async def page(request: Request):
+        return FileResponse(STATIC / "index.html", media_type="text/html; charset=utf-8")
+
+    async def model_info(request: Request):
+        return JSONResponse(info)
+
+    async def healthz(request: Request):
+        return JSONResponse({"status": "ok"})
+
+    async def predict(request: Request):
+        body = await read_body(request)
+        flag = request.query_params.get("preprocess", "true").lower()
+        if flag not in ("true", "false", "1", "0"):
+            raise HTTPException(400, "preprocess must be true or false")
+        content_type = request.headers.get("content-type", "application/octet-stream")
+
+        def answer():  # one trip to the thread pool per request: decode, then the model
+            image = parse_input(body, content_type, flag in ("true", "1"), model.dataset)
+            return image, engine(image)
+
+        try:
+            image, probs = await run_in_threadpool(answer)
+        except DataError as e:
+            raise HTTPException(400, str(e)) from None
+        return JSONResponse(
+            {
+                "probabilities": [float(p) for p in probs],
+                "class_names": list(model.class_names),
+                "top": top_k(probs, model.class_names, 3),
+                "input": image.tolist(),
+            }
+        )
+
+    async def http_error(request: Request, exc: HTTPException):
+        return JSONResponse({"error": exc.detail}, status_code=exc.status_code)
+
+    async def server_error(request: Request, exc: Exception):
+        log.exception("error while serving %s", request.url.path, exc_info=exc)
+        return JSONResponse({"error": "internal error"}, status_code=500)
+
+    return Starlette(
+        routes=[
+            Route("/", page),
+            Route("/api/model", model_info),
+            Route("/api/predict", predict, methods=["POST"]),
+            Route("/healthz", healthz),
+            Mount("/static", StaticFiles(directory=STATIC)),
+        ],
+        middleware=[
+            Middleware(SecurityHeaders),
+            Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts)),
+        ],
+        exception_handlers={HTTPException: http_error, Exception: server_error},
+    )

@@ -1,0 +1,146 @@
+"""`jaxmnist export`: the file runs where jaxmnist is not, and predicts what `jaxmnist eval` counts.
+
+The exported file is loaded by the README's loader in a fresh Python process in
+which importing jaxmnist fails, and run at batch sizes 1, 7 and 10,000 on the
+test set; its predictions must give `jaxmnist eval`'s confusion matrix exactly.
+"""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from jaxmnist import export
+from jaxmnist.cli import main
+
+# The README's loader, then batch sizes 1, 7 and 10,000 over the images in argv[2].
+LOADER = textwrap.dedent(
+    """
+    import sys
+    sys.modules["jaxmnist"] = None  # any import of jaxmnist now fails
+
+    import json
+    import jax
+    import numpy as np
+
+    with open(sys.argv[1], "rb") as f:
+        header = json.loads(f.readline())
+        model = jax.export.deserialize(bytearray(f.read()))
+    predict = jax.jit(model.call)  # compiles once per batch size
+    images = np.load(sys.argv[2])
+    out = {}
+    for batch in (1, 7, 10_000):
+        tiled = np.resize(images, (max(len(images), batch), *images.shape[1:]))
+        probs = [np.asarray(predict(tiled[i : i + batch])) for i in range(0, len(tiled), batch)]
+        out[batch] = np.concatenate(probs)
+        assert out[batch].shape == (len(tiled), len(header["class_names"]))
+    np.savez(sys.argv[3], **{str(k): v.argmax(-1) for k, v in out.items()})
+    assert not [m for m, mod in sys.modules.items() if m.startswith("jaxmnist") and mod]
+    print(json.dumps(header))
+    """
+)
+
+
+def run_loader(model_file, images, tmp_path):
+    np.save(tmp_path / "images.npy", images)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            LOADER,
+            str(model_file),
+            str(tmp_path / "images.npy"),
+            str(tmp_path / "out.npz"),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    with np.load(tmp_path / "out.npz") as f:
+        return json.loads(done.stdout), {int(k): f[k] for k in f.files}
+
+
+def confusion(labels, predicted, num_classes=10):
+    out = np.zeros((num_classes, num_classes), np.int64)
+    np.add.at(out, (labels, predicted), 1)
+    return out
+
+
+def check_matches_eval(run, images, labels, tmp_path, capsys):
+    model_file = tmp_path / "model.jaxexport"
+    assert main(["export", str(run), "--out", str(model_file)]) == 0
+    capsys.readouterr()
+    assert main(["eval", str(run), "--json"]) == 0
+    evaluated = json.loads(capsys.readouterr().out)
+    header, predicted = run_loader(model_file, images, tmp_path)
+    n = len(labels)
+    for batch in (1, 7, 10_000):
+        np.testing.assert_array_equal(
+            confusion(labels, predicted[batch][:n]), evaluated["confusion_matrix"]
+        )
+        # Past n the 10,000 batch repeats the set: the same image, the same answer.
+        np.testing.assert_array_equal(
+            predicted[batch], np.resize(predicted[1][:n], len(predicted[batch]))
+        )
+    return header, evaluated
+
+
+def test_export_runs_without_jaxmnist_and_matches_eval(
+    tiny_data_dir, train_argv, tiny_arrays, tmp_path, capsys
+):
+    run = tmp_path / "run"
+    assert main([*train_argv(run, "--no-report", "--quiet")]) == 0
+    header, evaluated = check_matches_eval(
+        run, tiny_arrays["test_images"], tiny_arrays["test_labels"], tmp_path, capsys
+    )
+    summary = json.loads((run / "summary.json").read_text())
+    assert header["format"] == export.FORMAT
+    assert header["class_names"] == evaluated["class_names"]
+    assert header["input"]["shape"] == ["batch", 28, 28] and header["input"]["dtype"] == "uint8"
+    assert header["test_accuracy"] == summary["test_accuracy"] == evaluated["test_accuracy"]
+    assert header["jax_version"] and header["platforms"] == ["cpu", "cuda", "tpu"]
+
+
+@pytest.mark.realdata
+def test_export_matches_eval_on_the_real_test_set(real_mnist_run, tmp_path, capsys):
+    from jaxmnist.data import load_dataset
+
+    test = load_dataset("mnist", download=False)
+    assert len(test.test_labels) == 10_000
+    check_matches_eval(real_mnist_run, test.test_images, test.test_labels, tmp_path, capsys)
+
+
+def test_unwritable_destinations_are_refused_in_one_line(tiny_model_run, tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    for out in (tmp_path / "missing" / "m.jaxexport", blocker / "m.jaxexport", tmp_path):
+        assert main(["export", str(tiny_model_run), "--out", str(out)]) == 2
+    assert (
+        main(["export", str(tiny_model_run), "--out", str(tmp_path / "m"), "--platforms", "gpu"])
+        == 2
+    )
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 4 and all(line.startswith("jaxmnist export: error: ") for line in err), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+
+
+def test_a_failed_write_leaves_no_file_and_keeps_the_old_one(
+    tiny_model_run, tmp_path, monkeypatch, capsys
+):
+    out = tmp_path / "model.jaxexport"
+    out.write_bytes(b"the previous export")
+
+    def disk_full(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(export.os, "replace", disk_full)
+    assert main(["export", str(tiny_model_run), "--out", str(out)]) == 1
+    assert "No space left on device" in capsys.readouterr().err
+    assert out.read_bytes() == b"the previous export"
+    assert [p.name for p in tmp_path.iterdir()] == ["model.jaxexport"]  # no temporary left
