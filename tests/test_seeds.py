@@ -214,7 +214,7 @@ def test_too_many_seeds_for_the_memory_fail_before_training(train_argv, tmp_path
         train_argv(tmp_path / "run", *SMALL, "--seeds", "50", "memory_budget_mb=2", "--no-report")
     )
     err = capsys.readouterr().err.strip()
-    assert code == 2 and len(err.splitlines()) == 1 and "50 models need about" in err
+    assert code == 2 and len(err.splitlines()) == 1 and "not even one model fits" in err
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
