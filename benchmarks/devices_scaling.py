@@ -27,10 +27,10 @@ import sys
 from pathlib import Path
 
 import jax
-import numpy as np
 
 from jaxmnist import config as config_lib
 from jaxmnist import parallel, runtime
+from jaxmnist.bench.scaling import measure_scaling, scaling_lines
 from jaxmnist.data import load_dataset
 from jaxmnist.population import seed_members
 from jaxmnist.train import train_population
@@ -38,41 +38,15 @@ from jaxmnist.train import train_population
 OUT = Path(__file__).parent / "results" / "devices_scaling.json"
 
 
-def steady(cfg, dataset, layout) -> tuple[float, dict]:
-    """examples/s over the epochs after the first (median), and the run's info."""
-    r = train_population(cfg, seed_members(cfg), dataset, layout=layout)
-    eps = [rec["examples_per_second"] for rec in r.records[1:]]
-    return float(np.median(eps)), r
-
-
 def main() -> int:
     dataset = load_dataset("mnist")
-    base = config_lib.get_preset("tpu101")
-    base = dataclasses.replace(
-        base, train=dataclasses.replace(base.train, epochs=3, eval_train=False)
+    counts = tuple(n for n in (1, 2, 4, 8) if n <= jax.device_count())
+    scaling = measure_scaling(
+        config_lib.get_preset("tpu101"),
+        dataset,
+        counts,
+        lambda line: print(f"  {line}", file=sys.stderr, flush=True),
     )
-    counts = [n for n in (1, 2, 4, 8) if n <= jax.device_count()]
-    rows = []
-    for n in counts:
-        eps_dp, r = steady(base, dataset, parallel.build_layout(n))
-        params = r.info["num_params"]
-        seeds = dataclasses.replace(base, train=dataclasses.replace(base.train, seeds=n))
-        eps_sp, _ = steady(seeds, dataset, parallel.build_layout(n, num_models=n))
-        rows.append(
-            {
-                "devices": n,
-                "data_parallel_examples_per_second": eps_dp,
-                "seed_parallel_examples_per_second": eps_sp,
-                "allreduce_bytes_per_step": 4 * params if n > 1 else 0,
-            }
-        )
-        print(f"  {n} devices: data-parallel {eps_dp:,.0f}/s, seed-parallel {eps_sp:,.0f}/s",
-              file=sys.stderr, flush=True)  # fmt: skip
-    one = rows[0]
-    for row in rows:
-        for kind in ("data_parallel", "seed_parallel"):
-            per_device = row[f"{kind}_examples_per_second"] / row["devices"]
-            row[f"{kind}_efficiency"] = per_device / one[f"{kind}_examples_per_second"]
 
     full = config_lib.get_preset("tpu101")
     full = dataclasses.replace(full, train=dataclasses.replace(full.train, eval_train=False))
@@ -82,33 +56,19 @@ def main() -> int:
         acc[n] = float(r.test.accuracy[0])
     env = runtime.environment()
     print(f"\n{env['cpu_model']} ({env['cpu_count']} cores), {env['backend']}, jax {env['jax']}")
-    print(
-        "devices  data-parallel ex/s  efficiency  seed-parallel ex/s  efficiency  all-reduce/step"
-    )
-    for r in rows:
-        print(
-            f"{r['devices']:>7}  {r['data_parallel_examples_per_second']:>18,.0f}  "
-            f"{r['data_parallel_efficiency']:>10.2f}  "
-            f"{r['seed_parallel_examples_per_second']:>18,.0f}  "
-            f"{r['seed_parallel_efficiency']:>10.2f}  "
-            f"{r['allreduce_bytes_per_step'] / 1e6:>12.2f} MB"
-        )
+    print("\n".join(scaling_lines(scaling)))
     diff = abs(acc[4] - acc[1]) * 100
     print(
         f"tpu101, 5 epochs: test accuracy {acc[1]:.2%} on 1 device, {acc[4]:.2%} on 4 "
         f"(difference {diff:.2f} points; target <= 0.05)"
     )
-    fake = env["backend"] == "cpu"
-    if fake:
-        print("(fake CPU devices share the same cores: these figures are the cost of splitting)")
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(
         json.dumps(
             {
-                "rows": rows,
+                "scaling": scaling,
                 "tpu101_test_accuracy": {"1": acc[1], "4": acc[4]},
                 "accuracy_difference_points": diff,
-                "fake_devices": fake,
                 "environment": env,
             },
             indent=2,

@@ -404,8 +404,11 @@ def cmd_bench(args) -> int:
     from jaxmnist.bench import make_options, run_bench
     from jaxmnist.bench.output import format_table, to_json, write_outputs
 
+    # Here --devices lists device counts for the scaling table; each run sets its own.
+    devices, args.__dict__["parallel.devices"] = getattr(args, "parallel.devices"), None
     cfg, preset = resolve_config(args)
     opts = make_options(
+        devices=devices,
         modes=args.modes,
         dtypes=args.dtypes,
         batch_sizes=args.batch_sizes,

@@ -16,6 +16,7 @@ from jaxmnist.bench import modes as modes_lib
 from jaxmnist.bench import options as options_lib
 from jaxmnist.bench import schema, timing
 from jaxmnist.bench.output import format_table
+from jaxmnist.cli import main
 from jaxmnist.train import init_state, place_train_data
 
 REAL_DATA_DIR = os.environ.get("JAXMNIST_DATA_DIR")
@@ -231,3 +232,11 @@ def test_differences_within_the_noise_are_not_shown_as_negative_times(quick_run)
     # A difference beyond the noise is still shown as measured.
     result["breakdown"]["host_copy_seconds"] = 1.0e-3
     assert "host copy 1.000" in format_table(result)
+
+
+def test_scaling_over_more_devices_than_exist_is_one_line(tmp_path, capsys):
+    argv = ["bench", "--quick", "--synthetic", "--modes", "scan-epoch", "--dtypes", "float32"]
+    argv += ["--batch-sizes", "128", "--devices", "1,2", "--out", str(tmp_path / "b")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "only 1 device(s) exist" in err and len(err.splitlines()) == 1

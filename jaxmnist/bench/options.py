@@ -36,6 +36,7 @@ class BenchOptions:
     peak_window_seconds: float = 0.2  # each peak window chains enough matmuls to last this long
     synthetic: bool = False  # random MNIST-shaped data instead of the real dataset
     quick: bool = False
+    device_counts: tuple[int, ...] = ()  # the scaling table's device counts; (): no table
 
 
 # Seconds, for tests and smoke checks. A window is one epoch (so that the
@@ -59,6 +60,7 @@ def make_options(
     tokens_per_example: str | None = None,
     synthetic: bool = False,
     quick: bool = False,
+    devices: str | None = None,
 ) -> BenchOptions:
     """Options from command-line strings ("a,b,c"); None keeps the (quick) default."""
     opts = BenchOptions(synthetic=synthetic, quick=quick, **(QUICK if quick else {}))
@@ -73,6 +75,11 @@ def make_options(
         )
     if sweep_mode is not None:
         given["sweep_mode"] = sweep_mode
+    if devices is not None:
+        counts = tuple(_int(d, "device count") for d in _split(devices, "devices"))
+        if any(c < 1 for c in counts):
+            raise ConfigError(f"devices: counts must be at least 1, got {devices!r}")
+        given["device_counts"] = tuple(sorted(set(counts)))
     if tokens_per_example is not None:
         try:
             given["tokens_per_example"] = float(tokens_per_example)

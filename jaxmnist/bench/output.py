@@ -163,6 +163,10 @@ def format_table(result: dict) -> str:
                 "example, as given: a projection, not a measurement"
             ),
         ]
+    if result.get("scaling"):
+        from jaxmnist.bench.scaling import scaling_lines
+
+        lines += scaling_lines(result["scaling"])
     if result["data"]["synthetic"]:
         lines += ["", "data are synthetic (random): speeds are real, losses and accuracies are not"]
     return "\n".join(lines)

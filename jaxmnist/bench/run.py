@@ -216,6 +216,9 @@ def run_bench(
     config_lib.validate(cfg)
     for dtype in dict.fromkeys((cfg.model.dtype, *opts.dtypes)):
         options_lib.check_dtype_supported(dtype)
+    from jaxmnist.bench.scaling import check_devices
+
+    check_devices(opts.device_counts)
     dataset = dataset if dataset is not None else _load(cfg, opts)
     options_lib.check_batch_sizes(opts, cfg, len(dataset.train_labels))
 
@@ -226,6 +229,11 @@ def run_bench(
     modes = [bench.measure(m, dtype, batch) for m in opts.modes]
     dtypes = [bench.measure(opts.sweep_mode, d, batch) for d in opts.dtypes]
     sweep = [bench.measure(opts.sweep_mode, dtype, b) for b in opts.batch_sizes]
+    scaling = None
+    if opts.device_counts:
+        from jaxmnist.bench.scaling import measure_scaling
+
+        scaling = measure_scaling(cfg, dataset, opts.device_counts, log)
 
     params = jax.eval_shape(
         lambda: (
@@ -275,6 +283,7 @@ def run_bench(
                 "a projection, not a measurement: examples/s times the tokens per example you gave"
             ),
         },
+        "scaling": scaling,
         "wall_seconds": time.perf_counter() - wall_start,
     }
 

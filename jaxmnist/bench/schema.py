@@ -26,6 +26,8 @@ Top level (every key always present; `null` where a figure does not apply):
 - `checks`: "scan-epoch >= jit-step-device >= python-dispatch" (bool or null),
   compiles_in_windows (always 0: a compile in a window is an error).
 - `tokens`: null, or {tokens_per_example, note}: the projection's input, labelled.
+- `scaling`: null, or (with `--devices 1,2,...`) {epochs, rows, fake_devices, note}: per
+  device count, data- and seed-parallel examples/s and efficiency, all-reduce bytes/step.
 
 A measurement: mode, dtype, batch_size, steps_per_window, windows,
 warmup_windows, compile_seconds, window_seconds [..], step_seconds and
@@ -103,6 +105,7 @@ SCHEMA = {
         "compiles_in_windows": int,
     },
     "tokens": (dict, type(None)),
+    "scaling": (dict, type(None)),
 }
 
 

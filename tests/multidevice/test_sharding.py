@@ -195,3 +195,17 @@ def test_a_dead_process_stops_the_others(tiny_data_dir, tmp_path):
     procs[1].communicate()
     assert procs[0].returncode != 0 and time.monotonic() - killed < 30
     assert "another task died" in err
+
+
+def test_bench_scaling_table_over_devices(tmp_path, capsys):
+    out = tmp_path / "bench"
+    argv = ["bench", "--quick", "--synthetic", "--modes", "scan-epoch", "--dtypes", "float32"]
+    argv += ["--batch-sizes", "128", "--devices", "1,2,4", "--out", str(out)]
+    assert main(argv) == 0
+    scaling = json.loads((out / "bench.json").read_text())["scaling"]
+    assert [r["devices"] for r in scaling["rows"]] == [1, 2, 4] and scaling["fake_devices"]
+    first, *rest = scaling["rows"]
+    assert first["data_parallel_efficiency"] == first["seed_parallel_efficiency"] == 1.0
+    assert first["allreduce_bytes_per_step"] == 0
+    assert all(r["allreduce_bytes_per_step"] == 4 * 203_530 for r in rest)
+    assert "cost of splitting" in capsys.readouterr().out
