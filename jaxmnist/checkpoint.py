@@ -1,0 +1,237 @@
+"""Checkpoints of a run, with Orbax: saving as the run goes, and restoring the newest valid one.
+
+`RUN_DIR/checkpoints/<step>/` holds, per saved epoch:
+
+    state       the whole TrainState of every member (step, parameters, optimizer
+                state), the members concatenated along their leading axis,
+                whatever memory chunks the machine that wrote it trained them in
+    progress    JSON: epoch, step, every metrics.jsonl record so far, the train
+                seconds, and a fingerprint of `state`
+
+The random keys need no saving: every member's epoch keys are derived from its
+seed and the epoch index (`population.member_keys`), so the data order continues
+by itself. Orbax writes each checkpoint to a temporary directory and renames it
+when complete, asynchronously: `save` returns once the arrays are copied to the
+host, and the next epoch (which donates the state's buffers) runs while the
+files are written. A checkpoint that is there but damaged (a file removed or
+garbled) is caught on restore, by Orbax or by the fingerprint (a position-
+weighted sum of the raw bits: any change to one array element changes it), and
+skipped with a warning for the newest earlier one.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jaxmnist.errors import JaxmnistError
+from jaxmnist.train import Callback
+
+CHECKPOINT_DIR = "checkpoints"
+
+
+class CheckpointOptions(NamedTuple):
+    every: int = 1  # epochs between checkpoints (the last epoch and a stop always save)
+    keep: int = 3  # newest checkpoints kept
+
+
+class Restored(NamedTuple):
+    """A checkpoint read back: the state per chunk of the restoring run, and its progress."""
+
+    step: int
+    epoch: int
+    states: list  # one TrainState per chunk, on the layout's devices
+    progress: dict  # the `progress` JSON item
+
+
+def checkpoint_dir(run_dir) -> Path:
+    return Path(run_dir) / CHECKPOINT_DIR
+
+
+def _manager(path: Path, keep: int | None = None, read_only: bool = False):
+    import orbax.checkpoint as ocp
+
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=keep, enable_async_checkpointing=not read_only, read_only=read_only
+    )
+    return ocp.CheckpointManager(path.absolute(), options=options)
+
+
+def _as_uint32(x: jax.Array) -> jax.Array:
+    """The raw bits of `x` as a flat uint32 vector (each element widened or split)."""
+    size = x.dtype.itemsize
+    if x.dtype == jnp.bool_:
+        return x.astype(jnp.uint32).reshape(-1)
+    if size == 4:
+        return jax.lax.bitcast_convert_type(x, jnp.uint32).reshape(-1)
+    if size == 8:
+        return jax.lax.bitcast_convert_type(x, jnp.uint32).reshape(-1)  # (..., 2) halves
+    unsigned = {1: jnp.uint8, 2: jnp.uint16}[size]
+    return jax.lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32).reshape(-1)
+
+
+@jax.jit
+def _fingerprint(tree) -> list:
+    def one(x):
+        bits = _as_uint32(jnp.asarray(x))
+        weights = 2 * jnp.arange(bits.size, dtype=jnp.uint32) + 1  # odd: invertible mod 2**32
+        return jnp.sum(bits * weights, dtype=jnp.uint32)
+
+    return [one(x) for x in jax.tree.leaves(tree)]
+
+
+def fingerprint(tree) -> list[int]:
+    """One uint32 per leaf of `tree` (sharded or not), equal for equal arrays on any mesh."""
+    return [int(v) for v in jax.device_get(_fingerprint(tree))]
+
+
+def gather_members(states: list, layout):
+    """One TrainState with every member, from the per-chunk states (member axis first)."""
+    if len(states) == 1:
+        return states[0]
+    join = jax.jit(
+        lambda parts: jax.tree.map(lambda *xs: jnp.concatenate(xs), *parts),
+        out_shardings=layout.by_member,
+    )
+    return join(states)
+
+
+def split_members(state, population) -> list:
+    """The per-chunk states of `population` from one state holding every member."""
+    if len(population.chunks) == 1:
+        return [state]
+    return [
+        jax.jit(
+            lambda t, s=s: jax.tree.map(lambda x: x[s], t),
+            out_shardings=population.layout.by_member,
+        )(state)
+        for s in population.slices
+    ]
+
+
+def abstract_state(population):
+    """Shapes, dtypes and target shardings of every member's state, stacked (nothing allocated)."""
+    n, sharding = len(population), population.layout.by_member
+    return jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct((n, *x.shape), x.dtype, sharding=sharding),
+        population.state_shapes(),
+    )
+
+
+class Checkpointer(Callback):
+    """A run-loop callback: saves the state after every `every`-th epoch and the last.
+
+    `resume` (a `resume.Resumer`) supplies the metrics of the epochs before a
+    restart; `stop` (a `preemption.StopRequest`) forces a save at the epoch where
+    a stop was asked for. Call `close()` at the end: it waits for the last write.
+    """
+
+    def __init__(self, run_dir, options: CheckpointOptions, resume=None, stop=None):
+        self.options, self.resume, self.stop = options, resume, stop
+        self.records: list = []
+        self.path = checkpoint_dir(run_dir)
+        self.manager = _manager(self.path, keep=options.keep)
+        self.saved_step: int | None = None
+        self.last_epoch = -1  # the plan's last epoch, known at `on_start`
+
+    def on_epoch_end(self, end) -> None:
+        self.records.append(end.record)
+        wanted = end.epoch % self.options.every == 0 or end.epoch == self.last_epoch
+        if wanted or (self.stop is not None and self.stop.requested):
+            self.save(end)
+
+    def on_start(self, info: dict) -> None:
+        self.last_epoch = info["epochs"]
+        if self.resume is not None:  # the epochs before the restart, for the next checkpoint
+            self.records = list(self.resume.restored.progress["records"])
+
+    def save(self, end) -> None:
+        import orbax.checkpoint as ocp
+
+        state = gather_members(end.states, end.population.layout)
+        progress = {
+            "epoch": end.epoch,
+            "step": end.step,
+            "records": self.records,
+            "train_seconds": float(sum(r["epoch_seconds"] for r in self.records)),
+            "members": len(end.population),
+            "fingerprint": fingerprint(state),
+        }
+        self.manager.save(
+            end.step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state), progress=ocp.args.JsonSave(progress)
+            ),
+        )
+        self.saved_step = end.step
+
+    def close(self) -> None:
+        self.manager.wait_until_finished()
+        self.manager.close()
+
+
+def _warn(message: str) -> None:
+    print(f"jaxmnist: warning: {message}", file=sys.stderr, flush=True)
+
+
+def _reason(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return (text[0] if text else type(e).__name__)[:200]
+
+
+def checkpoint_steps(run_dir) -> list[int]:
+    """Steps of the complete (committed) checkpoints in `run_dir`, oldest first."""
+    path = checkpoint_dir(run_dir)
+    if not path.is_dir():
+        return []
+    manager = _manager(path, read_only=True)
+    try:
+        return sorted(manager.all_steps())
+    finally:
+        manager.close()
+
+
+def restore_newest(run_dir, population, warn=_warn) -> Restored | None:
+    """The newest checkpoint of `run_dir` that reads back intact, onto `population`'s mesh.
+
+    None when there is no checkpoint at all; a damaged one is skipped with
+    `warn(line)` naming it; JaxmnistError (exit 1) when none is intact.
+    """
+    import orbax.checkpoint as ocp
+
+    path = checkpoint_dir(run_dir)
+    steps = checkpoint_steps(run_dir)
+    if not steps:
+        return None
+    target = abstract_state(population)
+    manager = _manager(path, read_only=True)
+    try:
+        for step in reversed(steps):
+            where = path / str(step)
+            try:
+                got = manager.restore(
+                    step,
+                    args=ocp.args.Composite(
+                        state=ocp.args.StandardRestore(target), progress=ocp.args.JsonRestore()
+                    ),
+                )
+                progress = dict(got.progress)
+                if progress.get("members") != len(population):
+                    raise ValueError(
+                        f"holds {progress.get('members')} models, the run has {len(population)}"
+                    )
+                if fingerprint(got.state) != progress["fingerprint"]:
+                    raise ValueError("its arrays do not match the fingerprint saved with them")
+            except Exception as e:  # noqa: BLE001 -- Orbax and TensorStore raise many kinds
+                older = "an earlier one" if step != steps[0] else "nothing earlier"
+                warn(f"checkpoint {where} is damaged ({_reason(e)}); trying {older}")
+                continue
+            states = split_members(got.state, population)
+            return Restored(step, int(progress["epoch"]), states, progress)
+    finally:
+        manager.close()
+    raise JaxmnistError(f"{path}: no intact checkpoint (all {len(steps)} are damaged)")
