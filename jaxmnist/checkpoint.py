@@ -21,6 +21,7 @@ skipped with a warning for the newest earlier one.
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 from typing import NamedTuple
@@ -54,6 +55,10 @@ def checkpoint_dir(run_dir) -> Path:
 
 def _manager(path: Path, keep: int | None = None, read_only: bool = False):
     import orbax.checkpoint as ocp
+
+    # Orbax logs routine notices (read-only options, directory creation) as absl
+    # warnings on stderr; the terminal is the run's, so only its errors go there.
+    logging.getLogger("absl").setLevel(logging.ERROR)
 
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep, enable_async_checkpointing=not read_only, read_only=read_only

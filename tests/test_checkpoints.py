@@ -10,6 +10,7 @@ the first of each program compiles.
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -57,6 +58,12 @@ def cli(tmp_path_factory, tiny_arrays, tiny_spec):
         ]  # fmt: skip
 
     return start, run, train_argv
+
+
+@pytest.fixture(autouse=True)
+def _tiny_registered(monkeypatch, tiny_spec):
+    """In-process commands (those that refuse before training) know dataset `tiny` too."""
+    monkeypatch.setitem(registry.DATASETS, "tiny", tiny_spec)
 
 
 @pytest.fixture(scope="module")
@@ -161,8 +168,7 @@ def test_second_ctrl_c_aborts_at_once_and_earlier_checkpoints_survive(cli, alone
     assert_same_params(run, alone())
 
 
-def test_one_writer_per_run_directory(cli, tmp_path, capsys, monkeypatch, tiny_spec):
-    monkeypatch.setitem(registry.DATASETS, "tiny", tiny_spec)
+def test_one_writer_per_run_directory(cli, tmp_path, capsys):
     start, _, train_argv = cli
     run = tmp_path / "run"
     proc = start(train_argv(run, "--epochs", "100000"))
@@ -193,3 +199,93 @@ def test_a_run_killed_before_its_first_checkpoint_starts_over(cli, alone, tmp_pa
     assert "has no complete checkpoint; starting from the beginning" in result.stderr
     assert_same_params(run, alone())
     assert_metrics_continuous(run, int(EPOCHS))
+
+
+@pytest.fixture(scope="module")
+def finished(cli, tmp_path_factory):
+    """A finished 3-epoch run, with checkpoints at steps 20, 40 and 60 (copy it to change it)."""
+    path = tmp_path_factory.mktemp("finished") / "run"
+    result = cli[1](cli[2](path, "--epochs", "3"))
+    assert result.returncode == 0, result.stderr
+    assert checkpoint.checkpoint_steps(path) == [20, 40, 60]
+    return path
+
+
+def snapshot(path: Path) -> dict:
+    return {p: p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def damage(step_dir: Path, how: str) -> None:
+    """Flips one bit in (or removes) the largest array file of a checkpoint."""
+    big = max((p for p in (step_dir / "state").rglob("*") if p.is_file()), key=os.path.getsize)
+    if how == "removed":
+        big.unlink()
+        return
+    data = bytearray(big.read_bytes())
+    data[len(data) // 2] ^= 1
+    big.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("how", ["garbled", "removed"])
+def test_a_damaged_checkpoint_is_skipped_for_the_one_before(cli, alone, finished, tmp_path, how):
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    damage(run / "checkpoints" / "60", how)
+    result = resume(cli, run, "--epochs", EPOCHS)  # extended from 3 epochs, resumed at 2
+    warning = result.stderr.strip().splitlines()[0]
+    assert warning.startswith(f"jaxmnist: warning: checkpoint {run / 'checkpoints' / '60'} is ")
+    assert warning.endswith("damaged; trying an earlier one") or "damaged (" in warning
+    assert_same_params(run, alone())
+    assert_metrics_continuous(run, int(EPOCHS))
+    assert json.loads((run / "summary.json").read_text())["epochs"] == int(EPOCHS)
+
+
+def test_no_intact_checkpoint_is_one_error_and_exit_1(cli, finished, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    (run / "summary.json").unlink()  # as if it had died after its last checkpoint
+    for step in (20, 40, 60):
+        damage(run / "checkpoints" / str(step), "garbled")
+    result = cli[1](["train", "--resume", str(run), *QUIET])
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"jaxmnist train: error: {run / 'checkpoints'}: no intact checkpoint (all 3 are damaged)"
+    )
+
+
+@pytest.mark.parametrize(
+    "flags, field",
+    [
+        (["--lr", "0.01"], "optimizer.lr"),
+        (["--batch-size", "64"], "train.batch_size"),
+        (["--seed", "1"], "train.seed"),
+        (["--hidden", "32"], "model.hidden"),
+        (["--epochs", "2"], "train.epochs"),
+    ],
+)
+def test_resume_refuses_what_changes_the_maths(finished, flags, field, capsys):
+    before = snapshot(finished)
+    assert main(["train", "--resume", str(finished), *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and field in err
+    assert snapshot(finished) == before
+
+
+def test_resuming_a_finished_run_says_so(finished, capsys):
+    before = snapshot(finished)
+    assert main(["train", "--resume", str(finished), "--devices", "1"]) == 0
+    assert "already finished" in capsys.readouterr().out
+    assert snapshot(finished) == before
+
+
+def test_a_used_run_directory_needs_overwrite(cli, finished, tmp_path, capsys):
+    before = snapshot(finished)
+    assert main(cli[2](finished)) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"jaxmnist train: error: {finished} already holds a finished run; --overwrite replaces it"
+    )
+    assert snapshot(finished) == before
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    assert main(cli[2](run, "--overwrite", "--epochs", "1", "--no-compile-cache")) == 0
+    assert checkpoint.checkpoint_steps(run) == [20]  # the old run's checkpoints went with it
