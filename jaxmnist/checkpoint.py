@@ -41,11 +41,11 @@ class CheckpointOptions(NamedTuple):
 
 
 class Restored(NamedTuple):
-    """A checkpoint read back: the state per chunk of the restoring run, and its progress."""
+    """A checkpoint read back: every member's state (member axis first) and its progress."""
 
     step: int
     epoch: int
-    states: list  # one TrainState per chunk, on the layout's devices
+    state: object  # a TrainState with every member, on the target's shardings
     progress: dict  # the `progress` JSON item
 
 
@@ -118,12 +118,11 @@ def split_members(state, population) -> list:
     ]
 
 
-def abstract_state(population):
-    """Shapes, dtypes and target shardings of every member's state, stacked (nothing allocated)."""
-    n, sharding = len(population), population.layout.by_member
+def abstract_state(shapes, members: int, sharding):
+    """The restore target: one member's state `shapes` (e.g. `Population.state_shapes()`)
+    stacked `members` times, placed by `sharding` (nothing allocated)."""
     return jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct((n, *x.shape), x.dtype, sharding=sharding),
-        population.state_shapes(),
+        lambda x: jax.ShapeDtypeStruct((members, *x.shape), x.dtype, sharding=sharding), shapes
     )
 
 
@@ -200,8 +199,9 @@ def checkpoint_steps(run_dir) -> list[int]:
         manager.close()
 
 
-def restore_newest(run_dir, population, warn=_warn) -> Restored | None:
-    """The newest checkpoint of `run_dir` that reads back intact, onto `population`'s mesh.
+def restore_newest(run_dir, target, warn=_warn) -> Restored | None:
+    """The newest checkpoint of `run_dir` that reads back intact, onto `target`'s shardings
+    (see `abstract_state`: any mesh, whatever the one that wrote it).
 
     None when there is no checkpoint at all; a damaged one is skipped with
     `warn(line)` naming it; JaxmnistError (exit 1) when none is intact.
@@ -212,7 +212,7 @@ def restore_newest(run_dir, population, warn=_warn) -> Restored | None:
     steps = checkpoint_steps(run_dir)
     if not steps:
         return None
-    target = abstract_state(population)
+    members = jax.tree.leaves(target)[0].shape[0]
     manager = _manager(path, read_only=True)
     try:
         for step in reversed(steps):
@@ -225,18 +225,15 @@ def restore_newest(run_dir, population, warn=_warn) -> Restored | None:
                     ),
                 )
                 progress = dict(got.progress)
-                if progress.get("members") != len(population):
-                    raise ValueError(
-                        f"holds {progress.get('members')} models, the run has {len(population)}"
-                    )
+                if progress.get("members") != members:
+                    raise ValueError(f"holds {progress.get('members')} models, not {members}")
                 if fingerprint(got.state) != progress["fingerprint"]:
                     raise ValueError("its arrays do not match the fingerprint saved with them")
             except Exception as e:  # noqa: BLE001 -- Orbax and TensorStore raise many kinds
                 older = "an earlier one" if step != steps[0] else "nothing earlier"
                 warn(f"checkpoint {where} is damaged ({_reason(e)}); trying {older}")
                 continue
-            states = split_members(got.state, population)
-            return Restored(step, int(progress["epoch"]), states, progress)
+            return Restored(step, int(progress["epoch"]), got.state, progress)
     finally:
         manager.close()
     raise JaxmnistError(f"{path}: no intact checkpoint (all {len(steps)} are damaged)")

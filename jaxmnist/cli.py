@@ -407,6 +407,11 @@ def cmd_eval(args) -> int:
         print(json.dumps(result, indent=2))
     else:
         print_eval(result)
+        if "checkpoint_step" in result:
+            print(
+                f"evaluated the newest checkpoint of an unfinished run: step "
+                f"{result['checkpoint_step']} (epoch {result['checkpoint_epoch']})"
+            )
     return 0
 
 

@@ -142,20 +142,23 @@ class Resumer:
         from jaxmnist.train import Progress
 
         pop = setup.population
-        restored = checkpoint.restore_newest(self.run_dir, pop, self.warn)
+        target = checkpoint.abstract_state(pop.state_shapes(), len(pop), pop.layout.by_member)
+        restored = checkpoint.restore_newest(self.run_dir, target, self.warn)
         if restored is None:  # died before its first checkpoint was complete: start over
             self.warn(f"{self.run_dir} has no complete checkpoint; starting from the beginning")
-            restored = checkpoint.Restored(0, 0, setup.states, {"records": [], "train_seconds": 0})
+            restored = checkpoint.Restored(0, 0, None, {"records": [], "train_seconds": 0})
+            states = setup.states
+        else:
+            states = checkpoint.split_members(restored.state, pop)
         boundary = sum(setup.plan.epoch_steps[: restored.epoch])
         if restored.step != boundary or restored.epoch > len(setup.plan.epoch_steps):
             raise ConfigError(
                 f"--resume: the checkpoint at step {restored.step} does not end an epoch of the "
                 f"new plan (a partial last epoch cannot be extended)"
             )
-        states = restored.states
         if self.cfg.optimizer.lr != self.saved_lr:
             states = [self._set_lr(s, size, pop) for s, size in zip(states, pop.chunks)]
-        self.restored = restored._replace(states=states)
+        self.restored = restored._replace(state=None)  # the states now live in the run loop
         records = tuple(restored.progress["records"])
         progress = Progress(
             restored.epoch, restored.step, records, restored.progress["train_seconds"]

@@ -289,3 +289,18 @@ def test_a_used_run_directory_needs_overwrite(cli, finished, tmp_path, capsys):
     shutil.copytree(finished, run)
     assert main(cli[2](run, "--overwrite", "--epochs", "1", "--no-compile-cache")) == 0
     assert checkpoint.checkpoint_steps(run) == [20]  # the old run's checkpoints went with it
+
+
+def test_eval_of_an_unfinished_run_uses_its_newest_checkpoint(finished, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    (run / "summary.json").unlink()  # as if it had died during epoch 3, before its checkpoint
+    shutil.rmtree(run / "checkpoints" / "60")
+    assert main(["eval", str(run), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert (result["checkpoint_step"], result["checkpoint_epoch"]) == (40, 2)
+    epoch_2 = json.loads((run / "metrics.jsonl").read_text().splitlines()[1])
+    assert result["test_accuracy"] == epoch_2["test_accuracy"]
+    assert result["test_loss"] == pytest.approx(epoch_2["test_loss"], rel=1e-5)
+    assert main(["eval", str(run)]) == 0
+    assert "newest checkpoint of an unfinished run: step 40 (epoch 2)" in capsys.readouterr().out
