@@ -135,18 +135,19 @@ def test_kill_9_then_resume_is_bit_for_bit(cli, alone, tmp_path, seeds):
 def test_sigterm_and_ctrl_c_stop_with_a_checkpoint(cli, alone, tmp_path, signum, code):
     start, _, train_argv = cli
     run = tmp_path / "run"
-    proc = start(train_argv(run))
+    proc = start(train_argv(run, "--checkpoint-every", "1000"))  # only the stop saves
     wait_for_epochs(run, proc, 1)
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == code, err
-    step = checkpoint.checkpoint_steps(run)[-1]  # the stop saved the epoch it ended at
+    (step,) = checkpoint.checkpoint_steps(run)  # the stop saved the epoch it ended at
     assert err.strip().splitlines()[-1] == (
         f"jaxmnist train: stopped at step {step}; resume with: jaxmnist train --resume {run}"
     )
     assert step < 20 * int(EPOCHS) and not (run / "summary.json").exists()
     assert len((run / "metrics.jsonl").read_text().splitlines()) == step // 20  # 20 steps/epoch
-    resume(cli, run)
+    resume(cli, run, "--keep-checkpoints", "2")
+    assert checkpoint.checkpoint_steps(run) == [100, 120]  # every epoch, the newest 2 kept
     assert_same_params(run, alone())
     assert_metrics_continuous(run, int(EPOCHS))
 
@@ -304,3 +305,24 @@ def test_eval_of_an_unfinished_run_uses_its_newest_checkpoint(finished, tmp_path
     assert result["test_loss"] == pytest.approx(epoch_2["test_loss"], rel=1e-5)
     assert main(["eval", str(run)]) == 0
     assert "newest checkpoint of an unfinished run: step 40 (epoch 2)" in capsys.readouterr().out
+
+
+def test_after_a_non_finite_loss_resume_may_lower_the_rate(cli, finished, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    (run / "summary.json").unlink()
+    shutil.rmtree(run / "checkpoints" / "60")  # as if epoch 3 had gone non-finite
+    (run / "diverged.json").write_text('{"error": "training loss became non-finite"}')
+    result = resume(cli, run, "--lr", "0.0002")
+    assert "continuing a diverged run with optimizer.lr=0.0002" in result.stderr
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    rates = [json.loads(x)["learning_rate"] for x in lines]
+    assert rates == [pytest.approx(1e-3), pytest.approx(1e-3), pytest.approx(2e-4)]
+    assert not (run / "diverged.json").exists()
+
+
+def test_a_non_finite_loss_marks_the_run_and_keeps_no_bad_checkpoint(cli, tmp_path):
+    run = tmp_path / "run"
+    result = cli[1](cli[2](run, "--optimizer", "sgd", "--lr", "1e9"))
+    assert result.returncode == 1 and "non-finite" in result.stderr
+    assert (run / "diverged.json").exists() and checkpoint.checkpoint_steps(run) == []
