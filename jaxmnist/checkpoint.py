@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import logging
 import sys
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxmnist.errors import JaxmnistError
 from jaxmnist.train import Callback
@@ -53,7 +55,9 @@ def checkpoint_dir(run_dir) -> Path:
     return Path(run_dir) / CHECKPOINT_DIR
 
 
-def _manager(path: Path, keep: int | None = None, read_only: bool = False):
+def _manager(
+    path: Path, keep: int | None = None, read_only: bool = False, asynchronous: bool = False
+):
     import orbax.checkpoint as ocp
 
     # Orbax logs routine notices (read-only options, directory creation) as absl
@@ -61,37 +65,47 @@ def _manager(path: Path, keep: int | None = None, read_only: bool = False):
     logging.getLogger("absl").setLevel(logging.ERROR)
 
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=keep, enable_async_checkpointing=not read_only, read_only=read_only
+        max_to_keep=keep, enable_async_checkpointing=asynchronous, read_only=read_only
     )
     return ocp.CheckpointManager(path.absolute(), options=options)
 
 
-def _as_uint32(x: jax.Array) -> jax.Array:
-    """The raw bits of `x` as a flat uint32 vector (each element widened or split)."""
+def _as_uint32(x, xp):
+    """The raw bits of `x` as a flat uint32 vector, one per element (`xp`: jnp or np).
+    jaxmnist runs without 64-bit types, so every element fits."""
     size = x.dtype.itemsize
-    if x.dtype == jnp.bool_:
-        return x.astype(jnp.uint32).reshape(-1)
-    if size == 4:
-        return jax.lax.bitcast_convert_type(x, jnp.uint32).reshape(-1)
-    if size == 8:
-        return jax.lax.bitcast_convert_type(x, jnp.uint32).reshape(-1)  # (..., 2) halves
-    unsigned = {1: jnp.uint8, 2: jnp.uint16}[size]
-    return jax.lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32).reshape(-1)
+    if x.dtype == xp.bool_:
+        return x.astype(xp.uint32).reshape(-1)
+    unsigned = {1: xp.uint8, 2: xp.uint16, 4: xp.uint32}[size]
+    bits = jax.lax.bitcast_convert_type(x, unsigned) if xp is jnp else x.view(unsigned)
+    return bits.astype(xp.uint32).reshape(-1)
+
+
+def _leaf_fingerprint(x, xp):
+    bits = _as_uint32(x, xp)
+    weights = 2 * xp.arange(bits.size, dtype=xp.uint32) + 1  # odd: invertible mod 2**32
+    return xp.sum(bits * weights, dtype=xp.uint32)  # wraps mod 2**32, in any order
 
 
 @jax.jit
-def _fingerprint(tree) -> list:
-    def one(x):
-        bits = _as_uint32(jnp.asarray(x))
-        weights = 2 * jnp.arange(bits.size, dtype=jnp.uint32) + 1  # odd: invertible mod 2**32
-        return jnp.sum(bits * weights, dtype=jnp.uint32)
-
-    return [one(x) for x in jax.tree.leaves(tree)]
+def _device_fingerprint(tree) -> list:
+    return [_leaf_fingerprint(jnp.asarray(x), jnp) for x in jax.tree.leaves(tree)]
 
 
 def fingerprint(tree) -> list[int]:
-    """One uint32 per leaf of `tree` (sharded or not), equal for equal arrays on any mesh."""
-    return [int(v) for v in jax.device_get(_fingerprint(tree))]
+    """One uint32 per leaf of `tree`: device arrays (sharded or not, on any mesh) or host
+    arrays, the same figure for the same values."""
+    leaves = jax.tree.leaves(tree)
+    if all(isinstance(x, np.ndarray) for x in leaves):
+        with np.errstate(over="ignore"):
+            return [int(_leaf_fingerprint(x, np)) for x in leaves]
+    return [int(v) for v in jax.device_get(_device_fingerprint(tree))]
+
+
+def host_members(states: list):
+    """Every member's state on the host (numpy copies), concatenated along the member axis."""
+    parts = jax.device_get(states)
+    return jax.tree.map(lambda *xs: np.concatenate(xs), *parts)
 
 
 def gather_members(states: list, layout):
@@ -132,15 +146,28 @@ class Checkpointer(Callback):
     `resume` (a `resume.Resumer`) supplies the metrics of the epochs before a
     restart; `stop` (a `preemption.StopRequest`) forces a save at the epoch where
     a stop was asked for. Call `close()` at the end: it waits for the last write.
+
+    In one process the state is copied to the host (the next epoch donates its
+    device buffers) and a worker thread does the rest: fingerprint, Orbax's
+    write and commit, so the loop only waits for the copy. With several
+    processes (arrays no process holds whole) Orbax's own asynchronous save
+    does the copying, collectively.
     """
 
     def __init__(self, run_dir, options: CheckpointOptions, resume=None, stop=None):
         self.options, self.resume, self.stop = options, resume, stop
         self.records: list = []
         self.path = checkpoint_dir(run_dir)
-        self.manager = _manager(self.path, keep=options.keep)
-        self.saved_step: int | None = None
+        self.threaded = jax.process_count() == 1
+        self.manager = _manager(self.path, keep=options.keep, asynchronous=not self.threaded)
+        self.pool = ThreadPoolExecutor(1, "jaxmnist-checkpoint") if self.threaded else None
+        self.pending: Future | None = None
         self.last_epoch = -1  # the plan's last epoch, known at `on_start`
+
+    def on_start(self, info: dict) -> None:
+        self.last_epoch = info["epochs"]
+        if self.resume is not None:  # the epochs before the restart, for the next checkpoint
+            self.records = list(self.resume.restored.progress["records"])
 
     def on_epoch_end(self, end) -> None:
         self.records.append(end.record)
@@ -148,34 +175,49 @@ class Checkpointer(Callback):
         if wanted or (self.stop is not None and self.stop.requested):
             self.save(end)
 
-    def on_start(self, info: dict) -> None:
-        self.last_epoch = info["epochs"]
-        if self.resume is not None:  # the epochs before the restart, for the next checkpoint
-            self.records = list(self.resume.restored.progress["records"])
-
     def save(self, end) -> None:
-        import orbax.checkpoint as ocp
-
-        state = gather_members(end.states, end.population.layout)
         progress = {
             "epoch": end.epoch,
             "step": end.step,
-            "records": self.records,
+            "records": list(self.records),
             "train_seconds": float(sum(r["epoch_seconds"] for r in self.records)),
             "members": len(end.population),
-            "fingerprint": fingerprint(state),
         }
+        if not self.threaded:
+            state = gather_members(end.states, end.population.layout)
+            self._write(end.step, state, progress)
+            return
+        state = host_members(end.states)
+        self._wait()  # at most one write in flight: a slow disk holds the loop, not memory
+        self.pending = self.pool.submit(self._write, end.step, state, progress)
+
+    def _write(self, step: int, state, progress: dict) -> None:
+        import orbax.checkpoint as ocp
+
+        progress["fingerprint"] = fingerprint(state)
         self.manager.save(
-            end.step,
+            step,
             args=ocp.args.Composite(
                 state=ocp.args.StandardSave(state), progress=ocp.args.JsonSave(progress)
             ),
         )
-        self.saved_step = end.step
+
+    def _wait(self) -> None:
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            try:
+                pending.result()
+            except OSError as e:
+                raise JaxmnistError(f"{self.path}: cannot write a checkpoint ({e})") from None
 
     def close(self) -> None:
-        self.manager.wait_until_finished()
-        self.manager.close()
+        try:
+            self._wait()
+        finally:
+            if self.pool is not None:
+                self.pool.shutdown(wait=True)
+            self.manager.wait_until_finished()
+            self.manager.close()
 
 
 def _warn(message: str) -> None:
