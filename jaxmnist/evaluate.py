@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import jax
@@ -169,9 +170,8 @@ def evaluate_run(run_dir, data_dir=None) -> dict:
         cfg = config_lib.from_dict(run["config"])
     except Exception as e:  # noqa: BLE001 -- a hand-edited or foreign config.json
         raise rundir.JaxmnistError(f"{run_dir}/config.json: not a jaxmnist config ({e})") from None
-    dataset = load_dataset(
-        cfg.data.dataset, data_dir or cfg.data.data_dir, download=cfg.data.download
-    )
+    data_dir = data_dir or cfg.data.data_dir or _recorded_data_dir(path)
+    dataset = load_dataset(cfg.data.dataset, data_dir, download=cfg.data.download)
     num_classes = len(dataset.spec.class_names)
     seeds = cfg.train.seeds
     where = {}
@@ -208,6 +208,23 @@ def evaluate_run(run_dir, data_dir=None) -> dict:
         "confusion_matrix": test.confusion.tolist(),
         **where,
     }
+
+
+def _recorded_data_dir(path) -> str | None:
+    """The folder training read its data from (environment.json's `source`), if it is
+    still there: found through $JAXMNIST_DATA_DIR, it is not in config.json. The
+    files are verified against their checksums when loaded, as always."""
+    import json
+
+    try:
+        source = json.loads((path / "environment.json").read_text()).get("source") or ""
+    except (OSError, ValueError):
+        return None
+    if not source or " (downloaded from" in source:  # the cache: searched anyway
+        return None
+    folder = Path(source)
+    folder = folder.parent if folder.is_file() else folder  # an .npz file, or the IDX folder
+    return str(folder) if folder.is_dir() else None
 
 
 def _read_config(path) -> dict:

@@ -326,3 +326,12 @@ def test_a_non_finite_loss_marks_the_run_and_keeps_no_bad_checkpoint(cli, tmp_pa
     result = cli[1](cli[2](run, "--optimizer", "sgd", "--lr", "1e9"))
     assert result.returncode == 1 and "non-finite" in result.stderr
     assert (run / "diverged.json").exists() and checkpoint.checkpoint_steps(run) == []
+
+
+def test_eval_finds_the_data_where_training_found_it(tiny_data_dir, tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    monkeypatch.setenv("JAXMNIST_DATA_DIR", str(tiny_data_dir))
+    argv = ["train", "--dataset", "tiny", "--run-dir", str(run), "--batch-size", "32"]
+    assert main([*argv, "--epochs", "1", "--no-compile-cache", "--no-checkpoint", *QUIET]) == 0
+    monkeypatch.delenv("JAXMNIST_DATA_DIR")  # a new shell
+    assert main(["eval", str(run), "--json"]) == 0
