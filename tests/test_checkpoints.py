@@ -335,3 +335,20 @@ def test_eval_finds_the_data_where_training_found_it(tiny_data_dir, tmp_path, mo
     assert main([*argv, "--epochs", "1", "--no-compile-cache", "--no-checkpoint", *QUIET]) == 0
     monkeypatch.delenv("JAXMNIST_DATA_DIR")  # a new shell
     assert main(["eval", str(run), "--json"]) == 0
+
+
+def test_tensorboard_events_continue_without_gaps_or_repeats(cli, finished, tmp_path):
+    accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    (run / "summary.json").unlink()
+    shutil.rmtree(run / "checkpoints" / "60")  # resumes after epoch 2
+    resume(cli, run, "--tensorboard")
+    events = accumulator.EventAccumulator(str(run / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [e.step for e in events.Scalars("loss/test")] == [20, 40, 60]
+    assert [e.step for e in events.Scalars("loss/train_step")] == list(range(1, 61))
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [e.value for e in events.Scalars("loss/test")] == pytest.approx(
+        [r["test_loss"] for r in records], rel=1e-6
+    )
