@@ -536,7 +536,8 @@ def train_and_evaluate(
     finally:
         if saver:
             saver.close()  # waits for the last asynchronous write
-    if stop and stop.requested:
+    complete = r.steps == r.plan.total_steps or any(r.reached)  # a late signal changes nothing
+    if stop and stop.requested and not complete:
         from jaxmnist.preemption import Stopped
 
         if events:
