@@ -8,6 +8,7 @@ must be recoverable. Every process shares one compilation cache, so that only
 the first of each program compiles.
 """
 
+import dataclasses
 import json
 import os
 import shutil
@@ -17,12 +18,19 @@ import sys
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
-from jaxmnist import checkpoint, rundir
+from jaxmnist import checkpoint, memory, optim, rundir
+from jaxmnist import config as config_lib
+from jaxmnist.checkpoint import CheckpointOptions
 from jaxmnist.cli import main
 from jaxmnist.data import registry, synthetic
+from jaxmnist.preemption import Stopped, StopRequest
+from jaxmnist.resume import Resumer
+from jaxmnist.step import init_state
+from jaxmnist.train import train_and_evaluate
 
 RUNNER = Path(__file__).parent / "run_tiny_cli.py"
 EPOCHS = "6"
@@ -352,3 +360,44 @@ def test_tensorboard_events_continue_without_gaps_or_repeats(cli, finished, tmp_
     assert [e.value for e in events.Scalars("loss/test")] == pytest.approx(
         [r["test_loss"] for r in records], rel=1e-6
     )
+
+
+class StopAfterEpoch2(StopRequest):
+    """As if SIGTERM had come during epoch 2."""
+
+    def __call__(self, end, train_seconds):
+        if end.epoch == 2:
+            self.signum = signal.SIGTERM
+        return self.requested
+
+
+def test_members_saved_in_memory_chunks_resume_as_one_chunk(tiny_dataset, tmp_path):
+    """Checkpoints hold the members concatenated, whatever chunks trained them."""
+    base = config_lib.get_preset("tpu101")
+    cfg = dataclasses.replace(
+        base, compile_cache=False, train=dataclasses.replace(base.train, batch_size=32, epochs=4)
+    )
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seeds=4))
+    shapes = jax.eval_shape(
+        lambda k: init_state(k, cfg, optim.make_optimizer(cfg.optimizer, 80), (28, 28), 10),
+        jax.random.key(0),
+    )
+    est = memory.estimate_memory(cfg, shapes, 784, 10, 640, 150 + 640)
+    budget = int((est.total(4, 2) + est.transient_per_model // 2) / memory.MB) + 1  # 2 at a time
+    chunked = dataclasses.replace(cfg, memory_budget_mb=budget)
+    stopped, alone = tmp_path / "stopped", tmp_path / "alone"
+    with pytest.raises(Stopped):
+        train_and_evaluate(
+            chunked, stopped, dataset=tiny_dataset, checkpoints=CheckpointOptions(),
+            stop=StopAfterEpoch2(),
+        )  # fmt: skip
+    assert json.loads((stopped / "environment.json").read_text())["chunks"] == [2, 2]
+    whole = dataclasses.replace(chunked, memory_budget_mb=None)
+    resumed = train_and_evaluate(
+        whole, stopped, dataset=tiny_dataset, resume=Resumer(stopped, whole)
+    )
+    reference = train_and_evaluate(chunked, alone, dataset=tiny_dataset)
+    assert (resumed["chunks"], reference["chunks"]) == ([4], [2, 2])
+    with np.load(stopped / "params.npz") as a, np.load(alone / "params.npz") as b:
+        for k in a.files:  # vmapped over 4 members or 2: the same maths, other float sums
+            np.testing.assert_allclose(a[k], b[k], rtol=1e-4, atol=1e-5)
