@@ -371,8 +371,9 @@ class StopAfterEpoch2(StopRequest):
         return self.requested
 
 
-def test_members_saved_in_memory_chunks_resume_as_one_chunk(tiny_dataset, tmp_path):
-    """Checkpoints hold the members concatenated, whatever chunks trained them."""
+def test_members_in_memory_chunks_resume_bit_for_bit_or_regrouped(tiny_dataset, tmp_path):
+    """Checkpoints hold the members concatenated, whatever chunks trained them: resumed in
+    the same chunks the result is identical; in one chunk, equal to float tolerance."""
     base = config_lib.get_preset("tpu101")
     cfg = dataclasses.replace(
         base, compile_cache=False, train=dataclasses.replace(base.train, batch_size=32, epochs=4)
@@ -392,12 +393,19 @@ def test_members_saved_in_memory_chunks_resume_as_one_chunk(tiny_dataset, tmp_pa
             stop=StopAfterEpoch2(),
         )  # fmt: skip
     assert json.loads((stopped / "environment.json").read_text())["chunks"] == [2, 2]
-    whole = dataclasses.replace(chunked, memory_budget_mb=None)
-    resumed = train_and_evaluate(
-        whole, stopped, dataset=tiny_dataset, resume=Resumer(stopped, whole)
-    )
+    shutil.copytree(stopped, tmp_path / "regrouped")
     reference = train_and_evaluate(chunked, alone, dataset=tiny_dataset)
-    assert (resumed["chunks"], reference["chunks"]) == ([4], [2, 2])
-    with np.load(stopped / "params.npz") as a, np.load(alone / "params.npz") as b:
+    again = train_and_evaluate(
+        chunked, stopped, dataset=tiny_dataset, resume=Resumer(stopped, chunked)
+    )
+    assert again["chunks"] == reference["chunks"] == [2, 2]
+    assert_same_params(stopped, alone)
+    whole = dataclasses.replace(chunked, memory_budget_mb=None)
+    regrouped = tmp_path / "regrouped"
+    result = train_and_evaluate(
+        whole, regrouped, dataset=tiny_dataset, resume=Resumer(regrouped, whole)
+    )
+    assert result["chunks"] == [4]
+    with np.load(regrouped / "params.npz") as a, np.load(alone / "params.npz") as b:
         for k in a.files:  # vmapped over 4 members or 2: the same maths, other float sums
             np.testing.assert_allclose(a[k], b[k], rtol=1e-4, atol=1e-5)
