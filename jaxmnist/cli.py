@@ -174,27 +174,50 @@ def _start_processes(args, cfg) -> object:
 
 def cmd_train(args) -> int:
     from jaxmnist import parallel, rundir
+    from jaxmnist.preemption import Stopped
     from jaxmnist.reporting import TerminalReporter
-    from jaxmnist.train import train_and_evaluate
 
-    cfg, preset = resolve_config(args)
+    for flag, value in (
+        ("--checkpoint-every", args.checkpoint_every),
+        ("--keep-checkpoints", args.keep_checkpoints),
+    ):
+        if value < 1:
+            raise config_lib.ConfigError(f"{flag} must be at least 1, got {value}")
+    if args.resume:
+        cfg, workdir, extended = _resume_config(args)
+        if (workdir / "summary.json").exists() and not extended:
+            print(f"{workdir}: the run already finished; nothing to resume (--epochs N extends it)")
+            return 0
+    else:
+        cfg, preset = resolve_config(args)
+        workdir = Path(args.run_dir) if args.run_dir else _default_run_dir(preset, cfg)
     layout = _start_processes(args, cfg)
     main = parallel.is_main_process()
-    workdir = Path(args.run_dir) if args.run_dir else _default_run_dir(preset, cfg)
+    lock = None
     if main:
         rundir.check_writable(workdir)
-        rundir.write_command(workdir, ["jaxmnist", *args.argv])
-    mode = "json" if args.json else "quiet" if args.quiet else "normal"
+        lock = rundir.lock_run_dir(workdir)  # held until this command returns or dies
+    try:
+        if main:
+            if not args.resume:
+                rundir.check_reusable(workdir, args.overwrite)
+            rundir.write_command(workdir, ["jaxmnist", *args.argv])
+        mode = "json" if args.json else "quiet" if args.quiet else "normal"
+        reporter = TerminalReporter(mode, workdir) if main else None
+        if main and not args.no_report:
+            # matplotlib takes ~1 s to import; do it while the device trains, not after.
+            threading.Thread(
+                target=importlib.import_module, args=("jaxmnist.report.run_report",), daemon=True
+            ).start()
+        summary = _train_with_checkpoints(args, cfg, workdir, reporter, layout)
+    except Stopped as e:  # a signal: checkpoint saved, no summary; not an error
+        print(f"jaxmnist train: {e}", file=sys.stderr)
+        return e.exit_code
+    finally:
+        if lock is not None:
+            lock.release()
     if not main:  # only process 0 prints; the others say nothing but errors
-        summary = train_and_evaluate(cfg, workdir, None, layout=layout)
         return 0
-    reporter = TerminalReporter(mode, workdir)
-    if not args.no_report:
-        # matplotlib takes ~1 s to import; do it while the device trains, not after.
-        threading.Thread(
-            target=importlib.import_module, args=("jaxmnist.report.run_report",), daemon=True
-        ).start()
-    summary = train_and_evaluate(cfg, workdir, reporter, layout=layout)
     report = None
     if not args.no_report:
         from jaxmnist.report.run_report import write_run_report
@@ -210,6 +233,85 @@ def cmd_train(args) -> int:
         )
     _check_target(summary)
     return 0
+
+
+def _explicit_overrides(args) -> dict:
+    """The config fields the command line sets (flags, then KEY=VALUE), without the preset."""
+    overrides = {
+        key: getattr(args, key) for key, _, _ in FLAGS.values() if getattr(args, key) is not None
+    }
+    overrides.update(config_lib.parse_override(o) for o in args.overrides)
+    if args.no_compile_cache:
+        overrides["compile_cache"] = False
+    if args.tensorboard:
+        overrides["tensorboard"] = True
+    return overrides
+
+
+def _resume_config(args) -> tuple[config_lib.Config, Path, bool]:
+    """--resume RUN_DIR: (the saved config with the allowed overrides, RUN_DIR, extended)."""
+    from jaxmnist import resume
+
+    workdir = Path(args.resume)
+    if args.run_dir and Path(args.run_dir).resolve() != workdir.resolve():
+        raise config_lib.ConfigError("--resume RUN_DIR writes into RUN_DIR; drop --run-dir")
+    cfg, extended = resume.prepare(workdir, _explicit_overrides(args))
+    return cfg, workdir, extended
+
+
+def _train_with_checkpoints(args, cfg, workdir: Path, reporter, layout) -> dict:
+    """Trains with checkpoints (unless --no-checkpoint) and a clean stop on SIGTERM or
+    Ctrl-C (`preemption.Stopped`); resumes RUN_DIR with --resume."""
+    from jaxmnist.checkpoint import CheckpointOptions
+    from jaxmnist.preemption import StopRequest
+    from jaxmnist.resume import Resumer
+    from jaxmnist.train import train_and_evaluate
+
+    options = None
+    if not args.no_checkpoint:
+        options = CheckpointOptions(args.checkpoint_every, args.keep_checkpoints)
+    resumer = Resumer(workdir, cfg) if args.resume else None
+    stop = StopRequest().install()
+    try:
+        return train_and_evaluate(
+            cfg, workdir, reporter, layout=layout, checkpoints=options, resume=resumer, stop=stop
+        )
+    finally:
+        stop.uninstall()
+
+
+def _add_checkpoint_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(
+        "checkpoints and resuming",
+        "Orbax checkpoints in RUN_DIR/checkpoints; SIGTERM or Ctrl-C stop at the end of the "
+        "epoch with a checkpoint (exit 143 or 130)",
+    )
+    g.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue RUN_DIR from its newest intact checkpoint, with its saved config "
+        "(--epochs N extends it; fields that change the maths are refused)",
+    )
+    g.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=1,
+        metavar="N",
+        help="save a checkpoint every N epochs, and after the last (default 1)",
+    )
+    g.add_argument(
+        "--keep-checkpoints",
+        type=int,
+        default=3,
+        metavar="K",
+        help="keep the newest K checkpoints (default 3)",
+    )
+    g.add_argument("--no-checkpoint", action="store_true", help="save no checkpoints")
+    g.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="train into a run directory that already holds a run (its checkpoints are removed)",
+    )
 
 
 def _check_target(summary: dict) -> None:
@@ -307,6 +409,11 @@ def cmd_eval(args) -> int:
         print(json.dumps(result, indent=2))
     else:
         print_eval(result)
+        if "checkpoint_step" in result:
+            print(
+                f"evaluated the newest checkpoint of an unfinished run: step "
+                f"{result['checkpoint_step']} (epoch {result['checkpoint_epoch']})"
+            )
     return 0
 
 
@@ -499,6 +606,7 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
     p.add_argument("--no-report", action="store_true", help="do not write report.html and plots/")
     _add_process_args(p)
+    _add_checkpoint_args(p)
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("report", help="(re)write a run's report.html and plots/")

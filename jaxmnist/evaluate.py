@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import jax
@@ -17,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jaxmnist.errors import JaxmnistError
 from jaxmnist.models import apply_uint8, get_model
 
 
@@ -187,11 +189,13 @@ def evaluate_run(run_dir, data_dir=None) -> dict:
     evaluated seed by seed: the figures are means, with per-seed lists, and the
     confusion matrix is the first seed's.
     """
+    from jaxmnist import checkpoint, rundir
     from jaxmnist import config as config_lib
-    from jaxmnist import rundir
     from jaxmnist.data import load_dataset
 
-    run = rundir.read_run(run_dir)
+    path = rundir.Path(run_dir)
+    unfinished = not (path / "summary.json").exists() and checkpoint.checkpoint_steps(path)
+    run = _read_config(path) if unfinished else rundir.read_run(run_dir)
     try:
         cfg = config_lib.from_dict(run["config"])
     except Exception as e:  # noqa: BLE001 -- a hand-edited or foreign config.json
@@ -204,17 +208,23 @@ def evaluate_run(run_dir, data_dir=None) -> dict:
     )
     _check_same_data(recorded, dataset, run_dir)
     num_classes = len(dataset.spec.class_names)
-    init = get_model(cfg.model.name).init
-    like = jax.eval_shape(
-        lambda: init(jax.random.key(0), cfg.model, dataset.test_images.shape[1:], num_classes)
-    )
     seeds = cfg.train.seeds
-    if seeds > 1:
-        like = jax.tree.map(lambda x: jax.ShapeDtypeStruct((seeds, *x.shape), x.dtype), like)
-    params = jax.device_put(rundir.load_params(rundir.Path(run_dir) / rundir.PARAMS_FILE, like))
+    where = {}
+    if unfinished:  # the newest intact checkpoint's parameters
+        params, where = _checkpoint_params(path, cfg, dataset)
+        if seeds == 1:
+            params = jax.tree.map(lambda x: x[0], params)
+    else:
+        init = get_model(cfg.model.name).init
+        like = jax.eval_shape(
+            lambda: init(jax.random.key(0), cfg.model, dataset.test_images.shape[1:], num_classes)
+        )
+        if seeds > 1:
+            like = jax.tree.map(lambda x: jax.ShapeDtypeStruct((seeds, *x.shape), x.dtype), like)
+        params = jax.device_put(rundir.load_params(path / rundir.PARAMS_FILE, like))
     test_set = place_eval_data(dataset.test_images, dataset.test_labels, cfg.train.eval_batch_size)
     if seeds > 1:
-        return _evaluate_seeds(run_dir, cfg, dataset, params, test_set, num_classes)
+        return {**_evaluate_seeds(run_dir, cfg, dataset, params, test_set, num_classes), **where}
     test = compile_evaluate(cfg.model, params, test_set, num_classes)(params, test_set)
     train_set = place_eval_data(
         dataset.train_images, dataset.train_labels, cfg.train.eval_batch_size
@@ -231,6 +241,40 @@ def evaluate_run(run_dir, data_dir=None) -> dict:
         "num_train_examples": train.count,
         "class_names": list(dataset.spec.class_names),
         "confusion_matrix": test.confusion.tolist(),
+        **where,
+    }
+
+
+def _read_config(path) -> dict:
+    import json
+
+    try:
+        return {"config": json.loads((path / "config.json").read_text())}
+    except (OSError, ValueError) as e:
+        raise JaxmnistError(f"{path / 'config.json'}: cannot read the run's config ({e})") from None
+
+
+def _checkpoint_params(path, cfg, dataset) -> tuple[Any, dict]:
+    """Every member's parameters (member axis first) from an unfinished run's newest intact
+    checkpoint, on the default device; and {"checkpoint_step", "checkpoint_epoch"}."""
+    from jaxmnist import checkpoint, optim, parallel
+    from jaxmnist import config as config_lib
+    from jaxmnist.step import init_state
+
+    plan = config_lib.plan_steps(cfg.train, len(dataset.train_labels))
+    optimizer = optim.make_optimizer(cfg.optimizer, plan.total_steps)
+    shapes = jax.eval_shape(
+        lambda k: init_state(
+            k, cfg, optimizer, dataset.train_images.shape[1:], len(dataset.spec.class_names)
+        ),
+        jax.random.key(0),
+    )
+    device = jax.sharding.SingleDeviceSharding(parallel.default_device())
+    target = checkpoint.abstract_state(shapes, cfg.train.seeds, device)
+    restored = checkpoint.restore_newest(path, target)
+    return restored.state.params, {
+        "checkpoint_step": restored.step,
+        "checkpoint_epoch": restored.epoch,
     }
 
 

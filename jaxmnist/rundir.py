@@ -250,3 +250,37 @@ def read_run(workdir: str | os.PathLike) -> dict:
     if not (path / PARAMS_FILE).exists():
         raise JaxmnistError(f"{path}: run has no {PARAMS_FILE} (did it finish?)")
     return out
+
+
+LOCK_FILE = ".lock"
+
+
+def lock_run_dir(workdir: str | os.PathLike):
+    """Holds `workdir/.lock` until `.release()` or the process ends (an OS lock: a killed
+    process leaves nothing behind); ConfigError at once if another process holds it."""
+    import filelock
+
+    lock = filelock.FileLock(Path(workdir) / LOCK_FILE)
+    try:
+        lock.acquire(timeout=0)
+    except filelock.Timeout:
+        raise ConfigError(
+            f"run directory {str(workdir)!r} is in use by another jaxmnist process"
+        ) from None
+    return lock
+
+
+def check_reusable(workdir: str | os.PathLike, overwrite: bool) -> None:
+    """A directory that already holds a run is only trained into again with `overwrite`
+    (then its checkpoints go too); ConfigError (exit 2) without it, nothing changed."""
+    path = Path(workdir)
+    if not (path / "config.json").exists():
+        return
+    if not overwrite:
+        finished = (path / "summary.json").exists()
+        what = "a finished run" if finished else "an unfinished run (--resume continues it)"
+        raise ConfigError(f"{path} already holds {what}; --overwrite replaces it")
+    import shutil
+
+    shutil.rmtree(path / "checkpoints", ignore_errors=True)
+    (path / "diverged.json").unlink(missing_ok=True)

@@ -217,7 +217,7 @@ def train_population(
     points=None,
     layout: parallel.Layout | None = None,
     stop_on_nonfinite: bool = True,
-    start: tuple[Progress, list] | None = None,
+    start: tuple[Progress, list] | Callable[[Setup], tuple[Progress, list]] | None = None,
     stop_rules: tuple[Callable[[EpochEnd, float], bool], ...] = (),
 ) -> RunResult:
     """Trains `members` (`population.Member`s: seed and hyperparameters) of `cfg`.
@@ -228,10 +228,13 @@ def train_population(
     accuracy has reached it; `stop_rules` may end it earlier. With
     `stop_on_nonfinite` false, a diverging member is recorded in `diverged`
     instead of raising. `start=(progress, states)` continues a run after
-    `progress.epoch` epochs from those states.
+    `progress.epoch` epochs from those states; `start` may also be a function of the
+    `Setup` returning them (a checkpoint restored onto its mesh).
     """
     calls = _Callbacks(callbacks)
     run = setup_run(cfg, members, dataset, layout)
+    if callable(start):
+        start = start(run)
     states = run.states if start is None else start[1]
     calls.on_start(run.info)
     compile_seconds = _compile(run, calls)
@@ -361,6 +364,8 @@ def _run_epochs(
         calls.on_epoch_end(end)
         if sum(bool(rule(end, train_seconds)) for rule in stop_rules):  # every rule sees it
             break
+    if test is None:  # started after its last epoch (a run resumed at its final checkpoint)
+        test = pop.evaluate(states, "test", run.eval_sets["test"])
     return RunResult(
         pop,
         states,
@@ -452,10 +457,15 @@ class _RunFiles(Callback):
 
 
 class _Events(Callback):
-    """TensorBoard scalars per epoch (`report.tensorboard.EventWriter`)."""
+    """TensorBoard scalars per epoch (`report.tensorboard.EventWriter`); a resumed run
+    writes its earlier epochs again first (the event files start afresh)."""
 
-    def __init__(self, writer):
-        self.writer = writer
+    def __init__(self, writer, resume=None):
+        self.writer, self.resume = writer, resume
+
+    def on_start(self, info: dict) -> None:
+        if self.resume is not None:
+            self.resume.replay(self.writer)
 
     def on_epoch_end(self, end: EpochEnd) -> None:
         self.writer.write_epoch(end.record, end.step_losses)
@@ -467,6 +477,10 @@ def train_and_evaluate(
     reporter: Callback | None = None,
     dataset=None,
     layout: parallel.Layout | None = None,
+    *,
+    checkpoints=None,
+    resume=None,
+    stop=None,
 ) -> dict:
     """Trains and evaluates `cfg.train.seeds` models as `cfg` says; returns the summary dict.
 
@@ -475,7 +489,10 @@ def train_and_evaluate(
     per-seed figures and parameters stacked along a leading seed axis); in a
     multi-process run only process 0 writes or reports. `dataset` (a
     `jaxmnist.data.Dataset`) skips loading, for tests; `layout` defaults to the
-    mesh `cfg.parallel` asks for.
+    mesh `cfg.parallel` asks for. `checkpoints` (`checkpoint.CheckpointOptions`)
+    saves Orbax checkpoints in workdir/checkpoints; `resume` (`resume.Resumer`)
+    continues workdir from its newest checkpoint; `stop` (`preemption.StopRequest`)
+    ends the run at an epoch's end, after a checkpoint, with `preemption.Stopped`.
     """
     from jaxmnist.data import load_dataset
 
@@ -486,19 +503,51 @@ def train_and_evaluate(
     parallel.check_layout(layout, num_models=cfg.train.seeds, batch_size=cfg.train.batch_size)
     if cfg.compile_cache:
         runtime.enable_compilation_cache()
-    run = rundir.RunWriter(workdir) if workdir is not None and main else None
+    run = None
+    if workdir is not None and main:
+        run = resume.writer() if resume else rundir.RunWriter(workdir)
     if dataset is None:
         dataset = load_dataset(cfg.data.dataset, cfg.data.data_dir, download=cfg.data.download)
     config_lib.validate(cfg, num_train_examples=len(dataset.train_labels))
     if run:
         run.write_data(dataset)  # where the data came from, for `jaxmnist eval`
     events = _event_writer(run, cfg)
+    saver = _checkpointer(workdir, checkpoints, resume, stop)
     callbacks = [
         reporter if main else None,
         run and _RunFiles(run, cfg),
-        events and _Events(events),
+        events and _Events(events, resume),
+        saver,
     ]
-    r = train_population(cfg, seed_members(cfg), dataset, callbacks, layout=layout)
+    try:
+        r = train_population(
+            cfg,
+            seed_members(cfg),
+            dataset,
+            callbacks,
+            layout=layout,
+            start=resume,
+            stop_rules=(stop,) if stop else (),
+        )
+    except TrainingError as e:  # a non-finite loss: the bad state was never checkpointed
+        if run and saver:
+            from jaxmnist.resume import mark_diverged
+
+            mark_diverged(workdir, str(e))
+        raise
+    finally:
+        if saver:
+            saver.close()  # waits for the last asynchronous write
+    complete = r.steps == r.plan.total_steps or any(r.reached)  # a late signal changes nothing
+    if stop and stop.requested and not complete:
+        from jaxmnist.preemption import Stopped
+
+        if events:
+            events.close()
+        raise Stopped(
+            f"stopped at step {r.steps}; resume with: jaxmnist train --resume {workdir}",
+            stop.exit_code,
+        )
 
     models = len(r.population)
     examples = r.steps * cfg.train.batch_size * models
@@ -540,6 +589,15 @@ def train_and_evaluate(
     if reporter is not None and main:
         reporter.on_finish(summary)
     return summary
+
+
+def _checkpointer(workdir, options, resume, stop):
+    """The checkpoint callback (every process: an Orbax save is collective), or None."""
+    if workdir is None or options is None:
+        return None
+    from jaxmnist.checkpoint import Checkpointer
+
+    return Checkpointer(workdir, options, resume=resume, stop=stop)
 
 
 def layout_for(cfg, num_models: int | None = None) -> parallel.Layout:

@@ -1,0 +1,281 @@
+"""Checkpoints of a run, with Orbax: saving as the run goes, and restoring the newest valid one.
+
+`RUN_DIR/checkpoints/<step>/` holds, per saved epoch:
+
+    state       the whole TrainState of every member (step, parameters, optimizer
+                state), the members concatenated along their leading axis,
+                whatever memory chunks the machine that wrote it trained them in
+    progress    JSON: epoch, step, every metrics.jsonl record so far, the train
+                seconds, and a fingerprint of `state`
+
+The random keys need no saving: every member's epoch keys are derived from its
+seed and the epoch index (`population.member_keys`), so the data order continues
+by itself. Orbax writes each checkpoint to a temporary directory and renames it
+when complete, asynchronously: `save` returns once the arrays are copied to the
+host, and the next epoch (which donates the state's buffers) runs while the
+files are written. A checkpoint that is there but damaged (a file removed or
+garbled) is caught on restore, by Orbax or by the fingerprint (a position-
+weighted sum of the raw bits: any change to one array element changes it), and
+skipped with a warning for the newest earlier one.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxmnist.errors import JaxmnistError
+from jaxmnist.train import Callback
+
+CHECKPOINT_DIR = "checkpoints"
+
+
+class CheckpointOptions(NamedTuple):
+    every: int = 1  # epochs between checkpoints (the last epoch and a stop always save)
+    keep: int = 3  # newest checkpoints kept
+
+
+class Restored(NamedTuple):
+    """A checkpoint read back: every member's state (member axis first) and its progress."""
+
+    step: int
+    epoch: int
+    state: object  # a TrainState with every member, on the target's shardings
+    progress: dict  # the `progress` JSON item
+
+
+def checkpoint_dir(run_dir) -> Path:
+    return Path(run_dir) / CHECKPOINT_DIR
+
+
+def _manager(
+    path: Path, keep: int | None = None, read_only: bool = False, asynchronous: bool = False
+):
+    import orbax.checkpoint as ocp
+
+    # Orbax logs routine notices (read-only options, directory creation) as absl
+    # warnings on stderr; the terminal is the run's, so only its errors go there.
+    logging.getLogger("absl").setLevel(logging.ERROR)
+
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=keep, enable_async_checkpointing=asynchronous, read_only=read_only
+    )
+    return ocp.CheckpointManager(path.absolute(), options=options)
+
+
+def _as_uint32(x, xp):
+    """The raw bits of `x` as a flat uint32 vector, one per element (`xp`: jnp or np).
+    jaxmnist runs without 64-bit types, so every element fits."""
+    size = x.dtype.itemsize
+    if x.dtype == xp.bool_:
+        return x.astype(xp.uint32).reshape(-1)
+    unsigned = {1: xp.uint8, 2: xp.uint16, 4: xp.uint32}[size]
+    bits = jax.lax.bitcast_convert_type(x, unsigned) if xp is jnp else x.view(unsigned)
+    return bits.astype(xp.uint32).reshape(-1)
+
+
+def _leaf_fingerprint(x, xp):
+    bits = _as_uint32(x, xp)
+    weights = 2 * xp.arange(bits.size, dtype=xp.uint32) + 1  # odd: invertible mod 2**32
+    return xp.sum(bits * weights, dtype=xp.uint32)  # wraps mod 2**32, in any order
+
+
+@jax.jit
+def _device_fingerprint(tree) -> list:
+    return [_leaf_fingerprint(jnp.asarray(x), jnp) for x in jax.tree.leaves(tree)]
+
+
+def fingerprint(tree) -> list[int]:
+    """One uint32 per leaf of `tree`: device arrays (sharded or not, on any mesh) or host
+    arrays, the same figure for the same values."""
+    leaves = jax.tree.leaves(tree)
+    if all(isinstance(x, np.ndarray) for x in leaves):
+        with np.errstate(over="ignore"):
+            return [int(_leaf_fingerprint(x, np)) for x in leaves]
+    return [int(v) for v in jax.device_get(_device_fingerprint(tree))]
+
+
+def host_members(states: list):
+    """Every member's state on the host (numpy copies), concatenated along the member axis."""
+    parts = jax.device_get(states)
+    return jax.tree.map(lambda *xs: np.concatenate(xs), *parts)
+
+
+def gather_members(states: list, layout):
+    """One TrainState with every member, from the per-chunk states (member axis first)."""
+    if len(states) == 1:
+        return states[0]
+    join = jax.jit(
+        lambda parts: jax.tree.map(lambda *xs: jnp.concatenate(xs), *parts),
+        out_shardings=layout.by_member,
+    )
+    return join(states)
+
+
+def split_members(state, population) -> list:
+    """The per-chunk states of `population` from one state holding every member."""
+    if len(population.chunks) == 1:
+        return [state]
+    return [
+        jax.jit(
+            lambda t, s=s: jax.tree.map(lambda x: x[s], t),
+            out_shardings=population.layout.by_member,
+        )(state)
+        for s in population.slices
+    ]
+
+
+def abstract_state(shapes, members: int, sharding):
+    """The restore target: one member's state `shapes` (e.g. `Population.state_shapes()`)
+    stacked `members` times, placed by `sharding` (nothing allocated)."""
+    return jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct((members, *x.shape), x.dtype, sharding=sharding), shapes
+    )
+
+
+class Checkpointer(Callback):
+    """A run-loop callback: saves the state after every `every`-th epoch and the last.
+
+    `resume` (a `resume.Resumer`) supplies the metrics of the epochs before a
+    restart; `stop` (a `preemption.StopRequest`) forces a save at the epoch where
+    a stop was asked for. Call `close()` at the end: it waits for the last write.
+
+    In one process the state is copied to the host (the next epoch donates its
+    device buffers) and a worker thread does the rest: fingerprint, Orbax's
+    write and commit, so the loop only waits for the copy. With several
+    processes (arrays no process holds whole) Orbax's own asynchronous save
+    does the copying, collectively.
+    """
+
+    def __init__(self, run_dir, options: CheckpointOptions, resume=None, stop=None):
+        self.options, self.resume, self.stop = options, resume, stop
+        self.records: list = []
+        self.path = checkpoint_dir(run_dir)
+        self.threaded = jax.process_count() == 1
+        self.manager = _manager(self.path, keep=options.keep, asynchronous=not self.threaded)
+        self.pool = ThreadPoolExecutor(1, "jaxmnist-checkpoint") if self.threaded else None
+        self.pending: Future | None = None
+        self.last_epoch = -1  # the plan's last epoch, known at `on_start`
+
+    def on_start(self, info: dict) -> None:
+        self.last_epoch = info["epochs"]
+        if self.resume is not None:  # the epochs before the restart, for the next checkpoint
+            self.records = list(self.resume.restored.progress["records"])
+
+    def on_epoch_end(self, end) -> None:
+        self.records.append(end.record)
+        wanted = end.epoch % self.options.every == 0 or end.epoch == self.last_epoch
+        if wanted or (self.stop is not None and self.stop.requested):
+            self.save(end)
+
+    def save(self, end) -> None:
+        progress = {
+            "epoch": end.epoch,
+            "step": end.step,
+            "records": list(self.records),
+            "train_seconds": float(sum(r["epoch_seconds"] for r in self.records)),
+            "members": len(end.population),
+        }
+        if not self.threaded:
+            state = gather_members(end.states, end.population.layout)
+            self._write(end.step, state, progress)
+            return
+        state = host_members(end.states)
+        self._wait()  # at most one write in flight: a slow disk holds the loop, not memory
+        self.pending = self.pool.submit(self._write, end.step, state, progress)
+
+    def _write(self, step: int, state, progress: dict) -> None:
+        import orbax.checkpoint as ocp
+
+        progress["fingerprint"] = fingerprint(state)
+        self.manager.save(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state), progress=ocp.args.JsonSave(progress)
+            ),
+        )
+
+    def _wait(self) -> None:
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            try:
+                pending.result()
+            except OSError as e:
+                raise JaxmnistError(f"{self.path}: cannot write a checkpoint ({e})") from None
+
+    def close(self) -> None:
+        try:
+            self._wait()
+        finally:
+            if self.pool is not None:
+                self.pool.shutdown(wait=True)
+            self.manager.wait_until_finished()
+            self.manager.close()
+
+
+def _warn(message: str) -> None:
+    print(f"jaxmnist: warning: {message}", file=sys.stderr, flush=True)
+
+
+def _reason(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return (text[0] if text else type(e).__name__)[:200]
+
+
+def checkpoint_steps(run_dir) -> list[int]:
+    """Steps of the complete (committed) checkpoints in `run_dir`, oldest first."""
+    path = checkpoint_dir(run_dir)
+    if not path.is_dir():
+        return []
+    manager = _manager(path, read_only=True)
+    try:
+        return sorted(manager.all_steps())
+    finally:
+        manager.close()
+
+
+def restore_newest(run_dir, target, warn=_warn) -> Restored | None:
+    """The newest checkpoint of `run_dir` that reads back intact, onto `target`'s shardings
+    (see `abstract_state`: any mesh, whatever the one that wrote it).
+
+    None when there is no checkpoint at all; a damaged one is skipped with
+    `warn(line)` naming it; JaxmnistError (exit 1) when none is intact.
+    """
+    import orbax.checkpoint as ocp
+
+    path = checkpoint_dir(run_dir)
+    steps = checkpoint_steps(run_dir)
+    if not steps:
+        return None
+    members = jax.tree.leaves(target)[0].shape[0]
+    manager = _manager(path, read_only=True)
+    try:
+        for step in reversed(steps):
+            where = path / str(step)
+            try:
+                got = manager.restore(
+                    step,
+                    args=ocp.args.Composite(
+                        state=ocp.args.StandardRestore(target), progress=ocp.args.JsonRestore()
+                    ),
+                )
+                progress = dict(got.progress)
+                if progress.get("members") != members:
+                    raise ValueError(f"holds {progress.get('members')} models, not {members}")
+                if fingerprint(got.state) != progress["fingerprint"]:
+                    raise ValueError("its arrays do not match the fingerprint saved with them")
+            except Exception as e:  # noqa: BLE001 -- Orbax and TensorStore raise many kinds
+                older = "an earlier one" if step != steps[0] else "nothing earlier"
+                warn(f"checkpoint {where} is damaged ({_reason(e)}); trying {older}")
+                continue
+            return Restored(step, int(progress["epoch"]), got.state, progress)
+    finally:
+        manager.close()
+    raise JaxmnistError(f"{path}: no intact checkpoint (all {len(steps)} are damaged)")

@@ -1,0 +1,225 @@
+"""Resuming a run directory: the config it may continue with, its newest checkpoint, and
+its files rewound to that checkpoint.
+
+`prepare(run_dir, overrides)` takes the config saved in the run directory and
+the fields the command line set again. A field that changes what the run
+computes (model, optimizer, batch size, seed, dataset, ...) is refused with one
+line naming it; extending the run (`--epochs` or `--steps` larger than before,
+under a constant schedule) is allowed, and so are fields that only change where
+or how fast it runs (`RESUMABLE`). A run that stopped on a non-finite loss may
+change `optimizer.lr`, with a warning: it restarts from the last good
+checkpoint and is no longer the original run.
+
+A `Resumer` is the run loop's `start`: it restores the newest intact checkpoint
+onto the new run's mesh (any device count), and hands back the progress (epoch,
+step, metrics) the loop continues from. `ResumedRunWriter` then rewrites
+metrics.jsonl and step_loss.csv to end exactly at that checkpoint, so epochs
+that ran after it (and were lost) are neither duplicated nor missing.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from jaxmnist import checkpoint, optim, rundir
+from jaxmnist import config as config_lib
+from jaxmnist.errors import ConfigError, JaxmnistError
+
+# Fields a resumed run may change: where and how fast it runs, how long, what it reports.
+RESUMABLE = {
+    "train.epochs",
+    "train.steps",
+    "train.target_accuracy",
+    "train.eval_batch_size",
+    "train.progress_every",
+    "parallel.devices",
+    "parallel.mesh",
+    "data.data_dir",
+    "data.download",
+    "compile_cache",
+    "tensorboard",
+    "memory_budget_mb",
+}
+AFTER_DIVERGENCE = {"optimizer.lr"}  # only for a run stopped by a non-finite loss
+DIVERGED_FILE = "diverged.json"  # written when a non-finite loss stopped the run
+
+
+def _flat(cfg: config_lib.Config) -> dict:
+    out = {}
+    for section, value in cfg.to_dict().items():
+        if isinstance(value, dict):
+            out.update({f"{section}.{k}": v for k, v in value.items()})
+        else:
+            out[section] = value
+    return out
+
+
+def mark_diverged(run_dir, message: str) -> None:
+    rundir.write_json(Path(run_dir) / DIVERGED_FILE, {"error": message})
+
+
+def _check_extension(old: config_lib.Config, new: config_lib.Config) -> None:
+    o, n = old.train, new.train
+    if (o.steps is None) != (n.steps is None):
+        raise ConfigError("--resume: a run planned in epochs cannot be continued in steps or back")
+    longer = n.epochs > o.epochs if n.steps is None else n.steps > o.steps
+    if not longer:
+        field = "train.epochs" if n.steps is None else "train.steps"
+        raise ConfigError(
+            f"--resume: {field} may only grow (extend the run), got "
+            f"{_get(new, field)} after {_get(old, field)}"
+        )
+    if old.optimizer.schedule != "constant":
+        raise ConfigError(
+            f"--resume: extending a run changes its {old.optimizer.schedule} schedule, which is "
+            "planned over the whole run; start a new run instead"
+        )
+
+
+def _get(cfg, key: str):
+    return _flat(cfg)[key]
+
+
+def prepare(run_dir, overrides: dict, warn=None) -> tuple[config_lib.Config, bool]:
+    """(config to continue with, whether the run is extended). ConfigError (exit 2) for a
+    refused field, JaxmnistError (exit 1) for a directory that holds no run to resume."""
+    warn = warn or _warn
+    path = Path(run_dir)
+    if not (path / "config.json").is_file():
+        raise JaxmnistError(f"{path}: not a run directory (no config.json); nothing to resume")
+    try:
+        old = config_lib.from_dict(json.loads((path / "config.json").read_text()))
+    except (ValueError, TypeError) as e:
+        raise JaxmnistError(f"{path / 'config.json'}: not a jaxmnist config ({e})") from None
+    new = config_lib.apply_overrides(old, overrides)
+    config_lib.validate(new)
+    before, after = _flat(old), _flat(new)
+    changed = [k for k in after if after[k] != before.get(k)]
+    diverged = (path / DIVERGED_FILE).is_file()
+    for key in changed:
+        if key in AFTER_DIVERGENCE and diverged:
+            continue
+        if key not in RESUMABLE:
+            why = (
+                " (allowed only after a non-finite loss stopped the run)"
+                if key in AFTER_DIVERGENCE
+                else ""
+            )
+            raise ConfigError(
+                f"--resume: {key} would change the run ({before.get(key)!r} -> {after[key]!r}); "
+                f"it cannot change when resuming{why}"
+            )
+    extended = any(k in ("train.epochs", "train.steps") for k in changed)
+    if extended:
+        _check_extension(old, new)
+    if any(k in AFTER_DIVERGENCE for k in changed):
+        warn(
+            f"continuing a diverged run with optimizer.lr={new.optimizer.lr:g} from its last good "
+            "checkpoint: the result is no longer the original run's"
+        )
+    return new, extended
+
+
+def _warn(message: str) -> None:
+    print(f"jaxmnist: warning: {message}", file=sys.stderr, flush=True)
+
+
+class Resumer:
+    """The run loop's `start` for a resumed run (see the module doc); `restored` afterwards."""
+
+    def __init__(self, run_dir, cfg: config_lib.Config, warn=None):
+        self.run_dir, self.cfg, self.warn = Path(run_dir), cfg, warn or _warn
+        self.restored: checkpoint.Restored | None = None
+        saved = json.loads((self.run_dir / "config.json").read_text())  # before it is rewritten
+        self.saved_lr = saved["optimizer"]["lr"]
+
+    def __call__(self, setup):
+        from jaxmnist.train import Progress
+
+        pop = setup.population
+        target = checkpoint.abstract_state(pop.state_shapes(), len(pop), pop.layout.by_member)
+        restored = checkpoint.restore_newest(self.run_dir, target, self.warn)
+        if restored is None:  # died before its first checkpoint was complete: start over
+            self.warn(f"{self.run_dir} has no complete checkpoint; starting from the beginning")
+            restored = checkpoint.Restored(0, 0, None, {"records": [], "train_seconds": 0})
+            states = setup.states
+        else:
+            states = checkpoint.split_members(restored.state, pop)
+        boundary = sum(setup.plan.epoch_steps[: restored.epoch])
+        if restored.step != boundary or restored.epoch > len(setup.plan.epoch_steps):
+            raise ConfigError(
+                f"--resume: the checkpoint at step {restored.step} does not end an epoch of the "
+                f"new plan (a partial last epoch cannot be extended)"
+            )
+        if self.cfg.optimizer.lr != self.saved_lr:
+            states = [self._set_lr(s, size, pop) for s, size in zip(states, pop.chunks)]
+        self.restored = restored._replace(state=None)  # the states now live in the run loop
+        records = tuple(restored.progress["records"])
+        progress = Progress(
+            restored.epoch, restored.step, records, restored.progress["train_seconds"]
+        )
+        return progress, states
+
+    def _set_lr(self, state, size: int, pop):
+        lr = np.full(size, self.cfg.optimizer.lr, np.float32)
+        lr = pop.layout.put(lr, pop.layout.by_member)
+        fn = jax.jit(
+            lambda s, lr: s._replace(opt_state=optim.set_hyperparams(s.opt_state, lr=lr)),
+            out_shardings=pop.layout.by_member,
+        )
+        return fn(state, lr)
+
+    def writer(self) -> ResumedRunWriter:
+        return ResumedRunWriter(self.run_dir, self)
+
+    def replay(self, events) -> None:
+        """Writes the restored epochs' TensorBoard scalars again (the event files restart)."""
+        losses = _step_losses(self.run_dir / "step_loss.csv")
+        for record in self.restored.progress["records"]:
+            first = record["step"] - _epoch_steps(record, self.restored.progress["records"])
+            events.write_epoch(record, losses[first : record["step"]])
+
+
+def _epoch_steps(record: dict, records: list) -> int:
+    i = records.index(record)
+    return record["step"] - (records[i - 1]["step"] if i else 0)
+
+
+def _step_losses(path: Path) -> np.ndarray:
+    """float64 (steps,) from step_loss.csv (rows step,loss with steps 1, 2, ...)."""
+    rows = path.read_text().splitlines()[1:] if path.is_file() else []
+    return np.array([float(r.split(",")[1]) for r in rows if r], np.float64)
+
+
+class ResumedRunWriter(rundir.RunWriter):
+    """A run directory continued at a checkpoint: its files are kept, and rewound to it."""
+
+    def __init__(self, workdir, resumer: Resumer):
+        self.path = rundir.check_writable(workdir)
+        self.resumer = resumer
+        # No longer finished (an extended run) nor diverged (a restart with a new rate).
+        for name in ("summary.json", "test_predictions.npz", "report.html", DIVERGED_FILE):
+            (self.path / name).unlink(missing_ok=True)
+
+    def write_start(self, cfg, info: dict) -> None:
+        rundir.write_json(self.path / "config.json", cfg.to_dict())
+        env_path = self.path / "environment.json"
+        env = json.loads(env_path.read_text()) if env_path.is_file() else {}
+        rundir.write_json(env_path, {**env, **info, "resumed_at_step": self.resumer.restored.step})
+        self.rewind()
+
+    def rewind(self) -> None:
+        """metrics.jsonl and step_loss.csv exactly as they were at the restored checkpoint."""
+        restored = self.resumer.restored
+        lines = "".join(json.dumps(r) + "\n" for r in restored.progress["records"])
+        rundir._atomic_write(self.path / "metrics.jsonl", lambda f: f.write(lines.encode()))
+        csv = self.path / "step_loss.csv"
+        rows = csv.read_text().splitlines()[1:] if csv.is_file() else []
+        kept = [r for r in rows if r and int(r.split(",")[0]) <= restored.step]
+        text = "step,loss\n" + "".join(r + "\n" for r in kept)
+        rundir._atomic_write(csv, lambda f: f.write(text.encode()))

@@ -1,0 +1,411 @@
+"""Runs that die or are stopped, in real processes: kill -9, SIGTERM, Ctrl-C, the run lock.
+
+Each interrupted run is resumed and must end with parameters identical
+(array_equal) to the same run left alone. The tiny dataset makes an epoch a few
+milliseconds, so a kill lands at whatever point of the next epochs the process
+has reached (training, evaluating, or writing a checkpoint): every one of them
+must be recoverable. Every process shares one compilation cache, so that only
+the first of each program compiles.
+"""
+
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from jaxmnist import checkpoint, memory, optim, rundir
+from jaxmnist import config as config_lib
+from jaxmnist.checkpoint import CheckpointOptions
+from jaxmnist.cli import main
+from jaxmnist.data import registry, synthetic
+from jaxmnist.preemption import Stopped, StopRequest
+from jaxmnist.resume import Resumer
+from jaxmnist.step import init_state
+from jaxmnist.train import train_and_evaluate
+
+RUNNER = Path(__file__).parent / "run_tiny_cli.py"
+EPOCHS = "6"
+QUIET = ("--quiet", "--no-report")
+
+
+@pytest.fixture(scope="module")
+def cli(tmp_path_factory, tiny_arrays, tiny_spec):
+    """(start(argv) -> Popen, run(argv) -> CompletedProcess, train_argv(run_dir, *extra))."""
+    root = tmp_path_factory.mktemp("preemption")
+    data = root / "data"
+    synthetic.write_idx_folder(data / tiny_spec.folder, tiny_arrays, tiny_spec)
+    env = {**os.environ, "XDG_CACHE_HOME": str(root / "cache")}
+
+    def start(argv, stderr=subprocess.PIPE):
+        return subprocess.Popen(
+            [sys.executable, str(RUNNER), *argv],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            env=env,
+        )
+
+    def run(argv):
+        proc = start(argv)
+        out, err = proc.communicate(timeout=300)
+        return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+    def train_argv(run_dir, *extra):
+        return [
+            "train", "--dataset", "tiny", "--data-dir", str(data), "--run-dir", str(run_dir),
+            "--batch-size", "32", "--epochs", EPOCHS, *QUIET, *extra,
+        ]  # fmt: skip
+
+    return start, run, train_argv
+
+
+@pytest.fixture(autouse=True)
+def _tiny_registered(monkeypatch, tiny_spec):
+    """In-process commands (those that refuse before training) know dataset `tiny` too."""
+    monkeypatch.setitem(registry.DATASETS, "tiny", tiny_spec)
+
+
+@pytest.fixture(scope="module")
+def alone(cli, tmp_path_factory):
+    """The run directory of an uninterrupted run with these extra arguments (run once)."""
+    _, run, train_argv = cli
+    done = {}
+
+    def get(*extra):
+        if extra not in done:
+            path = tmp_path_factory.mktemp("alone")
+            result = run(train_argv(path, *extra))
+            assert result.returncode == 0, result.stderr
+            done[extra] = path
+        return done[extra]
+
+    return get
+
+
+def resume(cli, run_dir, *extra):
+    result = cli[1](["train", "--resume", str(run_dir), *QUIET, *extra])
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def wait_for_epochs(run: Path, proc, count: int, timeout: float = 120, saved=False) -> None:
+    """Until `count` epochs are in metrics.jsonl (with `saved`: and checkpointed)."""
+    metrics, deadline = run / "metrics.jsonl", time.monotonic() + timeout
+    committed = run / "checkpoints" / str(20 * count)  # 20 steps per epoch
+    while not (
+        metrics.exists()
+        and metrics.read_text().count("\n") >= count
+        and (committed.exists() or not saved)
+    ):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the run did not reach its epochs in time"
+        time.sleep(0.005)
+
+
+def assert_same_params(a: Path, b: Path) -> None:
+    with np.load(a / "params.npz") as x, np.load(b / "params.npz") as y:
+        assert sorted(x.files) == sorted(y.files)
+        for k in x.files:
+            assert np.array_equal(x[k], y[k]), k
+
+
+def assert_metrics_continuous(run: Path, epochs: int) -> None:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records] == list(range(1, epochs + 1))
+    steps = [int(r.split(",")[0]) for r in (run / "step_loss.csv").read_text().splitlines()[1:]]
+    assert steps == list(range(1, records[-1]["step"] + 1))
+
+
+@pytest.mark.parametrize("seeds", ["1", "4"])
+def test_kill_9_then_resume_is_bit_for_bit(cli, alone, tmp_path, seeds):
+    start, _, train_argv = cli
+    killed = tmp_path / "killed"
+    proc = start(train_argv(killed, "--seeds", seeds))
+    wait_for_epochs(killed, proc, 2, saved=True)  # then kill it during epoch 3 or so
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    assert proc.returncode == -signal.SIGKILL and not (killed / "summary.json").exists()
+    resume(cli, killed)
+    assert_same_params(killed, alone("--seeds", seeds))
+    assert_metrics_continuous(killed, int(EPOCHS))
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_sigterm_and_ctrl_c_stop_with_a_checkpoint(cli, alone, tmp_path, signum, code):
+    start, _, train_argv = cli
+    run = tmp_path / "run"
+    proc = start(train_argv(run, "--checkpoint-every", "1000"))  # only the stop saves
+    wait_for_epochs(run, proc, 1)
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == code, err
+    (step,) = checkpoint.checkpoint_steps(run)  # the stop saved the epoch it ended at
+    assert err.strip().splitlines()[-1] == (
+        f"jaxmnist train: stopped at step {step}; resume with: jaxmnist train --resume {run}"
+    )
+    assert step < 20 * int(EPOCHS) and not (run / "summary.json").exists()
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == step // 20  # 20 steps/epoch
+    resume(cli, run, "--keep-checkpoints", "2")
+    assert checkpoint.checkpoint_steps(run) == [100, 120]  # every epoch, the newest 2 kept
+    assert_same_params(run, alone())
+    assert_metrics_continuous(run, int(EPOCHS))
+
+
+def test_second_ctrl_c_aborts_at_once_and_earlier_checkpoints_survive(cli, alone, tmp_path):
+    start, _, train_argv = cli
+    run, log = tmp_path / "run", tmp_path / "stderr.txt"
+    with open(log, "w") as err:
+        proc = start(train_argv(run), stderr=err)
+        wait_for_epochs(run, proc, 1)
+        proc.send_signal(signal.SIGINT)
+        while "Ctrl-C again aborts" not in log.read_text():
+            assert proc.poll() is None
+            time.sleep(0.001)
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGINT  # the OS default: no clean stop, no summary
+    resume(cli, run)
+    assert_same_params(run, alone())
+
+
+def test_one_writer_per_run_directory(cli, tmp_path, capsys):
+    start, _, train_argv = cli
+    run = tmp_path / "run"
+    proc = start(train_argv(run, "--epochs", "100000"))
+    try:
+        wait_for_epochs(run, proc, 1)
+        before = (run / "command.txt").read_text()
+        for argv in (train_argv(run, "--overwrite"), ["train", "--resume", str(run)]):
+            assert main(argv) == 2
+            assert capsys.readouterr().err.strip() == (
+                f"jaxmnist train: error: run directory {str(run)!r} is in use by another "
+                "jaxmnist process"
+            )
+        assert (run / "command.txt").read_text() == before
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate()
+    rundir.lock_run_dir(run).release()  # the dead process's lock went with it
+
+
+def test_a_run_killed_before_its_first_checkpoint_starts_over(cli, alone, tmp_path):
+    start, _, train_argv = cli
+    run = tmp_path / "run"
+    proc = start(train_argv(run, "--no-checkpoint"))
+    wait_for_epochs(run, proc, 1)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    result = resume(cli, run)
+    assert "has no complete checkpoint; starting from the beginning" in result.stderr
+    assert_same_params(run, alone())
+    assert_metrics_continuous(run, int(EPOCHS))
+
+
+@pytest.fixture(scope="module")
+def finished(cli, tmp_path_factory):
+    """A finished 3-epoch run, with checkpoints at steps 20, 40 and 60 (copy it to change it)."""
+    path = tmp_path_factory.mktemp("finished") / "run"
+    result = cli[1](cli[2](path, "--epochs", "3"))
+    assert result.returncode == 0, result.stderr
+    assert checkpoint.checkpoint_steps(path) == [20, 40, 60]
+    return path
+
+
+def snapshot(path: Path) -> dict:
+    return {p: p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def damage(step_dir: Path, how: str) -> None:
+    """Flips one bit in (or removes) the largest array file of a checkpoint."""
+    big = max((p for p in (step_dir / "state").rglob("*") if p.is_file()), key=os.path.getsize)
+    if how == "removed":
+        big.unlink()
+        return
+    data = bytearray(big.read_bytes())
+    data[len(data) // 2] ^= 1
+    big.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("how", ["garbled", "removed"])
+def test_a_damaged_checkpoint_is_skipped_for_the_one_before(cli, alone, finished, tmp_path, how):
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    damage(run / "checkpoints" / "60", how)
+    result = resume(cli, run, "--epochs", EPOCHS)  # extended from 3 epochs, resumed at 2
+    warning = result.stderr.strip().splitlines()[0]
+    assert warning.startswith(f"jaxmnist: warning: checkpoint {run / 'checkpoints' / '60'} is ")
+    assert warning.endswith("damaged; trying an earlier one") or "damaged (" in warning
+    assert_same_params(run, alone())
+    assert_metrics_continuous(run, int(EPOCHS))
+    assert json.loads((run / "summary.json").read_text())["epochs"] == int(EPOCHS)
+
+
+def test_no_intact_checkpoint_is_one_error_and_exit_1(cli, finished, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    (run / "summary.json").unlink()  # as if it had died after its last checkpoint
+    for step in (20, 40, 60):
+        damage(run / "checkpoints" / str(step), "garbled")
+    result = cli[1](["train", "--resume", str(run), *QUIET])
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"jaxmnist train: error: {run / 'checkpoints'}: no intact checkpoint (all 3 are damaged)"
+    )
+
+
+@pytest.mark.parametrize(
+    "flags, field",
+    [
+        (["--lr", "0.01"], "optimizer.lr"),
+        (["--batch-size", "64"], "train.batch_size"),
+        (["--seed", "1"], "train.seed"),
+        (["--hidden", "32"], "model.hidden"),
+        (["--epochs", "2"], "train.epochs"),
+    ],
+)
+def test_resume_refuses_what_changes_the_maths(finished, flags, field, capsys):
+    before = snapshot(finished)
+    assert main(["train", "--resume", str(finished), *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and field in err
+    assert snapshot(finished) == before
+
+
+def test_resuming_a_finished_run_says_so(finished, capsys):
+    before = snapshot(finished)
+    assert main(["train", "--resume", str(finished), "--devices", "1"]) == 0
+    assert "already finished" in capsys.readouterr().out
+    assert snapshot(finished) == before
+
+
+def test_a_used_run_directory_needs_overwrite(cli, finished, tmp_path, capsys):
+    before = snapshot(finished)
+    assert main(cli[2](finished)) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"jaxmnist train: error: {finished} already holds a finished run; --overwrite replaces it"
+    )
+    assert snapshot(finished) == before
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    assert main(cli[2](run, "--overwrite", "--epochs", "1", "--no-compile-cache")) == 0
+    assert checkpoint.checkpoint_steps(run) == [20]  # the old run's checkpoints went with it
+
+
+def test_eval_of_an_unfinished_run_uses_its_newest_checkpoint(finished, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    (run / "summary.json").unlink()  # as if it had died during epoch 3, before its checkpoint
+    shutil.rmtree(run / "checkpoints" / "60")
+    assert main(["eval", str(run), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert (result["checkpoint_step"], result["checkpoint_epoch"]) == (40, 2)
+    epoch_2 = json.loads((run / "metrics.jsonl").read_text().splitlines()[1])
+    assert result["test_accuracy"] == epoch_2["test_accuracy"]
+    assert result["test_loss"] == pytest.approx(epoch_2["test_loss"], rel=1e-5)
+    assert main(["eval", str(run)]) == 0
+    assert "newest checkpoint of an unfinished run: step 40 (epoch 2)" in capsys.readouterr().out
+
+
+def test_after_a_non_finite_loss_resume_may_lower_the_rate(cli, finished, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    (run / "summary.json").unlink()
+    shutil.rmtree(run / "checkpoints" / "60")  # as if epoch 3 had gone non-finite
+    (run / "diverged.json").write_text('{"error": "training loss became non-finite"}')
+    result = resume(cli, run, "--lr", "0.0002")
+    assert "continuing a diverged run with optimizer.lr=0.0002" in result.stderr
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    rates = [json.loads(x)["learning_rate"] for x in lines]
+    assert rates == [pytest.approx(1e-3), pytest.approx(1e-3), pytest.approx(2e-4)]
+    assert not (run / "diverged.json").exists()
+
+
+def test_a_non_finite_loss_marks_the_run_and_keeps_no_bad_checkpoint(cli, tmp_path):
+    run = tmp_path / "run"
+    result = cli[1](cli[2](run, "--optimizer", "sgd", "--lr", "1e9"))
+    assert result.returncode == 1 and "non-finite" in result.stderr
+    assert (run / "diverged.json").exists() and checkpoint.checkpoint_steps(run) == []
+
+
+def test_eval_finds_the_data_where_training_found_it(tiny_data_dir, tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    monkeypatch.setenv("JAXMNIST_DATA_DIR", str(tiny_data_dir))
+    argv = ["train", "--dataset", "tiny", "--run-dir", str(run), "--batch-size", "32"]
+    assert main([*argv, "--epochs", "1", "--no-compile-cache", "--no-checkpoint", *QUIET]) == 0
+    monkeypatch.delenv("JAXMNIST_DATA_DIR")  # a new shell
+    assert main(["eval", str(run), "--json"]) == 0
+
+
+def test_tensorboard_events_continue_without_gaps_or_repeats(cli, finished, tmp_path):
+    accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    (run / "summary.json").unlink()
+    shutil.rmtree(run / "checkpoints" / "60")  # resumes after epoch 2
+    resume(cli, run, "--tensorboard")
+    events = accumulator.EventAccumulator(str(run / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [e.step for e in events.Scalars("loss/test")] == [20, 40, 60]
+    assert [e.step for e in events.Scalars("loss/train_step")] == list(range(1, 61))
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [e.value for e in events.Scalars("loss/test")] == pytest.approx(
+        [r["test_loss"] for r in records], rel=1e-6
+    )
+
+
+class StopAfterEpoch2(StopRequest):
+    """As if SIGTERM had come during epoch 2."""
+
+    def __call__(self, end, train_seconds):
+        if end.epoch == 2:
+            self.signum = signal.SIGTERM
+        return self.requested
+
+
+def test_members_in_memory_chunks_resume_bit_for_bit_or_regrouped(tiny_dataset, tmp_path):
+    """Checkpoints hold the members concatenated, whatever chunks trained them: resumed in
+    the same chunks the result is identical; in one chunk, equal to float tolerance."""
+    base = config_lib.get_preset("tpu101")
+    cfg = dataclasses.replace(
+        base, compile_cache=False, train=dataclasses.replace(base.train, batch_size=32, epochs=4)
+    )
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seeds=4))
+    shapes = jax.eval_shape(
+        lambda k: init_state(k, cfg, optim.make_optimizer(cfg.optimizer, 80), (28, 28), 10),
+        jax.random.key(0),
+    )
+    est = memory.estimate_memory(cfg, shapes, 784, 10, 640, 150 + 640)
+    budget = int((est.total(4, 2) + est.transient_per_model // 2) / memory.MB) + 1  # 2 at a time
+    chunked = dataclasses.replace(cfg, memory_budget_mb=budget)
+    stopped, alone = tmp_path / "stopped", tmp_path / "alone"
+    with pytest.raises(Stopped):
+        train_and_evaluate(
+            chunked, stopped, dataset=tiny_dataset, checkpoints=CheckpointOptions(),
+            stop=StopAfterEpoch2(),
+        )  # fmt: skip
+    assert json.loads((stopped / "environment.json").read_text())["chunks"] == [2, 2]
+    shutil.copytree(stopped, tmp_path / "regrouped")
+    reference = train_and_evaluate(chunked, alone, dataset=tiny_dataset)
+    again = train_and_evaluate(
+        chunked, stopped, dataset=tiny_dataset, resume=Resumer(stopped, chunked)
+    )
+    assert again["chunks"] == reference["chunks"] == [2, 2]
+    assert_same_params(stopped, alone)
+    whole = dataclasses.replace(chunked, memory_budget_mb=None)
+    regrouped = tmp_path / "regrouped"
+    result = train_and_evaluate(
+        whole, regrouped, dataset=tiny_dataset, resume=Resumer(regrouped, whole)
+    )
+    assert result["chunks"] == [4]
+    with np.load(regrouped / "params.npz") as a, np.load(alone / "params.npz") as b:
+        for k in a.files:  # vmapped over 4 members or 2: the same maths, other float sums
+            np.testing.assert_allclose(a[k], b[k], rtol=1e-4, atol=1e-5)
