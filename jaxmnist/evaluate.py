@@ -154,7 +154,6 @@ def predict_probabilities(
 
 def _recorded_folder(recorded: dict | None, cfg):
     """The folder training read its data from (the run's data.json), if it still has it."""
-    from pathlib import Path
 
     from jaxmnist.data import get_spec
     from jaxmnist.data.locate import scan
