@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmnist.errors import JaxmnistError
+from jaxmnist.errors import JaxmnistError, WriteError
 from jaxmnist.train import Callback
 
 CHECKPOINT_DIR = "checkpoints"
@@ -61,8 +61,10 @@ def _manager(
     import orbax.checkpoint as ocp
 
     # Orbax logs routine notices (read-only options, directory creation) as absl
-    # warnings on stderr; the terminal is the run's, so only its errors go there.
-    logging.getLogger("absl").setLevel(logging.ERROR)
+    # warnings, and a failed write as several multi-line absl errors from its
+    # threads; the terminal is the run's: a failed write reaches it as one line
+    # (`_write_error`), so only what is critical still goes there.
+    logging.getLogger("absl").setLevel(logging.CRITICAL)
 
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep, enable_async_checkpointing=asynchronous, read_only=read_only
@@ -185,7 +187,10 @@ class Checkpointer(Callback):
         }
         if not self.threaded:
             state = gather_members(end.states, end.population.layout)
-            self._write(end.step, state, progress)
+            try:
+                self._write(end.step, state, progress)
+            except Exception as e:  # noqa: BLE001 -- Orbax and TensorStore raise many kinds
+                raise _write_error(self.path, e) from None
             return
         state = host_members(end.states)
         self._wait()  # at most one write in flight: a slow disk holds the loop, not memory
@@ -207,8 +212,8 @@ class Checkpointer(Callback):
             pending, self.pending = self.pending, None
             try:
                 pending.result()
-            except OSError as e:
-                raise JaxmnistError(f"{self.path}: cannot write a checkpoint ({e})") from None
+            except Exception as e:  # noqa: BLE001 -- Orbax and TensorStore raise many kinds
+                raise _write_error(self.path, e) from None
 
     def close(self) -> None:
         try:
@@ -216,8 +221,44 @@ class Checkpointer(Callback):
         finally:
             if self.pool is not None:
                 self.pool.shutdown(wait=True)
-            self.manager.wait_until_finished()
-            self.manager.close()
+            try:
+                self.manager.wait_until_finished()
+            except Exception as e:  # noqa: BLE001 -- an earlier failed save, reported above
+                if sys.exc_info()[0] is None:
+                    raise _write_error(self.path, e) from None
+            finally:
+                self.manager.close()
+
+
+def _write_error(path: Path, e: BaseException) -> WriteError:
+    """One line for a checkpoint that could not be written (Orbax reports a full disk
+    as a RESOURCE_EXHAUSTED ValueError, not an OSError)."""
+    import errno
+
+    _quiet_abandoned_writes()
+    if isinstance(e, OSError):
+        return WriteError.from_os_error(e, path)
+    text = str(e)
+    if "No space left" in text or "os_error_code='28'" in text:
+        return WriteError.from_os_error(OSError(errno.ENOSPC, "No space left on device"), path)
+    return WriteError(f"cannot write a checkpoint in {path}: {_reason(e)}")
+
+
+def _quiet_abandoned_writes() -> None:
+    """After a failed save, Orbax's other in-flight TensorStore writes still finish
+    and call back into the event loop the failed save already closed; Python reports
+    each as an unraisable "Event loop is closed" traceback on stderr. The failure
+    has been reported in one line: those echoes of it are dropped, nothing else."""
+    previous = sys.unraisablehook
+
+    def hook(unraisable) -> None:
+        e = unraisable.exc_value
+        if isinstance(e, RuntimeError) and str(e) == "Event loop is closed":
+            return
+        previous(unraisable)
+
+    if getattr(previous, "__name__", "") != "hook":
+        sys.unraisablehook = hook
 
 
 def _warn(message: str) -> None:

@@ -217,9 +217,9 @@ class ResumedRunWriter(rundir.RunWriter):
         """metrics.jsonl and step_loss.csv exactly as they were at the restored checkpoint."""
         restored = self.resumer.restored
         lines = "".join(json.dumps(r) + "\n" for r in restored.progress["records"])
-        rundir._atomic_write(self.path / "metrics.jsonl", lambda f: f.write(lines.encode()))
+        rundir.atomic_write(self.path / "metrics.jsonl", lines.encode())
         csv = self.path / "step_loss.csv"
         rows = csv.read_text().splitlines()[1:] if csv.is_file() else []
         kept = [r for r in rows if r and int(r.split(",")[0]) <= restored.step]
         text = "step,loss\n" + "".join(r + "\n" for r in kept)
-        rundir._atomic_write(csv, lambda f: f.write(text.encode()))
+        rundir.atomic_write(csv, text.encode())
