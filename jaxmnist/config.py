@@ -18,7 +18,6 @@ from dataclasses import dataclass, field, replace
 
 from jaxmnist.errors import ConfigError
 
-MODELS = ("mlp",)
 ACTIVATIONS = ("relu", "gelu")
 DTYPES = ("float32", "bfloat16")
 OPTIMIZERS = ("sgd", "adam", "adamw")
@@ -34,10 +33,15 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    name: str = "mlp"
-    hidden: tuple[int, ...] = (256,)
+    """Fields of every model family; each family validates the ones it reads."""
+
+    name: str = "mlp"  # a family of jaxmnist.models.MODELS
+    hidden: tuple[int, ...] = (256,)  # mlp: hidden layers; cnn: dense layers after the convs
     activation: str = "relu"
     dtype: str = "float32"  # compute dtype; parameters and loss stay float32
+    channels: tuple[int, ...] = (16, 32)  # cnn: output channels of each conv + pool block
+    kernel_size: int = 3  # cnn: odd square kernels
+    conv_impl: str = "auto"  # cnn: auto (XLA on GPU/TPU, fastest on CPU), xla, im2col, patches
 
 
 @dataclass(frozen=True)
@@ -217,16 +221,16 @@ def _choice(value: str, choices: tuple[str, ...], what: str) -> None:
 def validate(cfg: Config, *, num_train_examples: int | None = None) -> None:
     """Raises ConfigError for anything that would fail later; checks no files."""
     from jaxmnist.data import get_spec  # the dataset registry
+    from jaxmnist.models import MODELS  # the model registry
 
     spec = get_spec(cfg.data.dataset)
     n_train = num_train_examples or spec.train_size
-    _choice(cfg.model.name, MODELS, "model")
+    _choice(cfg.model.name, tuple(MODELS), "model")
     _choice(cfg.model.activation, ACTIVATIONS, "activation")
     _choice(cfg.model.dtype, DTYPES, "dtype")
     _choice(cfg.optimizer.name, OPTIMIZERS, "optimizer")
     _choice(cfg.optimizer.schedule, SCHEDULES, "schedule")
-    if any(h <= 0 for h in cfg.model.hidden):
-        raise ConfigError(f"model.hidden: sizes must be positive, got {cfg.model.hidden}")
+    MODELS[cfg.model.name].validate(cfg.model)  # the fields that family reads
     t, o = cfg.train, cfg.optimizer
     if not 0 < t.batch_size <= n_train:
         raise ConfigError(
