@@ -29,6 +29,9 @@ class DataConfig:
     dataset: str = "mnist"
     data_dir: str | None = None  # None: $JAXMNIST_DATA_DIR, cache, system folder, download
     download: bool = True
+    augment: bool = False  # random moves of each training image, on the device (data.augment)
+    max_shift: int = 2  # augment: pixels of random translation, each way
+    max_rotation: float = 0.0  # augment: degrees of random rotation, each way; 0: none
 
 
 @dataclass(frozen=True)
@@ -231,6 +234,10 @@ def validate(cfg: Config, *, num_train_examples: int | None = None) -> None:
     _choice(cfg.optimizer.name, OPTIMIZERS, "optimizer")
     _choice(cfg.optimizer.schedule, SCHEDULES, "schedule")
     MODELS[cfg.model.name].validate(cfg.model)  # the fields that family reads
+    if cfg.data.max_shift < 0:
+        raise ConfigError(f"data.max_shift must be >= 0 pixels, got {cfg.data.max_shift}")
+    if not 0 <= cfg.data.max_rotation <= 180:
+        raise ConfigError(f"data.max_rotation: degrees in [0, 180], got {cfg.data.max_rotation}")
     t, o = cfg.train, cfg.optimizer
     if not 0 < t.batch_size <= n_train:
         raise ConfigError(
