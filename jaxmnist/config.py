@@ -109,6 +109,30 @@ PRESETS: dict[str, Config] = {
         optimizer=OptimizerConfig(name="adamw", lr=3e-3, weight_decay=1e-4),
         train=TrainConfig(batch_size=512, steps=400),
     ),
+    # MNIST CNN: conv 3x3 16, pool; conv 3x3 32, pool; dense 128 (206,922 parameters);
+    # translations of up to 2 pixels; Adam one-cycle 3e-3, batch 256, 10 epochs.
+    "cnn": Config(
+        data=DataConfig(augment=True, max_shift=2),
+        model=ModelConfig(name="cnn", channels=(16, 32), kernel_size=3, hidden=(128,)),
+        optimizer=OptimizerConfig(name="adam", lr=3e-3, schedule="onecycle"),
+        train=TrainConfig(batch_size=256, epochs=10),
+    ),
+    # Fashion-MNIST CNN: twice the channels and a 256-wide dense layer (824,458 parameters),
+    # translations of up to 1 pixel; Adam one-cycle 3e-3, batch 256, 10 epochs.
+    "fashion_cnn": Config(
+        data=DataConfig(dataset="fashion_mnist", augment=True, max_shift=1),
+        model=ModelConfig(name="cnn", channels=(32, 64), kernel_size=3, hidden=(256,)),
+        optimizer=OptimizerConfig(name="adam", lr=3e-3, schedule="onecycle"),
+        train=TrainConfig(batch_size=256, epochs=10),
+    ),
+    # Least time to 99.0% on MNIST: the small CNN, large steps (batch 512, one-cycle peak
+    # 1e-2), 1-pixel translations, 2 epochs; stops at 99.0% test accuracy.
+    "speedrun": Config(
+        data=DataConfig(augment=True, max_shift=1),
+        model=ModelConfig(name="cnn", channels=(16, 32), kernel_size=3, hidden=(128,)),
+        optimizer=OptimizerConfig(name="adam", lr=1e-2, schedule="onecycle"),
+        train=TrainConfig(batch_size=512, epochs=2, target_accuracy=0.99),
+    ),
 }
 
 

@@ -142,3 +142,14 @@ def test_cnn_flops_per_example_is_pinned():
 def test_cnn_apply_refuses_flattened_images(reference_params):
     with pytest.raises(ValueError, match=r"images \(B, H, W\)"):
         cnn.apply(reference_params, jnp.zeros((2, 784)), REFERENCE)
+
+
+@pytest.mark.parametrize(
+    "preset, num_params", [("cnn", 206_922), ("fashion_cnn", 824_458), ("speedrun", 206_922)]
+)
+def test_cnn_presets_validate_and_have_pinned_parameter_counts(preset, num_params):
+    cfg = config_lib.get_preset(preset)
+    config_lib.validate(cfg)
+    assert cfg.model.name == "cnn" and cfg.data.augment
+    params = jax.eval_shape(lambda: cnn.init(jax.random.key(0), cfg.model, (28, 28), 10))
+    assert models.count_params(params) == num_params
