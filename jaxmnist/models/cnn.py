@@ -16,8 +16,8 @@ Pure functions rather than Flax: the model has no state (no batch norm: see belo
 over a population of models and shard without any adapter; it keeps one dependency out;
 and the convolution's formulation, which decides CPU speed, is ours to choose per backend
 (`jaxmnist.models.conv`, `model.conv_impl`). Batch normalisation and dropout are left out:
-the reference results this model is held to (≥ 99.3% on MNIST in 10 epochs) are reached
-without them, and batch statistics would make the model stateful for every caller.
+they were not needed in the presets' trials, and batch statistics would make the model
+stateful for every caller (the step, evaluation, populations).
 """
 
 from __future__ import annotations

@@ -6,17 +6,20 @@ kernel, NHWC activations `x (B, H, W, C)` and HWIO weights `w (k, k, C, O)` -> `
 computed in the dtype of its inputs. They differ only in how XLA is asked to compute it:
 
 - `xla`: `lax.conv_general_dilated`, XLA's native convolution. On GPU and TPU this is
-  cuDNN's or the TPU's own convolution and nothing beats it; on CPU XLA lowers it to a slow
-  generic loop for these small-channel shapes (tens of times slower than a matmul).
+  cuDNN's or the TPU's own convolution and nothing beats it; on CPU XLA lowers it to a
+  generic loop that trains the reference CNN about 10-20 times slower than `im2col`.
 - `im2col`: the k² shifted views of the padded input, concatenated along channels into
   patches (B, H, W, k²·C), and one matmul with the weights reshaped to (k²·C, O). The
-  matmul goes to XLA's CPU GEMM library and the shifts fuse into one copy; autodiff turns
-  the slices into pads, so the backward pass is two matmuls and one fused sum. A
-  hand-written VJP (the input gradient as im2col of the output gradient with the flipped
-  kernel, or recomputed patches) measured no faster, so there is none.
+  matmul goes to XLA's CPU GEMM library (YNNPACK) and the shifts fuse into one copy;
+  autodiff turns the slices into pads, so the backward pass is two matmuls and one fused
+  sum. A hand-written VJP (the input gradient as im2col of the output gradient with the
+  flipped kernel, or recomputed patches) measured no faster, so there is none.
 - `patches`: `lax.conv_general_dilated_patches` + one matmul: the same algorithm with
   XLA's own patch extraction, which it lowers as a convolution with a one-hot kernel
-  (slower than the slices on CPU; kept as a measured alternative).
+  (about twice as slow as the slices on CPU; kept as a measured alternative).
+
+XLA's CPU backend converts bfloat16 matmul operands to float32 before its GEMM, so on CPU
+bfloat16 saves memory traffic but no arithmetic (no AVX512-BF16 or AMX instructions).
 
 `auto` is XLA's convolution on accelerators and the fastest measured formulation on CPU
 (`CPU_FASTEST`, from `benchmarks/cnn_vs_pytorch.py`). Pooling is a reshape and a max over
