@@ -18,7 +18,6 @@ from dataclasses import dataclass, field, replace
 
 from jaxmnist.errors import ConfigError
 
-MODELS = ("mlp",)
 ACTIVATIONS = ("relu", "gelu")
 DTYPES = ("float32", "bfloat16")
 OPTIMIZERS = ("sgd", "adam", "adamw")
@@ -30,14 +29,22 @@ class DataConfig:
     dataset: str = "mnist"
     data_dir: str | None = None  # None: $JAXMNIST_DATA_DIR, cache, system folder, download
     download: bool = True
+    augment: bool = False  # random moves of each training image, on the device (data.augment)
+    max_shift: int = 2  # augment: pixels of random translation, each way
+    max_rotation: float = 0.0  # augment: degrees of random rotation, each way; 0: none
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    name: str = "mlp"
-    hidden: tuple[int, ...] = (256,)
+    """Fields of every model family; each family validates the ones it reads."""
+
+    name: str = "mlp"  # a family of jaxmnist.models.MODELS
+    hidden: tuple[int, ...] = (256,)  # mlp: hidden layers; cnn: dense layers after the convs
     activation: str = "relu"
     dtype: str = "float32"  # compute dtype; parameters and loss stay float32
+    channels: tuple[int, ...] = (16, 32)  # cnn: output channels of each conv + pool block
+    kernel_size: int = 3  # cnn: odd square kernels
+    conv_impl: str = "auto"  # cnn: auto (XLA on GPU/TPU, fastest on CPU), xla, im2col, patches
 
 
 @dataclass(frozen=True)
@@ -110,6 +117,30 @@ PRESETS: dict[str, Config] = {
         model=ModelConfig(hidden=(256, 128), activation="gelu"),
         optimizer=OptimizerConfig(name="adamw", lr=3e-3, weight_decay=1e-4),
         train=TrainConfig(batch_size=512, steps=400),
+    ),
+    # MNIST CNN: conv 3x3 16, pool; conv 3x3 32, pool; dense 128 (206,922 parameters);
+    # translations of up to 2 pixels; Adam one-cycle 3e-3, batch 256, 10 epochs.
+    "cnn": Config(
+        data=DataConfig(augment=True, max_shift=2),
+        model=ModelConfig(name="cnn", channels=(16, 32), kernel_size=3, hidden=(128,)),
+        optimizer=OptimizerConfig(name="adam", lr=3e-3, schedule="onecycle"),
+        train=TrainConfig(batch_size=256, epochs=10),
+    ),
+    # Fashion-MNIST CNN: twice the channels and a 256-wide dense layer (824,458 parameters),
+    # translations of up to 1 pixel; Adam one-cycle 3e-3, batch 256, 10 epochs.
+    "fashion_cnn": Config(
+        data=DataConfig(dataset="fashion_mnist", augment=True, max_shift=1),
+        model=ModelConfig(name="cnn", channels=(32, 64), kernel_size=3, hidden=(256,)),
+        optimizer=OptimizerConfig(name="adam", lr=3e-3, schedule="onecycle"),
+        train=TrainConfig(batch_size=256, epochs=10),
+    ),
+    # Least time to 99.0% on MNIST: the small CNN, large steps (batch 512, one-cycle peak
+    # 1e-2), 1-pixel translations, 2 epochs; stops at 99.0% test accuracy.
+    "speedrun": Config(
+        data=DataConfig(augment=True, max_shift=1),
+        model=ModelConfig(name="cnn", channels=(16, 32), kernel_size=3, hidden=(128,)),
+        optimizer=OptimizerConfig(name="adam", lr=1e-2, schedule="onecycle"),
+        train=TrainConfig(batch_size=512, epochs=2, target_accuracy=0.99),
     ),
 }
 
@@ -233,16 +264,20 @@ def _choice(value: str, choices: tuple[str, ...], what: str) -> None:
 def validate(cfg: Config, *, num_train_examples: int | None = None) -> None:
     """Raises ConfigError for anything that would fail later; checks no files."""
     from jaxmnist.data import get_spec  # the dataset registry
+    from jaxmnist.models import MODELS  # the model registry
 
     spec = get_spec(cfg.data.dataset)
     n_train = num_train_examples or spec.train_size
-    _choice(cfg.model.name, MODELS, "model")
+    _choice(cfg.model.name, tuple(MODELS), "model")
     _choice(cfg.model.activation, ACTIVATIONS, "activation")
     _choice(cfg.model.dtype, DTYPES, "dtype")
     _choice(cfg.optimizer.name, OPTIMIZERS, "optimizer")
     _choice(cfg.optimizer.schedule, SCHEDULES, "schedule")
-    if any(h <= 0 for h in cfg.model.hidden):
-        raise ConfigError(f"model.hidden: sizes must be positive, got {cfg.model.hidden}")
+    MODELS[cfg.model.name].validate(cfg.model)  # the fields that family reads
+    if cfg.data.max_shift < 0:
+        raise ConfigError(f"data.max_shift must be >= 0 pixels, got {cfg.data.max_shift}")
+    if not 0 <= cfg.data.max_rotation <= 180:
+        raise ConfigError(f"data.max_rotation: degrees in [0, 180], got {cfg.data.max_rotation}")
     t, o = cfg.train, cfg.optimizer
     if not 0 < t.batch_size <= n_train:
         raise ConfigError(

@@ -42,7 +42,7 @@ MODES = ("python-dispatch", "jit-step-host", "jit-step-device", "scan-epoch")
 
 
 class HostData(NamedTuple):
-    images: np.ndarray  # uint8 (N, H*W), host memory
+    images: np.ndarray  # uint8 (N, H, W), host memory
     labels: np.ndarray  # int32 (N,), host memory
 
 
@@ -129,8 +129,11 @@ class JitStepHost(Runner):
     mode = "jit-step-host"
 
     def _compile(self, step, epoch_fn) -> None:
-        b, d = self.batch_size, self.host.images.shape[1]
-        batch = (jax.ShapeDtypeStruct((b, d), jnp.uint8), jax.ShapeDtypeStruct((b,), jnp.int32))
+        b, image_shape = self.batch_size, self.host.images.shape[1:]
+        batch = (
+            jax.ShapeDtypeStruct((b, *image_shape), jnp.uint8),
+            jax.ShapeDtypeStruct((b,), jnp.int32),
+        )
         self._step = jax.jit(step, donate_argnums=0).lower(self.state, *batch).compile()
 
     def prepare(self, window: int):

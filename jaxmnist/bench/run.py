@@ -32,13 +32,11 @@ from jaxmnist.bench import peak as peak_lib
 from jaxmnist.bench import timing
 from jaxmnist.bench.modes import HostData, build_runner
 from jaxmnist.bench.options import BenchOptions
-from jaxmnist.models import count_params, mlp
+from jaxmnist.models import count_params, get_model
 from jaxmnist.step import init_state
 from jaxmnist.train import place_train_data
 
 SCHEMA_VERSION = 1
-# Analytic FLOPs per training example, by model: (ModelConfig, input_shape, num_classes) -> int.
-FLOPS_PER_EXAMPLE = {"mlp": mlp.flops_per_example}
 SYNTHETIC_NOTE = (
     "synthetic: uniform random pixels and labels of the dataset's shape "
     "(speed only; accuracy is chance)"
@@ -88,12 +86,11 @@ class _Bench:
         self.num_classes = len(dataset.spec.class_names)
         self.num_train = len(dataset.train_labels)
         self.data = place_train_data(dataset.train_images, dataset.train_labels)
-        flat = dataset.train_images.reshape(self.num_train, -1)
-        self.host = HostData(flat, dataset.train_labels.astype(np.int32))
+        self.host = HostData(dataset.train_images, dataset.train_labels.astype(np.int32))
         self.test_set = evaluate_lib.place_eval_data(
             dataset.test_images, dataset.test_labels, cfg.train.eval_batch_size
         )
-        self.flops_per_example = FLOPS_PER_EXAMPLE[cfg.model.name](
+        self.flops_per_example = get_model(cfg.model.name).flops_per_example(
             cfg.model, self.input_shape, self.num_classes
         )
         self.peaks: dict[str, dict] = {}

@@ -1,8 +1,19 @@
-"""Model registry: each model is a pair of pure functions over a parameter pytree.
+"""Model registry: a model family is one module and one entry in `MODELS`.
 
-`init(key, cfg) -> params` and `apply(params, images, cfg) -> logits`, where
-`images` is a float array `(batch, 28, 28)` or `(batch, 784)` in [0, 1] and the
-logits are float32 `(batch, num_classes)`. A CNN joins by adding an entry.
+A family provides four pure functions, gathered in a `Model`:
+
+- `init(key, model_cfg, input_shape=(H, W), num_classes) -> params`, a pytree of float32
+  arrays;
+- `apply(params, images, model_cfg) -> logits`: images float (B, H, W) in [0, 1], logits
+  float32 (B, num_classes). Callers never flatten; a family that wants vectors (the MLP)
+  flattens itself;
+- `flops_per_example(model_cfg, input_shape, num_classes) -> int`: analytic FLOPs of one
+  training example, forward and backward, for utilisation figures;
+- `validate(model_cfg)`: raises `ConfigError` (one line) for a bad value of the fields the
+  family reads (`config.validate` calls it, so no field is checked as another family's).
+
+`config.validate` takes its model choices from `MODELS`; registering a family here
+(`MODELS[name] = Model(...)`) is all it takes to make `--model name` work.
 """
 
 from collections.abc import Callable
@@ -12,15 +23,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmnist.models import mlp
+from jaxmnist.models import cnn, conv, mlp
 
 
 class Model(NamedTuple):
     init: Callable  # (key, ModelConfig, input_shape, num_classes) -> params
-    apply: Callable  # (params, images, ModelConfig) -> float32 logits
+    apply: Callable  # (params, float images (B, H, W), ModelConfig) -> float32 logits (B, C)
+    flops_per_example: Callable  # (ModelConfig, input_shape, num_classes) -> int
+    validate: Callable  # (ModelConfig) -> None; raises ConfigError
 
 
-MODELS = {"mlp": Model(mlp.init, mlp.apply)}
+MODELS: dict[str, Model] = {
+    "mlp": Model(mlp.init, mlp.apply, mlp.flops_per_example, mlp.validate),
+    "cnn": Model(cnn.init, cnn.apply, cnn.flops_per_example, cnn.validate),
+}
 
 
 def get_model(name: str) -> Model:
@@ -28,8 +44,8 @@ def get_model(name: str) -> Model:
 
 
 def apply_uint8(params, images, cfg) -> jax.Array:
-    """Logits for uint8 images (B, H, W) or (B, H*W): the one place that scales the
-    device-resident bytes to [0, 1] before `cfg.name`'s apply. cfg: ModelConfig."""
+    """Logits for uint8 images (B, H, W): the one place that scales the device-resident
+    bytes to [0, 1] before `cfg.name`'s apply. cfg: ModelConfig."""
     return get_model(cfg.name).apply(params, images.astype(jnp.float32) * (1.0 / 255.0), cfg)
 
 
@@ -37,4 +53,4 @@ def count_params(params) -> int:
     return int(sum(np.prod(x.shape) for x in jax.tree.leaves(params)))
 
 
-__all__ = ["MODELS", "Model", "apply_uint8", "count_params", "get_model", "mlp"]
+__all__ = ["MODELS", "Model", "apply_uint8", "cnn", "conv", "count_params", "get_model", "mlp"]

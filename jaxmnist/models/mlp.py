@@ -15,6 +15,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from jaxmnist.errors import ConfigError
+
 ACTIVATIONS = {"relu": jax.nn.relu, "gelu": jax.nn.gelu}
 
 
@@ -32,7 +34,8 @@ def init(key, cfg, input_shape=(28, 28), num_classes=10) -> list[dict]:
 
 
 def apply(params: list[dict], images: jax.Array, cfg) -> jax.Array:
-    """images: (batch, H, W) or (batch, H*W) float in [0, 1] -> float32 logits (batch, C)."""
+    """images: (batch, H, W) float in [0, 1] -> float32 logits (batch, C). The MLP
+    flattens the images itself (a (batch, H*W) input is taken as already flat)."""
     dtype = jnp.dtype(cfg.dtype)
     activation = ACTIVATIONS[cfg.activation]
     x = images.reshape(images.shape[0], -1).astype(dtype)
@@ -52,3 +55,9 @@ def flops_per_example(cfg, input_shape=(28, 28), num_classes=10) -> int:
     forward = 2 * sum(macs)
     backward = 2 * sum(macs) + 2 * sum(macs[1:])  # weight grads + activation grads
     return forward + backward
+
+
+def validate(cfg) -> None:
+    """The MLP reads `hidden` (sizes of its hidden layers; empty: a linear classifier)."""
+    if any(h <= 0 for h in cfg.hidden):
+        raise ConfigError(f"model.hidden: sizes must be positive, got {cfg.hidden}")

@@ -1,0 +1,437 @@
+"""The reference CNN in jaxmnist and in PyTorch on the same CPU, interleaved A B A B.
+
+The model: conv 3×3 1→16, ReLU, max-pool 2; conv 3×3 16→32, ReLU, max-pool 2; dense
+1568→128, ReLU; dense 128→10 (206,922 parameters, He-normal init, zero biases). Training:
+Adam, one-cycle learning rate peaking at 3e-3 over the run (`optax.cosine_onecycle_schedule`
+and `torch.optim.lr_scheduler.OneCycleLR` with the same shape, momentum not cycled), batch
+256, a fresh shuffle every epoch, the last partial batch dropped, real MNIST.
+
+jaxmnist: the model from the registry (`jaxmnist.models`, `model.conv_impl`) and Optax,
+one jitted `lax.scan` epoch over device-resident uint8 images, compiled ahead of time.
+PyTorch: eager, the uint8 images in one tensor, batches indexed from it (no DataLoader),
+its default threads; bfloat16 by `torch.autocast`.
+
+Each variant runs in its own process (XLA flags must be set before JAX starts; the two
+frameworks' thread pools must not compete), the variants one after another, and the whole
+sequence `--rounds` times, so that a busy machine hits all of them alike. A variant with
+`steps` only times that many steps after a warm-up and scales to an epoch (for those too
+slow to train, and for XLA flag trials); the others train `--epochs` epochs and are
+evaluated on the test set after each (untimed). Figures: steady epoch seconds (median of
+epochs 2.. over rounds), compile seconds, time to 99.0% test accuracy (training seconds
+of the epochs up to the first that reaches it, median over rounds), MFU (analytic FLOPs
+× examples/s over a 2048³ matmul peak measured by `jaxmnist.bench.peak` in the same dtype,
+every round). CPU model, flags and load averages are recorded.
+
+Usage: JAXMNIST_DATA_DIR=../shared/datasets python benchmarks/cnn_vs_pytorch.py
+Needs the `bench` extra (PyTorch, CPU): pip install -e '.[bench]'.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BATCH, PEAK_LR, TARGET, N_TRAIN = 256, 3e-3, 0.99, 60_000
+STEPS_PER_EPOCH = N_TRAIN // BATCH
+# name -> worker arguments. Flag trials time steps only; XLA's native CPU conv is too slow
+# for whole epochs (minutes each).
+VARIANTS = {
+    "jax im2col float32": ["jax", "im2col", "float32"],
+    "jax im2col bfloat16": ["jax", "im2col", "bfloat16"],
+    "jax patches float32": ["jax", "patches", "float32", "--steps", "40"],
+    "jax xla float32": ["jax", "xla", "float32", "--steps", "6"],
+    "torch float32": ["torch", "-", "float32"],
+    "torch bfloat16": ["torch", "-", "bfloat16"],
+    # One thread: OpenMP's spinning barriers suffer most when other jobs share the cores.
+    "torch float32 1-thread": ["torch", "-", "float32", "--steps", "40", "--threads", "1"],
+    "jax im2col float32 +onednn": [
+        *("jax", "im2col", "float32", "--steps", "40"),
+        "--xla-flags=--xla_cpu_use_onednn=true",
+    ],
+    "jax im2col float32 +xnn-graph": [
+        *("jax", "im2col", "float32", "--steps", "40"),
+        "--xla-flags=--xla_cpu_experimental_xnn_graph_fusion_mode=XNN_GRAPH_FUSION_MODE_GREEDY",
+    ],
+    "jax xla float32 +ynn-conv": [
+        *("jax", "xla", "float32", "--steps", "6"),
+        "--xla-flags=--xla_cpu_experimental_ynn_fusion_type=individual_convolution,individual_dot",
+    ],
+}
+
+
+def reference_config(impl: str, dtype: str):
+    from jaxmnist.config import ModelConfig
+
+    return ModelConfig(
+        name="cnn", channels=(16, 32), kernel_size=3, hidden=(128,), dtype=dtype, conv_impl=impl
+    )
+
+
+def load_mnist():
+    from jaxmnist.data import load_dataset
+
+    return load_dataset("mnist", os.environ.get("JAXMNIST_DATA_DIR"), download=False)
+
+
+def run_jax(impl: str, dtype: str, epochs: int, steps: int | None) -> dict:
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from jaxmnist.models import apply_uint8, get_model
+
+    ds, cfg, model = load_mnist(), reference_config(impl, dtype), get_model("cnn")
+    n_steps = steps or STEPS_PER_EPOCH
+    optimizer = optax.adam(optax.cosine_onecycle_schedule(epochs * STEPS_PER_EPOCH, PEAK_LR))
+    params = model.init(jax.random.key(0), cfg, (28, 28), 10)
+    state = (params, optimizer.init(params))
+    images, labels = jax.device_put((ds.train_images, ds.train_labels.astype("int32")))
+    test_x, test_y = jax.device_put((ds.test_images, ds.test_labels.astype("int32")))
+
+    def loss_fn(params, x, y):
+        logits = apply_uint8(params, x, cfg)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+    def epoch(state, key, images, labels):
+        def step(state, idx):
+            params, opt_state = state
+            loss, grads = jax.value_and_grad(loss_fn)(params, images[idx], labels[idx])
+            updates, opt_state = optimizer.update(grads, opt_state, params)
+            return (optax.apply_updates(params, updates), opt_state), loss
+
+        idx = jax.random.permutation(key, N_TRAIN)[: n_steps * BATCH].reshape(n_steps, BATCH)
+        return jax.lax.scan(step, state, idx)
+
+    def accuracy(params, x, y):
+        logits = jax.vmap(lambda xb: apply_uint8(params, xb, cfg))(x.reshape(10, -1, 28, 28))
+        return jnp.mean(jnp.argmax(logits, -1).reshape(-1) == y)
+
+    key = jax.random.key(1)
+    start = time.perf_counter()
+    run_epoch = jax.jit(epoch, donate_argnums=0).lower(state, key, images, labels).compile()
+    compile_seconds = time.perf_counter() - start
+    evaluate = jax.jit(accuracy).lower(params, test_x, test_y).compile()
+
+    def one_epoch(state, e):
+        start = time.perf_counter()
+        state, loss = jax.block_until_ready(
+            run_epoch(state, jax.random.fold_in(key, e), images, labels)
+        )
+        return state, time.perf_counter() - start, loss
+
+    return _drive(
+        one_epoch,
+        state,
+        epochs,
+        steps,
+        compile_seconds,
+        lambda s: float(evaluate(s[0], test_x, test_y)),
+    )
+
+
+def run_torch(dtype: str, epochs: int, steps: int | None, threads: int | None) -> dict:
+    import torch
+    from torch import nn
+
+    if threads:
+        torch.set_num_threads(threads)
+
+    ds = load_mnist()
+    torch.manual_seed(0)
+    net = nn.Sequential(
+        *(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)),
+        *(nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)),
+        *(nn.Flatten(), nn.Linear(1568, 128), nn.ReLU(), nn.Linear(128, 10)),
+    )
+    for m in net:
+        if isinstance(m, nn.Conv2d | nn.Linear):  # He-normal, zero biases: as jaxmnist
+            nn.init.kaiming_normal_(m.weight, nonlinearity="relu")
+            nn.init.zeros_(m.bias)
+    opt = torch.optim.Adam(net.parameters(), lr=PEAK_LR)
+    sched = torch.optim.lr_scheduler.OneCycleLR(
+        opt,
+        PEAK_LR,
+        total_steps=epochs * STEPS_PER_EPOCH + 1,
+        pct_start=0.3,
+        anneal_strategy="cos",
+        div_factor=25.0,
+        final_div_factor=1e4,
+        cycle_momentum=False,
+    )
+    images, labels = (
+        torch.from_numpy(ds.train_images.copy()),
+        torch.from_numpy(ds.train_labels.astype("int64")),
+    )
+    test_x = torch.from_numpy(ds.test_images.copy()).float().div_(255).unsqueeze(1)
+    test_y = torch.from_numpy(ds.test_labels.astype("int64"))
+    autocast = torch.autocast("cpu", torch.bfloat16, enabled=dtype == "bfloat16")
+    n_steps = steps or STEPS_PER_EPOCH
+    gen = torch.Generator().manual_seed(1)
+
+    def one_epoch(state, e):
+        start = time.perf_counter()
+        idx = torch.randperm(N_TRAIN, generator=gen)[: n_steps * BATCH].view(n_steps, BATCH)
+        for rows in idx:
+            x = images[rows].float().div_(255).unsqueeze(1)
+            with autocast:
+                loss = nn.functional.cross_entropy(net(x), labels[rows])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+        return state, time.perf_counter() - start, None
+
+    def evaluate(state):
+        with torch.no_grad(), autocast:
+            return float((net(test_x).argmax(-1) == test_y).float().mean())
+
+    out = _drive(one_epoch, None, epochs, steps, 0.0, evaluate)
+    out["torch"] = {
+        "version": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+    }
+    return out
+
+
+def _drive(one_epoch, state, epochs, steps, compile_seconds, evaluate) -> dict:
+    """Timed-steps mode: one warm-up window, two timed, scaled to an epoch. Training mode:
+    `epochs` timed epochs, test accuracy after each."""
+    if steps:
+        state, _, _ = one_epoch(state, 0)
+        seconds = []
+        for e in (1, 2):
+            state, s, _ = one_epoch(state, e)
+            seconds.append(s * STEPS_PER_EPOCH / steps)
+        return {"compile_seconds": compile_seconds, "epoch_seconds": seconds, "steps_timed": steps}
+    seconds, accuracy = [], []
+    for e in range(epochs):
+        state, s, _ = one_epoch(state, e)
+        seconds.append(s)
+        accuracy.append(evaluate(state))
+    return {"compile_seconds": compile_seconds, "epoch_seconds": seconds, "test_accuracy": accuracy}
+
+
+def run_peaks() -> dict:
+    """Matmul peaks, 2048³, float32 and bfloat16: XLA (jaxmnist.bench.peak) and PyTorch."""
+    from jaxmnist.bench.peak import measure_matmul_peak
+
+    out = {}
+    for dtype in ("float32", "bfloat16"):
+        out[f"jax {dtype}"] = measure_matmul_peak(dtype, 2048)["flops_per_second"]["median"]
+    try:
+        import torch
+    except ImportError:
+        return out
+    for dtype in ("float32", "bfloat16"):
+        a = torch.randn(2048, 2048).to(getattr(torch, dtype))
+        b = torch.linalg.qr(torch.randn(2048, 2048))[0].to(a.dtype)
+        a @ b
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            for _ in range(5):
+                a = a @ b
+            times.append((time.perf_counter() - start) / 5)
+        out[f"torch {dtype}"] = 2 * 2048**3 / statistics.median(times)
+    return out
+
+
+def worker(argv: list[str]) -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("framework", choices=["jax", "torch", "peak"])
+    p.add_argument("impl")
+    p.add_argument("dtype")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--steps", type=int)
+    p.add_argument("--xla-flags", default="")
+    p.add_argument("--threads", type=int)
+    a = p.parse_args(argv)
+    if a.framework == "peak":
+        result = run_peaks()
+    elif a.framework == "jax":
+        result = run_jax(a.impl, a.dtype, a.epochs, a.steps)
+    else:
+        result = run_torch(a.dtype, a.epochs, a.steps, a.threads)
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def _cpu_flags() -> list[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next(line for line in f if line.startswith("flags")).split(":", 1)[1]
+    except (OSError, StopIteration):
+        return []
+    keep = ("avx2", "fma", "avx512", "amx", "avx_vnni")
+    return sorted(f for f in flags.split() if f.startswith(keep))
+
+
+def _run_worker(args: list[str], epochs: int) -> dict:
+    cmd = [sys.executable, __file__, "--worker", *args[:3], "--epochs", str(epochs), *args[3:]]
+    env = dict(os.environ)
+    flags = [a.split("=", 1)[1] for a in args if a.startswith("--xla-flags=")]
+    env["XLA_FLAGS"] = " ".join(flags)
+    load, start = os.getloadavg()[0], time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    if proc.returncode or not lines:
+        raise RuntimeError(f"{' '.join(args)} failed:\n{proc.stderr[-3000:]}")
+    out = json.loads(lines[-1][len("RESULT ") :])
+    out.update(load_before=load, load_after=os.getloadavg()[0])
+    out["wall_seconds"] = time.perf_counter() - start
+    return out
+
+
+def _time_to_target(run: dict) -> float | None:
+    total = 0.0
+    for seconds, acc in zip(run["epoch_seconds"], run.get("test_accuracy", []), strict=False):
+        total += seconds
+        if acc >= TARGET:
+            return total
+    return None
+
+
+def summarize(name: str, runs: list[dict], peaks: list[dict]) -> dict:
+    from jaxmnist.models import get_model
+
+    framework, _, dtype = VARIANTS[name][:3]
+    timed_steps = "test_accuracy" not in runs[0]
+    epochs = [
+        s for r in runs for s in (r["epoch_seconds"] if timed_steps else r["epoch_seconds"][1:])
+    ]
+    steady = statistics.median(epochs)
+    flops = get_model("cnn").flops_per_example(reference_config("auto", dtype), (28, 28), 10)
+    achieved = flops * STEPS_PER_EPOCH * BATCH / steady
+    reached = [t for t in map(_time_to_target, runs) if t is not None]
+    row = {
+        "variant": name,
+        "steady_epoch_seconds": steady,
+        "epoch_seconds_range": [min(epochs), max(epochs)],
+        "epoch_samples": len(epochs),
+        "extrapolated_from_steps": runs[0].get("steps_timed"),
+        "compile_seconds": statistics.median(r["compile_seconds"] for r in runs),
+        "achieved_gflops": achieved / 1e9,
+        "mfu_vs_xla_peak": achieved / statistics.median(p[f"jax {dtype}"] for p in peaks),
+        "time_to_99_seconds": statistics.median(reached) if reached else None,
+        "rounds_reaching_99": f"{len(reached)}/{len(runs)}" if not timed_steps else None,
+        "final_test_accuracy": [r["test_accuracy"][-1] for r in runs] if not timed_steps else None,
+        "runs": runs,
+    }
+    if framework == "torch" and all(f"torch {dtype}" in p for p in peaks):
+        row["mfu_vs_torch_peak"] = achieved / statistics.median(p[f"torch {dtype}"] for p in peaks)
+    return row
+
+
+def _fmt(x, spec):
+    return "-" if x is None else format(x, spec)
+
+
+def main() -> None:
+    from importlib import metadata
+
+    from jaxmnist import runtime
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--epochs", type=int, default=3, help="training epochs (one-cycle length)")
+    p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated names")
+    p.add_argument("--out", default=str(HERE / "results" / "cnn_vs_pytorch.json"))
+    a = p.parse_args()
+    names = [n.strip() for n in a.variants.split(",")]
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        sys.exit(f"unknown variants {unknown}; choose from: {', '.join(VARIANTS)}")
+    runs: dict[str, list] = {n: [] for n in names}
+    peaks = []
+    for r in range(a.rounds):
+        peaks.append(_run_worker(["peak", "-", "-"], 1))
+        print(
+            f"round {r + 1}: peaks "
+            + ", ".join(
+                f"{k} {v / 1e9:.0f}" for k, v in peaks[-1].items() if k.startswith(("jax", "torch"))
+            )
+            + " GFLOP/s",
+            flush=True,
+        )
+        for n in names:
+            out = _run_worker(VARIANTS[n], a.epochs)
+            runs[n].append(out)
+            acc = out.get("test_accuracy")
+            print(
+                f"round {r + 1}: {n}: epochs {[round(s, 1) for s in out['epoch_seconds']]} s"
+                + (f", test accuracy {[round(x, 4) for x in acc]}" if acc else "")
+                + f", load {out['load_before']:.1f}",
+                flush=True,
+            )
+    rows = [summarize(n, runs[n], peaks) for n in names]
+    by_name = {row["variant"]: row for row in rows}
+    ratios = {}
+    for dtype in ("float32", "bfloat16"):
+        j, t = by_name.get(f"jax im2col {dtype}"), by_name.get(f"torch {dtype}")
+        if j and t:
+            ratios[f"jax/torch steady epoch {dtype}"] = (
+                j["steady_epoch_seconds"] / t["steady_epoch_seconds"]
+            )
+    env = runtime.environment()
+    env.update(cpu_flags=_cpu_flags(), torch=_version(metadata, "torch"))
+    result = {
+        "benchmark": "reference CNN, jaxmnist vs PyTorch, CPU",
+        "model": "conv3x3 1-16 relu pool2, conv3x3 16-32 relu pool2, dense 1568-128 relu, 128-10",
+        "training": {
+            "optimizer": "adam",
+            "schedule": "one-cycle",
+            "peak_lr": PEAK_LR,
+            "batch_size": BATCH,
+            "epochs": a.epochs,
+            "target_accuracy": TARGET,
+        },
+        "rounds": a.rounds,
+        "note": "variants run one after another in separate processes, the sequence repeated "
+        "each round (A B A B); the machine was shared with other jobs (load averages per run)",
+        "environment": env,
+        "peaks_flops_per_second": peaks,
+        "results": rows,
+        "ratios": ratios,
+        "target": {"jax/torch steady epoch float32": 0.7},
+    }
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=1))
+    os.replace(tmp, out)
+    print(
+        f"\n{'variant':32} {'epoch s':>8} {'compile':>7} {'GFLOP/s':>8} {'MFU':>5} "
+        f"{'to 99% s':>8} {'final acc':>9}"
+    )
+    for row in rows:
+        final = row["final_test_accuracy"]
+        print(
+            f"{row['variant']:32} {row['steady_epoch_seconds']:8.2f} "
+            f"{row['compile_seconds']:7.1f} {row['achieved_gflops']:8.1f} "
+            f"{row['mfu_vs_xla_peak']:5.2f} {_fmt(row['time_to_99_seconds'], '8.1f')} "
+            f"{_fmt(statistics.median(final) if final else None, '9.4f')}"
+        )
+    for k, v in ratios.items():
+        print(f"{k}: {v:.2f}")
+    print(f"wrote {out}")
+
+
+def _version(metadata, package):
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--worker"]:
+        worker(sys.argv[2:])
+    else:
+        main()

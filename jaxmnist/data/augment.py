@@ -1,0 +1,78 @@
+"""Data augmentation on the device: a pure function of a key and a uint8 batch.
+
+`augment(key, images, cfg)` moves every image of a batch by its own random offset
+(zero-padding by `max_shift` pixels and cropping back to the original size, the usual
+pad-and-random-crop) and, when `max_rotation` is set, also turns it by a random angle.
+It sees no labels, so it cannot disturb them; it keeps shape and dtype, so it slots into
+the compiled epoch between the batch gather and the model; and it is deterministic in its
+key, so a run stays reproducible from its seed while each key (each step, epoch and
+member of a population) draws different offsets. With `cfg.augment` off it returns the
+images unchanged, so a caller can always call it.
+
+Translations alone are an exact integer crop (a gather, about a copy of the batch).
+Rotations need interpolation: the whole move becomes one bilinear warp
+(`jax.scipy.ndimage.map_coordinates`), rounded back to uint8.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.scipy import ndimage
+
+
+def augment(key: jax.Array, images: jax.Array, cfg) -> jax.Array:
+    """images: uint8 (B, H, W) -> uint8 (B, H, W), each image moved at random.
+
+    cfg: DataConfig (`augment`, `max_shift` in pixels, `max_rotation` in degrees).
+    """
+    if not cfg.augment or (cfg.max_shift == 0 and cfg.max_rotation == 0):
+        return images
+    if cfg.max_rotation == 0:
+        return random_translate(key, images, cfg.max_shift)
+    return random_warp(key, images, cfg.max_shift, cfg.max_rotation)
+
+
+def random_translate(key: jax.Array, images: jax.Array, max_shift: int) -> jax.Array:
+    """Pad by `max_shift` zeros, crop each image back at its own random offset.
+
+    images (B, H, W), any dtype -> same; offsets uniform in [-max_shift, max_shift]².
+    """
+    b, h, w = images.shape
+    s = max_shift
+    padded = jnp.pad(images, ((0, 0), (s, s), (s, s)))
+    corners = jax.random.randint(key, (b, 2), 0, 2 * s + 1)
+
+    def crop(image, corner):
+        return lax.dynamic_slice(image, (corner[0], corner[1]), (h, w))
+
+    return jax.vmap(crop)(padded, corners)
+
+
+def random_warp(
+    key: jax.Array, images: jax.Array, max_shift: int, max_rotation: float
+) -> jax.Array:
+    """A random rotation about the centre (uniform in ±`max_rotation` degrees) and an
+    integer shift (uniform in ±`max_shift`) per image, as one bilinear warp with zero
+    fill. images uint8 (B, H, W) -> uint8 (B, H, W)."""
+    b, h, w = images.shape
+    k_angle, k_shift = jax.random.split(key)
+    limit = math.radians(max_rotation)
+    angles = jax.random.uniform(k_angle, (b,), jnp.float32, -limit, limit)
+    shifts = jax.random.randint(k_shift, (b, 2), -max_shift, max_shift + 1).astype(jnp.float32)
+    rows, cols = jnp.meshgrid(jnp.arange(h, dtype=jnp.float32), jnp.arange(w, dtype=jnp.float32))
+    rows, cols = rows.T, cols.T  # (H, W) grids of output coordinates
+    cy, cx = (h - 1) / 2, (w - 1) / 2
+
+    def warp(image, angle, shift):
+        # Output pixel p samples the input at R(-angle) (p - centre - shift) + centre.
+        y, x = rows - cy - shift[0], cols - cx - shift[1]
+        cos, sin = jnp.cos(angle), jnp.sin(angle)
+        src = [cos * y + sin * x + cy, -sin * y + cos * x + cx]
+        return ndimage.map_coordinates(image.astype(jnp.float32), src, order=1, cval=0.0)
+
+    out = jax.vmap(warp)(images, angles, shifts)
+    return jnp.clip(jnp.round(out), 0, 255).astype(jnp.uint8)

@@ -1,0 +1,77 @@
+"""Every convolution formulation against `lax.conv_general_dilated`; pooling; auto choice."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+from jaxmnist.models import conv
+
+# (B, H, W, C_in, C_out, k): a first layer (one channel), a deeper one, odd sizes, k = 5.
+SHAPES = [(3, 8, 8, 1, 4, 3), (2, 7, 9, 5, 6, 3), (2, 6, 5, 3, 2, 5)]
+TOLERANCE = {"float32": 1e-5, "bfloat16": 3e-2}  # relative to the largest magnitude
+
+
+def reference(x, w):
+    return lax.conv_general_dilated(
+        x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+    )
+
+
+def _inputs(shape, dtype):
+    b, h, wd, c, o, k = shape
+    rng = np.random.default_rng(sum(shape))  # NumPy: eager jax.random compiles per shape
+    x, w = rng.normal(size=(b, h, wd, c)), rng.normal(size=(k, k, c, o))
+    g = rng.normal(size=(b, h, wd, o))  # a cotangent for the VJP
+    return tuple(jnp.asarray(a, jnp.float32).astype(dtype) for a in (x, w, g))
+
+
+def _close(actual, expected, dtype):
+    actual, expected = np.asarray(actual, np.float32), np.asarray(expected, np.float32)
+    assert actual.shape == expected.shape
+    scale = np.abs(expected).max()
+    np.testing.assert_allclose(actual, expected, atol=TOLERANCE[dtype] * scale, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("impl", sorted(conv.CONV_IMPLS))
+def test_convolution_and_its_gradients_match_xla(impl, shape, dtype):
+    x, w, g = _inputs(shape, jnp.dtype(dtype))
+    fn = jax.jit(conv.CONV_IMPLS[impl])  # one compile, not one per eager op
+    out, vjp = jax.vjp(fn, x, w)
+    ref_out, ref_vjp = jax.vjp(reference, x, w)
+    assert out.dtype == jnp.dtype(dtype)
+    _close(out, ref_out, dtype)
+    for got, want in zip(vjp(g), ref_vjp(g), strict=True):  # d/dx and d/dw
+        _close(got, want, dtype)
+
+
+@pytest.mark.parametrize("impl", ["auto", *sorted(conv.CONV_IMPLS)])
+def test_conv2d_dispatches_every_choice(impl):
+    x, w, _ = _inputs(SHAPES[1], jnp.float32)
+    got = jax.jit(conv.conv2d, static_argnums=2)(x, w, impl)
+    _close(got, reference(x, w), "float32")
+
+
+def test_auto_is_xla_on_accelerators_and_the_fastest_measured_on_cpu():
+    assert conv.resolve("auto", "gpu") == "xla"
+    assert conv.resolve("auto", "tpu") == "xla"
+    assert conv.resolve("auto", "cpu") == conv.CPU_FASTEST == "im2col"
+    assert conv.resolve("patches", "gpu") == "patches"  # a forced choice is kept
+    assert set(conv.CHOICES) == {"auto", "xla", "im2col", "patches"}
+
+
+def test_max_pool_matches_reduce_window_and_drops_odd_edges():
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(2, 7, 6, 3)), jnp.float32)
+    want = lax.reduce_window(x, -jnp.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+    got = jax.jit(conv.max_pool)(x)
+    assert got.shape == (2, 3, 3, 3)
+    np.testing.assert_array_equal(got, want)
+    # Its gradient goes to the window's maximum only.
+    grad = jax.jit(jax.grad(lambda x: conv.max_pool(x).sum()))(x)
+    want_grad = jax.grad(
+        lambda x: lax.reduce_window(x, -jnp.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID").sum()
+    )(x)
+    np.testing.assert_array_equal(grad, want_grad)
