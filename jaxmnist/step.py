@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxmnist.data.augment import augment
 from jaxmnist.models import apply_uint8, get_model
 
 
@@ -91,18 +92,28 @@ def make_train_epoch(
     step = make_train_step(cfg, optimizer)
     batch_size = cfg.train.batch_size
     shard = shard_batch or (lambda x: x)
+    augmenting = cfg.data.augment
 
-    def run_steps(state, idx, data: TrainData):
-        def body(state, batch_idx):
-            batch_idx = shard(batch_idx)
-            return step(state, shard(data.images[batch_idx]), shard(data.labels[batch_idx]))
+    def run_steps(state, batches, data: TrainData):
+        """batches: (indices (S, B),) or, augmenting, (indices, raw keys (S, 2))."""
 
-        return jax.lax.scan(body, state, idx)
+        def body(state, batch):
+            batch_idx = shard(batch[0])
+            images = shard(data.images[batch_idx])
+            if augmenting:  # each step its own key: each image its own move
+                images = shard(augment(jax.random.wrap_key_data(batch[1]), images, cfg.data))
+            return step(state, images, shard(data.labels[batch_idx]))
+
+        return jax.lax.scan(body, state, batches)
 
     def train_epoch(state: TrainState, key, data: TrainData):
         idx = epoch_indices(key, data.images.shape[0], batch_size, num_steps)
+        batches = (idx,)
+        if augmenting:  # the permutation keeps `key` itself, as without augmentation
+            keys = jax.random.split(jax.random.fold_in(key, 1), num_steps)
+            batches = (idx, jax.random.key_data(keys))
         if progress is None:
-            state, (loss, correct) = run_steps(state, idx, data)
+            state, (loss, correct) = run_steps(state, batches, data)
             return state, EpochMetrics(loss, correct.sum())
         every = progress_every or max(1, num_steps // 20)
         chunks, rest = divmod(num_steps, every)
@@ -112,11 +123,12 @@ def make_train_epoch(
             jax.debug.callback(progress, state.step)
             return state, out
 
-        head = idx[: chunks * every].reshape(chunks, every, -1)
+        head = jax.tree.map(lambda x: x[: chunks * every].reshape(chunks, every, -1), batches)
         state, (loss, correct) = jax.lax.scan(chunk, state, head)
         loss, correct = loss.reshape(-1), correct.reshape(-1)
         if rest:
-            state, (loss_r, correct_r) = chunk(state, idx[chunks * every :])
+            tail = jax.tree.map(lambda x: x[chunks * every :], batches)
+            state, (loss_r, correct_r) = chunk(state, tail)
             loss, correct = jnp.concatenate([loss, loss_r]), jnp.concatenate([correct, correct_r])
         return state, EpochMetrics(loss, correct.sum())
 
