@@ -25,6 +25,7 @@ import math
 from typing import NamedTuple
 
 import jax
+import jax.extend
 import numpy as np
 
 from jaxmnist.errors import ConfigError
@@ -55,19 +56,52 @@ def _tree_bytes(tree) -> int:
     return int(sum(np.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree)))
 
 
+def activation_bytes_per_example(
+    cfg, params_shapes, input_shape, num_classes: int
+) -> tuple[int, int]:
+    """(all, largest): bytes of every intermediate value of one example's forward
+    pass, and of the largest one, read from the model's traced program (nothing
+    runs). Whatever the family, an im2col buffer (k² times its activation) or a
+    wide hidden layer is counted as what it is. Training keeps about all of them
+    for the backward pass (fusion keeps fewer: an overestimate, which only makes
+    chunks smaller); evaluation keeps a few at a time.
+
+    cfg: Config; params_shapes: the model's parameters as shapes."""
+    from jaxmnist.models import get_model
+
+    apply = get_model(cfg.model.name).apply
+    batch = 2  # not 1: a size-1 batch axis may be squeezed away in the trace
+    x = jax.ShapeDtypeStruct((batch, *input_shape), np.float32)
+    closed = jax.make_jaxpr(lambda p, x: apply(p, x, cfg.model))(params_shapes, x)
+    sizes = [
+        int(np.prod(v.aval.shape)) * np.dtype(v.aval.dtype).itemsize
+        for eqn in _all_eqns(closed.jaxpr)
+        for v in eqn.outvars
+        if getattr(v.aval, "shape", ()) and v.aval.shape[0] == batch
+    ] or [batch]
+    return max(sum(sizes) // batch, 1), max(max(sizes) // batch, 1)
+
+
+def _all_eqns(jaxpr):
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            yield from _all_eqns(sub)
+
+
 def estimate_memory(
-    cfg, state_shapes, input_dim: int, num_classes: int, num_train: int, num_eval: int
+    cfg, state_shapes, input_shape, num_classes: int, num_train: int, num_eval: int
 ) -> MemoryEstimate:
     """cfg: Config; state_shapes: one model's TrainState as `jax.ShapeDtypeStruct`s
-    (from `jax.eval_shape`); num_eval: examples in all evaluation sets together."""
+    (from `jax.eval_shape`); input_shape: (H, W); num_eval: examples in all
+    evaluation sets together."""
     t = cfg.train
+    input_dim = int(np.prod(input_shape))
     params = _tree_bytes(state_shapes.params)
     resident = _tree_bytes(state_shapes)
-    widths = (
-        input_dim + 2 * sum(cfg.model.hidden) + 3 * num_classes
-    )  # input, pre/post activations, logits
-    step_activations = 2 * t.batch_size * widths * 4  # forward values kept, and their gradients
-    eval_activations = min(t.eval_batch_size, max(num_eval, 1)) * widths * 4
+    kept, largest = activation_bytes_per_example(cfg, state_shapes.params, input_shape, num_classes)
+    step_activations = 2 * t.batch_size * kept  # forward values kept, and their gradients
+    eval_activations = 3 * min(t.eval_batch_size, max(num_eval, 1)) * largest  # a few live
     permutation = 3 * num_train * 4  # random bits, sort, indices (int32)
     transient = 2 * params + permutation + max(step_activations, eval_activations)
     shared = num_train * (input_dim + 4) + num_eval * (
@@ -152,9 +186,9 @@ def chunks_for(
     """
     n_train = len(dataset.train_labels)
     num_eval = len(dataset.test_labels) + (n_train if cfg.train.eval_train else 0)
-    input_dim = int(np.prod(dataset.train_images.shape[1:]))
     classes = len(dataset.spec.class_names)
-    est = estimate_memory(cfg, state_shapes, input_dim, classes, n_train, num_eval)
+    input_shape = tuple(dataset.train_images.shape[1:])
+    est = estimate_memory(cfg, state_shapes, input_shape, classes, n_train, num_eval)
     budget, source = device_budget(cfg)
     per_device = plan_chunks(num_models // members_axis, est, budget, source)
     chunks = tuple(c * members_axis for c in per_device)

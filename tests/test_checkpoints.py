@@ -383,7 +383,7 @@ def test_members_in_memory_chunks_resume_bit_for_bit_or_regrouped(tiny_dataset, 
         lambda k: init_state(k, cfg, optim.make_optimizer(cfg.optimizer, 80), (28, 28), 10),
         jax.random.key(0),
     )
-    est = memory.estimate_memory(cfg, shapes, 784, 10, 640, 150 + 640)
+    est = memory.estimate_memory(cfg, shapes, (28, 28), 10, 640, 150 + 640)
     budget = int((est.total(4, 2) + est.transient_per_model // 2) / memory.MB) + 1  # 2 at a time
     chunked = dataclasses.replace(cfg, memory_budget_mb=budget)
     stopped, alone = tmp_path / "stopped", tmp_path / "alone"

@@ -79,7 +79,7 @@ class CountingReporter(Reporter):
 
 def test_memory_chunks_give_the_same_result(tiny_dataset, four_seeds):
     cfg = four_seeds.population.cfg
-    est = memory.estimate_memory(cfg, four_seeds.population.state_shapes(), 784, 10, 640, 150)
+    est = memory.estimate_memory(cfg, four_seeds.population.state_shapes(), (28, 28), 10, 640, 150)
     budget_mb = (
         int((est.total(4, 2) + est.transient_per_model // 2) / memory.MB) + 1
     )  # room for 2 at a time
@@ -229,3 +229,21 @@ def test_not_even_one_of_many_models_fits():
     est = memory.MemoryEstimate(100 * memory.MB, 10 * memory.MB, 50 * memory.MB)
     with pytest.raises(ConfigError, match=r"^not even one model fits: one needs about 160 MB"):
         memory.plan_chunks(8, est, 150 * memory.MB, "memory_budget_mb")
+
+
+def test_memory_estimate_counts_what_the_model_computes():
+    """The activation estimate comes from the traced model, so a CNN's im2col buffers
+    (k² times the activation they are cut from) are counted, not an MLP's widths."""
+    from jaxmnist import optim
+    from jaxmnist.step import init_state
+
+    def kept(preset, **model):
+        cfg = config_lib.get_preset(preset)
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **model))
+        opt = optim.make_optimizer(cfg.optimizer, 10)
+        shapes = jax.eval_shape(lambda k: init_state(k, cfg, opt, (28, 28), 10), jax.random.key(0))
+        return memory.activation_bytes_per_example(cfg, shapes.params, (28, 28), 10)[0]
+
+    assert kept("tpu101") >= (784 + 256 + 10) * 4
+    im2col = (28 * 28 * 1 * 9 + 14 * 14 * 16 * 9) * 4  # the two convolutions' patch buffers
+    assert kept("cnn", conv_impl="im2col") >= im2col
