@@ -270,6 +270,28 @@ def _reason(e: BaseException) -> str:
     return (text[0] if text else type(e).__name__)[:200]
 
 
+def newest_params(run_dir, cfg, num_train: int, input_shape, num_classes: int):
+    """(every member's parameters, member axis first, on the default device;
+    {"checkpoint_step", "checkpoint_epoch"}) from a run's newest intact checkpoint:
+    what eval, predict, export and serve use for a run that has not finished."""
+    from jaxmnist import config as config_lib
+    from jaxmnist import optim, parallel
+    from jaxmnist.step import init_state
+
+    plan = config_lib.plan_steps(cfg.train, num_train)
+    optimizer = optim.make_optimizer(cfg.optimizer, plan.total_steps)
+    shapes = jax.eval_shape(
+        lambda k: init_state(k, cfg, optimizer, tuple(input_shape), num_classes),
+        jax.random.key(0),
+    )
+    device = jax.sharding.SingleDeviceSharding(parallel.default_device())
+    restored = restore_newest(run_dir, abstract_state(shapes, cfg.train.seeds, device))
+    return restored.state.params, {
+        "checkpoint_step": restored.step,
+        "checkpoint_epoch": restored.epoch,
+    }
+
+
 def checkpoint_steps(run_dir) -> list[int]:
     """Steps of the complete (committed) checkpoints in `run_dir`, oldest first."""
     path = checkpoint_dir(run_dir)

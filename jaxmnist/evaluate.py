@@ -256,25 +256,15 @@ def _read_config(path) -> dict:
 def _checkpoint_params(path, cfg, dataset) -> tuple[Any, dict]:
     """Every member's parameters (member axis first) from an unfinished run's newest intact
     checkpoint, on the default device; and {"checkpoint_step", "checkpoint_epoch"}."""
-    from jaxmnist import checkpoint, optim, parallel
-    from jaxmnist import config as config_lib
-    from jaxmnist.step import init_state
+    from jaxmnist import checkpoint
 
-    plan = config_lib.plan_steps(cfg.train, len(dataset.train_labels))
-    optimizer = optim.make_optimizer(cfg.optimizer, plan.total_steps)
-    shapes = jax.eval_shape(
-        lambda k: init_state(
-            k, cfg, optimizer, dataset.train_images.shape[1:], len(dataset.spec.class_names)
-        ),
-        jax.random.key(0),
+    return checkpoint.newest_params(
+        path,
+        cfg,
+        len(dataset.train_labels),
+        dataset.train_images.shape[1:],
+        len(dataset.spec.class_names),
     )
-    device = jax.sharding.SingleDeviceSharding(parallel.default_device())
-    target = checkpoint.abstract_state(shapes, cfg.train.seeds, device)
-    restored = checkpoint.restore_newest(path, target)
-    return restored.state.params, {
-        "checkpoint_step": restored.step,
-        "checkpoint_epoch": restored.epoch,
-    }
 
 
 def _evaluate_seeds(run_dir, cfg, dataset, params, test_set, num_classes: int) -> dict:

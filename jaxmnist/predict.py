@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import zipfile
 import zlib
 from collections.abc import Callable, Sequence
@@ -78,8 +79,8 @@ def load_trained(run_dir) -> TrainedModel:
 
     ConfigError (exit 2) when `run_dir` is not a run with parameters; JaxmnistError
     when its files are corrupt. This is the only reader of a run's parameters for
-    predict, export and serve: reading an unfinished run's newest checkpoint, when
-    runs have checkpoints, belongs here.
+    predict, export and serve; an unfinished run (no params.npz yet) is read from
+    its newest intact checkpoint, and stderr says which step.
     """
     path = Path(run_dir)
     try:
@@ -96,11 +97,25 @@ def load_trained(run_dir) -> TrainedModel:
         lambda: init(jax.random.key(0), cfg.model, spec.image_shape, spec.num_classes)
     )
     seeds = cfg.train.seeds
-    if seeds > 1:
-        like = jax.tree.map(lambda x: jax.ShapeDtypeStruct((seeds, *x.shape), x.dtype), like)
-    params = rundir.load_params(path / rundir.PARAMS_FILE, like)
-    if seeds > 1:
-        params = jax.tree.map(lambda x: x[0], params)
+    from jaxmnist import checkpoint  # the run loop's modules: only for this case
+
+    if not (path / rundir.PARAMS_FILE).exists() and checkpoint.checkpoint_steps(path):
+        # An unfinished run: its newest intact checkpoint (every member, stacked).
+        stacked, where = checkpoint.newest_params(
+            path, cfg, spec.train_size, spec.image_shape, spec.num_classes
+        )
+        print(
+            f"jaxmnist: {path} has not finished: using its checkpoint of step "
+            f"{where['checkpoint_step']} (epoch {where['checkpoint_epoch']})",
+            file=sys.stderr,
+        )
+        params = jax.tree.map(lambda x: x[0], stacked)
+    else:
+        if seeds > 1:
+            like = jax.tree.map(lambda x: jax.ShapeDtypeStruct((seeds, *x.shape), x.dtype), like)
+        params = rundir.load_params(path / rundir.PARAMS_FILE, like)
+        if seeds > 1:
+            params = jax.tree.map(lambda x: x[0], params)
     return TrainedModel(
         path,
         cfg,

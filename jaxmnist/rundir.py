@@ -237,7 +237,8 @@ def read_data_record(workdir: str | os.PathLike) -> dict | None:
 
 
 def read_run(workdir: str | os.PathLike) -> dict:
-    """Reads config.json (and summary.json if present); JaxmnistError if not a run dir."""
+    """Reads config.json; JaxmnistError if not a run dir with parameters (params.npz, or
+    for an unfinished run a checkpoint)."""
     path = Path(workdir)
     if not path.is_dir():
         raise JaxmnistError(f"{path}: no such run directory")
@@ -247,8 +248,8 @@ def read_run(workdir: str | os.PathLike) -> dict:
         raise JaxmnistError(f"{path}: not a run directory (no config.json)") from None
     except json.JSONDecodeError as e:
         raise JaxmnistError(f"{path / 'config.json'}: corrupt JSON ({e})") from None
-    if not (path / PARAMS_FILE).exists():
-        raise JaxmnistError(f"{path}: run has no {PARAMS_FILE} (did it finish?)")
+    if not (path / PARAMS_FILE).exists() and not any((path / "checkpoints").glob("[0-9]*")):
+        raise JaxmnistError(f"{path}: run has no {PARAMS_FILE} and no checkpoint (did it finish?)")
     return out
 
 

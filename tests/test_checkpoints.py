@@ -409,3 +409,22 @@ def test_members_in_memory_chunks_resume_bit_for_bit_or_regrouped(tiny_dataset, 
     with np.load(regrouped / "params.npz") as a, np.load(alone / "params.npz") as b:
         for k in a.files:  # vmapped over 4 members or 2: the same maths, other float sums
             np.testing.assert_allclose(a[k], b[k], rtol=1e-4, atol=1e-5)
+
+
+def test_predict_on_an_unfinished_run_uses_its_newest_checkpoint(
+    finished, tiny_arrays, tmp_path, capsys
+):
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    for name in ("summary.json", "params.npz"):  # as if it had died during epoch 3
+        (run / name).unlink()
+    shutil.rmtree(run / "checkpoints" / "60")
+    images = tmp_path / "test.npy"
+    np.save(images, tiny_arrays["test_images"])
+    assert main(["predict", str(run), str(images), "--json", "-k", "1"]) == 0
+    captured = capsys.readouterr()
+    assert "using its checkpoint of step 40 (epoch 2)" in captured.err
+    top = [json.loads(line)["top"][0]["class"] for line in captured.out.splitlines()]
+    accuracy = np.mean(np.asarray(top, int) == tiny_arrays["test_labels"])
+    epoch_2 = json.loads((run / "metrics.jsonl").read_text().splitlines()[1])
+    assert accuracy == pytest.approx(epoch_2["test_accuracy"])  # the step-40 model's answers
