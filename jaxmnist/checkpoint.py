@@ -158,6 +158,7 @@ class Checkpointer(Callback):
 
     def __init__(self, run_dir, options: CheckpointOptions, resume=None, stop=None):
         self.options, self.resume, self.stop = options, resume, stop
+        _quiet_abandoned_writes()  # before any write: a failing one echoes from its threads
         self.records: list = []
         self.path = checkpoint_dir(run_dir)
         self.threaded = jax.process_count() == 1
@@ -235,7 +236,6 @@ def _write_error(path: Path, e: BaseException) -> WriteError:
     as a RESOURCE_EXHAUSTED ValueError, not an OSError)."""
     import errno
 
-    _quiet_abandoned_writes()
     if isinstance(e, OSError):
         return WriteError.from_os_error(e, path)
     text = str(e)
@@ -248,7 +248,8 @@ def _quiet_abandoned_writes() -> None:
     """After a failed save, Orbax's other in-flight TensorStore writes still finish
     and call back into the event loop the failed save already closed; Python reports
     each as an unraisable "Event loop is closed" traceback on stderr. The failure
-    has been reported in one line: those echoes of it are dropped, nothing else."""
+    is reported in one line (`_write_error`): those echoes of it are dropped, and
+    every other unraisable exception still goes to the previous hook."""
     previous = sys.unraisablehook
 
     def hook(unraisable) -> None:
