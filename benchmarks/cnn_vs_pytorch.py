@@ -23,7 +23,10 @@ of the epochs up to the first that reaches it, median over rounds), MFU (analyti
 every round). CPU model, flags and load averages are recorded.
 
 Usage: JAXMNIST_DATA_DIR=../shared/datasets python benchmarks/cnn_vs_pytorch.py
-Needs the `bench` extra (PyTorch, CPU): pip install -e '.[bench]'.
+[--rounds N] [--epochs N] [--variants "name,name"] [--out PATH]
+Needs the `bench` extra (PyTorch, CPU): pip install -e '.[bench]'. Committed results:
+results/cnn_vs_pytorch.json (every variant, 2 rounds) and results/cnn_vs_pytorch_core.json
+(the main comparisons and thread counts, 3 rounds: `--rounds 3 --variants ...` as recorded).
 """
 
 from __future__ import annotations
@@ -58,6 +61,14 @@ VARIANTS = {
     "jax im2col float32 +xnn-graph": [
         *("jax", "im2col", "float32", "--steps", "40"),
         "--xla-flags=--xla_cpu_experimental_xnn_graph_fusion_mode=XNN_GRAPH_FUSION_MODE_GREEDY",
+    ],
+    "jax im2col float32 +onednn-dot": [
+        *("jax", "im2col", "float32", "--steps", "40"),
+        "--xla-flags=--xla_cpu_use_onednn=true --xla_cpu_experimental_onednn_fusion_type=dot",
+    ],
+    "jax im2col float32 1-thread": [
+        *("jax", "im2col", "float32", "--steps", "40"),
+        "--xla-flags=--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1",
     ],
     "jax xla float32 +ynn-conv": [
         *("jax", "xla", "float32", "--steps", "6"),
