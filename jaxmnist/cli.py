@@ -29,7 +29,7 @@ FLAGS = {
         str,
         "folder holding <dataset>/... (default: $JAXMNIST_DATA_DIR, cache, system, download)",
     ),
-    "--model": ("model.name", str, "model (mlp)"),
+    "--model": ("model.name", str, "model family: mlp or cnn"),
     "--hidden": ("model.hidden", str, "hidden sizes, e.g. 256,128"),
     "--activation": ("model.activation", str, "relu or gelu"),
     "--dtype": ("model.dtype", str, "compute dtype: float32 or bfloat16"),

@@ -2,6 +2,7 @@
 member, per epoch and per step, and off by default."""
 
 import dataclasses
+import json
 
 import jax
 import numpy as np
@@ -54,3 +55,15 @@ def test_each_member_draws_its_own_moves_as_if_alone(tiny_dataset):
     for x, y in zip(leaves(pair), leaves(alone), strict=True):
         np.testing.assert_allclose(x[1], y[0], rtol=1e-4, atol=1e-5)
         assert not np.allclose(x[0], x[1])
+
+
+def test_a_cnn_with_augmentation_trains_and_evaluates_end_to_end(train_argv, tmp_path, capsys):
+    from jaxmnist.cli import main
+
+    run = tmp_path / "run"
+    argv = train_argv(run, "--model", "cnn", "--hidden", "32", "--no-report", "--json")
+    assert main([*argv, "model.channels=8,16", "data.augment=true"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["test_accuracy"] > 0.5 and summary["num_params"] > 0
+    assert main(["eval", str(run), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["test_accuracy"] == summary["test_accuracy"]
