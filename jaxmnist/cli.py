@@ -103,16 +103,7 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 
 def resolve_config(args: argparse.Namespace) -> tuple[config_lib.Config, str]:
     """Preset, then plain flags, then KEY=VALUE overrides; validated."""
-    cfg = config_lib.get_preset(args.preset)
-    overrides = {
-        key: getattr(args, key) for key, _, _ in FLAGS.values() if getattr(args, key) is not None
-    }
-    overrides.update(config_lib.parse_override(o) for o in args.overrides)
-    if args.no_compile_cache:
-        overrides["compile_cache"] = False
-    if args.tensorboard:
-        overrides["tensorboard"] = True
-    cfg = config_lib.apply_overrides(cfg, overrides)
+    cfg = config_lib.apply_overrides(config_lib.get_preset(args.preset), _explicit_overrides(args))
     config_lib.validate(cfg)
     return cfg, args.preset
 
