@@ -35,7 +35,7 @@ from jaxmnist import memory, optim, parallel, rundir, runtime
 from jaxmnist.errors import TrainingError
 from jaxmnist.models import count_params
 from jaxmnist.population import Evaluation, Population, seed_members
-from jaxmnist.step import TrainData, TrainState, init_state, make_train_epoch
+from jaxmnist.step import TrainData, init_state
 
 __all__ = [
     "Callback",
@@ -43,9 +43,6 @@ __all__ = [
     "Progress",
     "Reporter",
     "RunResult",
-    "TrainState",
-    "init_state",
-    "make_train_epoch",
     "place_train_data",
     "train_and_evaluate",
     "train_population",
