@@ -50,9 +50,9 @@ def timed_run(argv: list[str]) -> dict:
         on_epoch_end(self, end)
         ends.append(time.perf_counter())
 
-    def timed_save(self, end):
+    def timed_save(self, *args):
         t0 = time.perf_counter()
-        save(self, end)
+        save(self, *args)
         saves.append(time.perf_counter() - t0)
 
     train._RunFiles.on_epoch_end, checkpoint.Checkpointer.save = stamp, timed_save

@@ -1,22 +1,27 @@
 """Checkpoints of a run, with Orbax: saving as the run goes, and restoring the newest valid one.
 
-`RUN_DIR/checkpoints/<step>/` holds, per saved epoch:
+`RUN_DIR/checkpoints/<step>/` holds, per checkpoint (at the end of an epoch, or
+inside one: every `--checkpoint-every-steps` steps, or where a stop was asked for):
 
-    state       the whole TrainState of every member (step, parameters, optimizer
-                state), the members concatenated along their leading axis,
-                whatever memory chunks the machine that wrote it trained them in
-    progress    JSON: epoch, step, every metrics.jsonl record so far, the train
-                seconds, and a fingerprint of `state`
+    state          the whole TrainState of every member (step, parameters,
+                   optimizer state), the members concatenated along their leading
+                   axis, whatever memory chunks the machine that wrote it used
+    epoch_metrics  inside an epoch only: that epoch's accumulators so far (each
+                   step's loss, the count of right answers), members concatenated
+    progress       JSON: epochs done, step, steps done in the epoch under way and
+                   their seconds, every metrics.jsonl record so far, the train
+                   seconds, and fingerprints of `state` and `epoch_metrics`
 
 The random keys need no saving: every member's epoch keys are derived from its
-seed and the epoch index (`population.member_keys`), so the data order continues
-by itself. Orbax writes each checkpoint to a temporary directory and renames it
-when complete, asynchronously: `save` returns once the arrays are copied to the
-host, and the next epoch (which donates the state's buffers) runs while the
-files are written. A checkpoint that is there but damaged (a file removed or
-garbled) is caught on restore, by Orbax or by the fingerprint (a position-
-weighted sum of the raw bits: any change to one array element changes it), and
-skipped with a warning for the newest earlier one.
+seed and the epoch index (`population.member_keys`), and the epoch's plan from
+its key, so the data order continues by itself, mid-epoch too. Orbax writes each
+checkpoint to a temporary directory and renames it when complete,
+asynchronously: `save` returns once the arrays are copied to the host, and the
+next call (which donates the state's buffers) runs while the files are written.
+A checkpoint that is there but damaged (a file removed or garbled) is caught on
+restore, by Orbax or by the fingerprint (a position-weighted sum of the raw
+bits: any change to one array element changes it), and skipped with a warning
+for the newest earlier one.
 """
 
 from __future__ import annotations
@@ -40,15 +45,17 @@ CHECKPOINT_DIR = "checkpoints"
 class CheckpointOptions(NamedTuple):
     every: int = 1  # epochs between checkpoints (the last epoch and a stop always save)
     keep: int = 3  # newest checkpoints kept
+    every_steps: int = 0  # also every this many steps, inside epochs; 0: never
 
 
 class Restored(NamedTuple):
     """A checkpoint read back: every member's state (member axis first) and its progress."""
 
     step: int
-    epoch: int
+    epoch: int  # epochs done
     state: object  # a TrainState with every member, on the target's shardings
     progress: dict  # the `progress` JSON item
+    metrics: object = None  # inside an epoch: its step.EpochMetrics, every member
 
 
 def checkpoint_dir(run_dir) -> Path:
@@ -175,38 +182,57 @@ class Checkpointer(Callback):
     def on_epoch_end(self, end) -> None:
         self.records.append(end.record)
         wanted = end.epoch % self.options.every == 0 or end.epoch == self.last_epoch
-        if wanted or (self.stop is not None and self.stop.requested):
-            self.save(end)
+        if wanted or end.stopping:
+            progress = {"epoch": end.epoch, "step": end.step, "epoch_step": 0}
+            self.save(end.step, end.states, None, end.population, progress)
 
-    def save(self, end) -> None:
+    def on_steps(self, end) -> None:
+        every = self.options.every_steps
+        if not (end.stopping or (every and end.step % every == 0)):
+            return
         progress = {
-            "epoch": end.epoch,
+            "epoch": end.epoch - 1,
             "step": end.step,
-            "records": list(self.records),
-            "train_seconds": float(sum(r["epoch_seconds"] for r in self.records)),
-            "members": len(end.population),
+            "epoch_step": end.epoch_step,
+            "epoch_seconds": end.epoch_seconds,
         }
+        self.save(end.step, end.states, end.metrics, end.population, progress)
+
+    def save(self, step: int, states: list, metrics, population, progress: dict) -> None:
+        """Saves every member's state (and, inside an epoch, its accumulators `metrics`)
+        with `progress`; `states` and `metrics` are per memory chunk."""
+        progress = {
+            **progress,
+            "records": list(self.records),
+            "train_seconds": float(sum(r["epoch_seconds"] for r in self.records))
+            + progress.get("epoch_seconds", 0.0),
+            "members": len(population),
+        }
+        if metrics is not None and not _all_finite([m.loss for m in metrics]):
+            return  # the run loop stops on it at the epoch's end: a bad state is never saved
         if not self.threaded:
-            state = gather_members(end.states, end.population.layout)
+            state = gather_members(states, population.layout)
+            partial = metrics and gather_members(metrics, population.layout)
             try:
-                self._write(end.step, state, progress)
+                self._write(step, state, partial, progress)
             except Exception as e:  # noqa: BLE001 -- Orbax and TensorStore raise many kinds
                 raise _write_error(self.path, e) from None
             return
-        state = host_members(end.states)
+        state = host_members(states)
+        partial = metrics and host_members(metrics)
         self._wait()  # at most one write in flight: a slow disk holds the loop, not memory
-        self.pending = self.pool.submit(self._write, end.step, state, progress)
+        self.pending = self.pool.submit(self._write, step, state, partial, progress)
 
-    def _write(self, step: int, state, progress: dict) -> None:
+    def _write(self, step: int, state, metrics, progress: dict) -> None:
         import orbax.checkpoint as ocp
 
         progress["fingerprint"] = fingerprint(state)
-        self.manager.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state), progress=ocp.args.JsonSave(progress)
-            ),
-        )
+        items = {"state": ocp.args.StandardSave(state)}
+        if metrics is not None:
+            progress["metrics_fingerprint"] = fingerprint(metrics)
+            items["epoch_metrics"] = ocp.args.StandardSave(metrics)
+        items["progress"] = ocp.args.JsonSave(progress)
+        self.manager.save(step, args=ocp.args.Composite(**items))
 
     def _wait(self) -> None:
         if self.pending is not None:
@@ -229,6 +255,15 @@ class Checkpointer(Callback):
                     raise _write_error(self.path, e) from None
             finally:
                 self.manager.close()
+
+
+def _all_finite(arrays: list) -> bool:
+    """Whether every element of these (sharded) device arrays is finite, in every process."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        arrays = [multihost_utils.process_allgather(x, tiled=True) for x in arrays]
+    return all(np.isfinite(np.asarray(jax.device_get(x))).all() for x in arrays)
 
 
 def _write_error(path: Path, e: BaseException) -> WriteError:
@@ -305,9 +340,11 @@ def checkpoint_steps(run_dir) -> list[int]:
         manager.close()
 
 
-def restore_newest(run_dir, target, warn=_warn) -> Restored | None:
+def restore_newest(run_dir, target, warn=_warn, metrics_target=None) -> Restored | None:
     """The newest checkpoint of `run_dir` that reads back intact, onto `target`'s shardings
-    (see `abstract_state`: any mesh, whatever the one that wrote it).
+    (see `abstract_state`: any mesh, whatever the one that wrote it). With
+    `metrics_target` (the epoch accumulators' abstract arrays), a checkpoint taken
+    inside an epoch brings its accumulators back too.
 
     None when there is no checkpoint at all; a damaged one is skipped with
     `warn(line)` naming it; JaxmnistError (exit 1) when none is intact.
@@ -323,23 +360,30 @@ def restore_newest(run_dir, target, warn=_warn) -> Restored | None:
     try:
         for step in reversed(steps):
             where = path / str(step)
+            partial = metrics_target is not None and (where / "epoch_metrics").exists()
+            items = {"state": ocp.args.StandardRestore(target), "progress": ocp.args.JsonRestore()}
+            if partial:
+                items["epoch_metrics"] = ocp.args.StandardRestore(metrics_target)
             try:
-                got = manager.restore(
-                    step,
-                    args=ocp.args.Composite(
-                        state=ocp.args.StandardRestore(target), progress=ocp.args.JsonRestore()
-                    ),
-                )
+                got = manager.restore(step, args=ocp.args.Composite(**items))
                 progress = dict(got.progress)
                 if progress.get("members") != members:
                     raise ValueError(f"holds {progress.get('members')} models, not {members}")
                 if fingerprint(got.state) != progress["fingerprint"]:
                     raise ValueError("its arrays do not match the fingerprint saved with them")
+                inside = progress.get("epoch_step", 0) > 0
+                if metrics_target is not None and inside and not partial:
+                    raise ValueError("it was taken inside an epoch but its metrics are missing")
+                if partial and fingerprint(got.epoch_metrics) != progress.get(
+                    "metrics_fingerprint"
+                ):
+                    raise ValueError("its metrics do not match the fingerprint saved with them")
             except Exception as e:  # noqa: BLE001 -- Orbax and TensorStore raise many kinds
                 older = "an earlier one" if step != steps[0] else "nothing earlier"
                 warn(f"checkpoint {where} is damaged ({_reason(e)}); trying {older}")
                 continue
-            return Restored(step, int(progress["epoch"]), got.state, progress)
+            metrics = got.epoch_metrics if partial else None
+            return Restored(step, int(progress["epoch"]), got.state, progress, metrics)
     finally:
         manager.close()
     raise JaxmnistError(f"{path}: no intact checkpoint (all {len(steps)} are damaged)")

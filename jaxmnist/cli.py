@@ -174,6 +174,10 @@ def cmd_train(args) -> int:
     ):
         if value < 1:
             raise config_lib.ConfigError(f"{flag} must be at least 1, got {value}")
+    if args.checkpoint_every_steps < 0:
+        raise config_lib.ConfigError(
+            f"--checkpoint-every-steps must be >= 1 (0: off), got {args.checkpoint_every_steps}"
+        )
     if args.resume:
         cfg, workdir, extended = _resume_config(args)
         if (workdir / "summary.json").exists() and not extended:
@@ -260,7 +264,9 @@ def _train_with_checkpoints(args, cfg, workdir: Path, reporter, layout) -> dict:
 
     options = None
     if not args.no_checkpoint:
-        options = CheckpointOptions(args.checkpoint_every, args.keep_checkpoints)
+        options = CheckpointOptions(
+            args.checkpoint_every, args.keep_checkpoints, args.checkpoint_every_steps
+        )
     resumer = Resumer(workdir, cfg) if args.resume else None
     stop = StopRequest().install()
     try:
@@ -274,8 +280,8 @@ def _train_with_checkpoints(args, cfg, workdir: Path, reporter, layout) -> dict:
 def _add_checkpoint_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
         "checkpoints and resuming",
-        "Orbax checkpoints in RUN_DIR/checkpoints; SIGTERM or Ctrl-C stop at the end of the "
-        "epoch with a checkpoint (exit 143 or 130)",
+        "Orbax checkpoints in RUN_DIR/checkpoints; SIGTERM or Ctrl-C stop within about a "
+        "second with a checkpoint, mid-epoch too (exit 143 or 130)",
     )
     g.add_argument(
         "--resume",
@@ -289,6 +295,14 @@ def _add_checkpoint_args(p: argparse.ArgumentParser) -> None:
         default=1,
         metavar="N",
         help="save a checkpoint every N epochs, and after the last (default 1)",
+    )
+    g.add_argument(
+        "--checkpoint-every-steps",
+        type=int,
+        default=0,
+        metavar="K",
+        help="also save a checkpoint every K steps, inside epochs (for long epochs; default: "
+        "only at epoch ends)",
     )
     g.add_argument(
         "--keep-checkpoints",

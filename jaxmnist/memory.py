@@ -5,9 +5,10 @@ Before anything is compiled, `estimate_memory` adds up what the run needs from
 the shapes alone (`jax.eval_shape`, nothing allocated):
 
     shared      the training set (uint8) and the padded evaluation sets, once
-    resident    per model, kept for the whole run: parameters and optimizer state
+    resident    per model, kept for the whole run: parameters and optimizer state,
+                and the epoch's plan (batch indices) and accumulators
     transient   per model in the program that is running: gradients and updates,
-                the epoch's permutation and batch indices, one step's
+                the permutation's sort buffers, one step's
                 activations (kept for the backward pass), one evaluation batch's
                 activations; times a safety factor for XLA's temporaries
 
@@ -98,7 +99,9 @@ def estimate_memory(
     t = cfg.train
     input_dim = int(np.prod(input_shape))
     params = _tree_bytes(state_shapes.params)
-    resident = _tree_bytes(state_shapes)
+    steps = max(num_train // t.batch_size, 1)
+    plan = num_train * 4 + steps * (4 + 8 + 4)  # indices; augmentation keys, step losses
+    resident = _tree_bytes(state_shapes) + plan
     kept, largest = activation_bytes_per_example(cfg, state_shapes.params, input_shape, num_classes)
     step_activations = 2 * t.batch_size * kept  # forward values kept, and their gradients
     eval_activations = 3 * min(t.eval_batch_size, max(num_eval, 1)) * largest  # a few live

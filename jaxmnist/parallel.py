@@ -266,3 +266,17 @@ def is_main_process() -> bool:
 def default_device():
     """The device a single-device computation (export, predict, reports) runs on."""
     return jax.local_devices()[0]
+
+
+def agree(steps: int, stop: bool) -> tuple[int, bool]:
+    """What every process of a run does next: the fewest `steps` any proposes, and
+    whether any was asked to stop. Each process paces its calls by its own clock and
+    gets its own signals, but they run one program together: a process that ran
+    further, or stopped alone, would hang the others. One process: the values."""
+    if jax.process_count() == 1:
+        return steps, stop
+    from jax.experimental import multihost_utils
+
+    votes = multihost_utils.process_allgather(np.array([steps, int(stop)], np.int32))
+    votes = np.asarray(votes).reshape(-1, 2)
+    return int(votes[:, 0].min()), bool(votes[:, 1].any())

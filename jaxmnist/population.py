@@ -12,6 +12,11 @@ in the optimizer state as traced arrays (`optim.set_hyperparams`), one per
 member. Members are cut into chunks that fit in device memory
 (`jaxmnist.memory`); the chunks run one after another inside each epoch.
 
+Three programs train: `plan_epoch` draws every member's epoch plan once,
+`new_metrics` makes the epoch's empty accumulators, and `train_steps` runs
+any range of an epoch's steps (its bounds are traced, so it compiles once for
+every range). The run loop chooses the ranges.
+
 A member's random keys do not depend on its company: seed s gives
 `init_key, shuffle_key = split(key(s))` and epoch keys `split(shuffle_key,
 epochs)`, exactly as a single run does, so a seed trained in a group follows
@@ -25,11 +30,19 @@ import itertools
 from typing import NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxmnist import evaluate as evaluate_lib
 from jaxmnist import optim
-from jaxmnist.step import EpochMetrics, init_state, make_train_epoch
+from jaxmnist.step import (
+    EpochMetrics,
+    EpochPlan,
+    empty_metrics,
+    init_state,
+    make_epoch_plan,
+    make_train_steps,
+)
 
 HYPERPARAMS = ("lr", "weight_decay", "momentum")  # OptimizerConfig fields held as traced arrays
 # Config fields that vary between members of one program (everything else shapes it).
@@ -69,13 +82,6 @@ class Evaluation(NamedTuple):
     count: int
 
 
-class EpochOutput(NamedTuple):
-    """What one chunk's epoch program returns besides its state (replicated)."""
-
-    metrics: EpochMetrics  # with a leading member axis
-    learning_rate: jax.Array | None  # float32 (members,): the last update's rate
-
-
 def _wrap(raw):
     return jax.random.wrap_key_data(raw)
 
@@ -105,8 +111,11 @@ class Population:
             [layout.put(epochs[s, e], layout.by_member) for s in self.slices]
             for e in range(num_epochs)
         ]
-        self.epoch_fns: dict = {}
-        self.eval_fns: dict = {}
+        self.plan_fns: dict = {}  # chunk size -> compiled plan_epoch
+        self.metrics_fns: dict = {}  # chunk size -> compiled new_metrics
+        self.steps_fns: dict = {}  # chunk size -> compiled train_steps
+        self.rate_fns: dict = {}  # chunk size -> compiled learning rates
+        self.eval_fns: dict = {}  # (chunk size, set name) -> compiled evaluation
 
     def __len__(self) -> int:
         return len(self.members)
@@ -164,31 +173,44 @@ class Population:
             states.append(init(keys, hyper))
         return states
 
-    def compile(self, states, epoch_steps, train_data, eval_sets: dict, progress=None, every=0):
-        """Compiles the epoch for every (chunk size, steps) and evaluation for every
-        (chunk size, set) ahead of time; `eval_sets` maps a name to its EvalData."""
-        lay = self.layout
+    def compile(self, states, steps_per_epoch: int, train_data, eval_sets: dict):
+        """Compiles the epoch's programs and evaluation for every chunk size (and set)
+        ahead of time; `eval_sets` maps a name to its EvalData. Every epoch, a
+        shorter last one too, uses the plan of a full epoch of `steps_per_epoch`."""
+        lay, S = self.layout, steps_per_epoch
+        self.steps_per_epoch = S
         first = {}
         for i, size in enumerate(self.chunks):
             first.setdefault(size, i)
-        for n in sorted(set(epoch_steps)):
-            epoch = make_train_epoch(
-                self.cfg, self.optimizer, n, progress, every, shard_batch=lay.shard_batch
+        plan = make_epoch_plan(self.cfg, train_data.images.shape[0], S)
+        train_steps = make_train_steps(self.cfg, self.optimizer, shard_batch=lay.shard_batch)
+        bounds = lay.put(np.int32(0), lay.replicated)
+        for size, i in first.items():
+            planned = jax.jit(
+                self._lift(lambda raw_key: plan(_wrap(raw_key)), size, (0,)),
+                in_shardings=lay.by_member,
+                out_shardings=lay.by_member,
             )
-
-            def one(state, raw_key, data, epoch=epoch):
-                state, metrics = epoch(state, _wrap(raw_key), data)
-                return state, EpochOutput(metrics, optim.current_learning_rate(state.opt_state))
-
-            for size, i in first.items():
-                fn = jax.jit(
-                    self._lift(one, size, (0, 0, None)),
-                    donate_argnums=0,
-                    in_shardings=(lay.by_member, lay.by_member, lay.replicated),
-                    out_shardings=(lay.by_member, lay.replicated),
-                )
-                lowered = fn.lower(states[i], self.epoch_keys[0][i], train_data)
-                self.epoch_fns[size, n] = lowered.compile()
+            self.plan_fns[size] = planned.lower(self.epoch_keys[0][i]).compile()
+            fresh = jax.jit(
+                lambda size=size: jax.tree.map(
+                    lambda x: jnp.broadcast_to(x, (size, *x.shape)), empty_metrics(S)
+                ),
+                out_shardings=lay.by_member,
+            )
+            self.metrics_fns[size] = fresh.lower().compile()
+            stepped = jax.jit(
+                self._lift(train_steps, size, (0, 0, 0, None, None, None)),
+                donate_argnums=(0, 1),
+                in_shardings=(lay.by_member,) * 3 + (lay.replicated,) * 3,
+                out_shardings=(lay.by_member, lay.by_member),
+            )
+            plan_shapes = planned.eval_shape(self.epoch_keys[0][i])
+            metric_shapes = fresh.eval_shape()
+            self.steps_fns[size] = stepped.lower(
+                states[i], metric_shapes, plan_shapes, train_data, bounds, bounds
+            ).compile()
+            self.rate_fns[size] = self._rate_fn().lower(states[i]).compile()
         evaluate = evaluate_lib.make_evaluate(self.cfg.model, self.num_classes)
         for name, data in eval_sets.items():
             for size, i in first.items():
@@ -199,31 +221,35 @@ class Population:
                 )
                 self.eval_fns[size, name] = fn.lower(states[i].params, data.arrays).compile()
 
-    def train_epoch(self, states, epoch_index: int, num_steps: int, data, before_chunk=None):
-        """Runs one epoch of every chunk, in turn; returns (states, [EpochOutput per chunk]).
-        `before_chunk(i)`, if given, is called before chunk i is launched."""
-        out_states, outputs = [], []
-        for i, (size, state) in enumerate(zip(self.chunks, states, strict=True)):
-            if before_chunk is not None:
-                before_chunk(i)
-            state, out = self.epoch_fns[size, num_steps](
-                state, self.epoch_keys[epoch_index][i], data
-            )
-            out_states.append(state)
-            outputs.append(out)
-        return out_states, outputs
+    def plan_epoch(self, epoch_index: int) -> list[EpochPlan]:
+        """Every chunk's plan for epoch `epoch_index` (0-based), drawn on the devices."""
+        keys = self.epoch_keys[epoch_index]
+        return [self.plan_fns[size](k) for size, k in zip(self.chunks, keys, strict=True)]
 
-    @staticmethod
-    def host_metrics(outputs) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """(losses float32 (N, steps), correct int (N,), learning rates float64 (N,) or
-        None) on the host."""
-        host = jax.device_get(outputs)
-        losses = np.concatenate([np.asarray(o.metrics.loss) for o in host])
-        correct = np.concatenate([np.asarray(o.metrics.correct).reshape(-1) for o in host])
-        if host[0].learning_rate is None:
-            return losses, correct, None
-        lrs = np.concatenate([np.asarray(o.learning_rate, np.float64).reshape(-1) for o in host])
-        return losses, correct, lrs
+    def new_metrics(self) -> list[EpochMetrics]:
+        """Every chunk's empty epoch accumulators (member axis first)."""
+        return [self.metrics_fns[size]() for size in self.chunks]
+
+    def train_steps(self, states, metrics, plans, data, start: int, stop: int):
+        """Runs steps `start .. stop - 1` of the epoch `plans` belong to, for every chunk
+        in turn; returns (states, metrics), the inputs donated."""
+        lay = self.layout
+        with jax.transfer_guard_host_to_device("allow"):  # the two bounds: the only transfer
+            a, b = (lay.put(np.int32(x), lay.replicated) for x in (start, stop))
+        out_states, out_metrics = [], []
+        for size, state, m, plan in zip(self.chunks, states, metrics, plans, strict=True):
+            state, m = self.steps_fns[size](state, m, plan, data, a, b)
+            out_states.append(state)
+            out_metrics.append(m)
+        return out_states, out_metrics
+
+    def host_metrics(self, states, metrics, num_steps: int):
+        """(losses float32 (N, num_steps), correct int (N,), learning rates float64 (N,) or
+        None) on the host, for an epoch of `num_steps` steps."""
+        host = jax.device_get(metrics)
+        losses = np.concatenate([np.asarray(m.loss)[:, :num_steps] for m in host])
+        correct = np.concatenate([np.asarray(m.correct).reshape(-1) for m in host])
+        return losses, correct, self.learning_rates(states)
 
     def evaluate(self, states, name: str, data: evaluate_lib.PlacedEval) -> Evaluation:
         """Exact evaluation of every member on the set compiled as `name`."""
@@ -242,12 +268,15 @@ class Population:
             count,
         )
 
-    def learning_rates(self, states) -> np.ndarray | None:
-        """float64 (N,): the learning rate each member's last update used."""
-        rate = jax.jit(
+    def _rate_fn(self):
+        return jax.jit(
             lambda s: optim.current_learning_rate(s.opt_state), out_shardings=self.layout.replicated
         )
-        lrs = [rate(s) for s in states]
+
+    def learning_rates(self, states) -> np.ndarray | None:
+        """float64 (N,): the learning rate each member's last update used."""
+        rate = self._rate_fn()
+        lrs = [self.rate_fns.get(size, rate)(s) for size, s in zip(self.chunks, states)]
         if lrs[0] is None:
             return None
         return np.concatenate([np.asarray(x, np.float64).reshape(-1) for x in jax.device_get(lrs)])

@@ -1,15 +1,14 @@
 """Stopping cleanly when asked to: SIGTERM (cloud VMs, SLURM) and the first Ctrl-C.
 
 A `StopRequest` installs signal handlers that only set a flag; the run loop asks
-it, as a stop rule, after every epoch, and the checkpointer saves at that epoch
-whatever `--checkpoint-every` says. The run then ends without summary.json and
-the command line exits 143 (SIGTERM) or 130 (Ctrl-C). A second Ctrl-C falls
-through to the operating system's default and kills the process at once; the
-checkpoints already committed are untouched (Orbax renames a checkpoint into
-place only when it is complete).
-
-The loop runs an epoch as one compiled call, so the stop comes at the end of the
-current epoch, not mid-epoch.
+it after every compiled call (calls last about half a second, `jaxmnist.pacing`),
+and the checkpointer saves there, mid-epoch or not, whatever `--checkpoint-every`
+says. In a run of several processes, a signal to any of them stops them all at
+the same step. The run then ends without summary.json and the command line exits
+143 (SIGTERM) or 130 (Ctrl-C). A second Ctrl-C falls through to the operating
+system's default and kills the process at once; the checkpoints already
+committed are untouched (Orbax renames a checkpoint into place only when it is
+complete).
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ class Stopped(JaxmnistError):
 
 
 class StopRequest:
-    """A flag set by SIGTERM or SIGINT; `rule(end, seconds)` is the run loop's stop rule."""
+    """A flag set by SIGTERM or SIGINT, which the run loop asks (`requested`)."""
 
     def __init__(self):
         self.signum: int | None = None
@@ -43,7 +42,8 @@ class StopRequest:
 
     @property
     def exit_code(self) -> int:
-        return EXIT_CODES.get(self.signum, 1)
+        """130 after Ctrl-C, 143 after SIGTERM, here or (no signal here) in another process."""
+        return EXIT_CODES.get(self.signum, 143)
 
     def _handle(self, signum, frame) -> None:
         if signum == signal.SIGINT:
@@ -53,7 +53,7 @@ class StopRequest:
             self.signum = signum
             name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
             print(
-                f"\njaxmnist: {name}: stopping at the end of this epoch to save a checkpoint"
+                f"\njaxmnist: {name}: stopping after the steps under way, to save a checkpoint"
                 + (" (Ctrl-C again aborts at once)" if signum == signal.SIGINT else ""),
                 file=sys.stderr,
                 flush=True,
@@ -68,6 +68,3 @@ class StopRequest:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous.clear()
-
-    def __call__(self, end, train_seconds: float) -> bool:
-        return self.requested

@@ -1,15 +1,18 @@
 """Terminal output: per-epoch lines, a progress bar, summaries and tables.
 
-The progress bar is driven from the device: the compiled epoch calls back every
-few steps with the global step count, so the bar moves without any host
-synchronisation per step. It is shown only on an interactive terminal.
+The progress bar moves between the run loop's calls (about every half second,
+`jaxmnist.pacing`); it is shown only on an interactive terminal. When an epoch
+will be long, the time it will take is said once, as soon as the first steps
+have been timed.
 """
 
 from __future__ import annotations
 
 import sys
 
-from jaxmnist.train import EpochEnd, Reporter
+from jaxmnist.train import EpochEnd, Reporter, StepsEnd
+
+LONG_EPOCH_SECONDS = 30.0  # an epoch longer than this gets an estimate up front
 
 
 class TerminalReporter(Reporter):
@@ -65,9 +68,16 @@ class TerminalReporter(Reporter):
                 total=num_steps, desc=f"epoch {epoch}", leave=False, file=sys.stderr, unit="step"
             )
 
-    def on_progress(self, global_step) -> None:
+    def on_estimate(self, epoch_seconds: float, seconds_per_step: float) -> None:
+        if epoch_seconds >= LONG_EPOCH_SECONDS:
+            self._print(
+                f"an epoch will take about {duration(epoch_seconds)} "
+                f"({seconds_per_step * 1e3:,.0f} ms per step, as timed so far)"
+            )
+
+    def on_steps(self, end: StepsEnd) -> None:
         if self._bar is not None:
-            self._bar.update(int(global_step) - self._first_step - self._bar.n)
+            self._bar.update(end.step - self._first_step - self._bar.n)
 
     def on_epoch_end(self, end: EpochEnd) -> None:
         r = end.record
@@ -136,6 +146,15 @@ def target_lines(s: dict) -> list[str]:
             f"{s['time_to_target_with_compile_seconds']:.2f} s with compile"
         )
     ]
+
+
+def duration(seconds: float) -> str:
+    """e.g. "45 s", "12 min", "3.5 h"."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def plural(n: int, noun: str) -> str:

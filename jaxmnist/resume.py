@@ -139,29 +139,46 @@ class Resumer:
         self.saved_lr = saved["optimizer"]["lr"]
 
     def __call__(self, setup):
+        from jaxmnist.step import empty_metrics
         from jaxmnist.train import Progress
 
-        pop = setup.population
+        pop, plan = setup.population, setup.plan
         target = checkpoint.abstract_state(pop.state_shapes(), len(pop), pop.layout.by_member)
-        restored = checkpoint.restore_newest(self.run_dir, target, self.warn)
+        accumulators = jax.eval_shape(lambda: empty_metrics(plan.steps_per_epoch))
+        metrics_target = checkpoint.abstract_state(accumulators, len(pop), pop.layout.by_member)
+        restored = checkpoint.restore_newest(self.run_dir, target, self.warn, metrics_target)
         if restored is None:  # died before its first checkpoint was complete: start over
             self.warn(f"{self.run_dir} has no complete checkpoint; starting from the beginning")
             restored = checkpoint.Restored(0, 0, None, {"records": [], "train_seconds": 0})
             states = setup.states
         else:
             states = checkpoint.split_members(restored.state, pop)
-        boundary = sum(setup.plan.epoch_steps[: restored.epoch])
-        if restored.step != boundary or restored.epoch > len(setup.plan.epoch_steps):
+        epoch_step = restored.progress.get("epoch_step", 0)
+        boundary = sum(plan.epoch_steps[: restored.epoch]) + epoch_step
+        if (
+            restored.step != boundary
+            or restored.epoch + (epoch_step > 0) > len(plan.epoch_steps)
+            or (epoch_step and epoch_step >= plan.epoch_steps[restored.epoch])
+        ):
             raise ConfigError(
-                f"--resume: the checkpoint at step {restored.step} does not end an epoch of the "
-                f"new plan (a partial last epoch cannot be extended)"
+                f"--resume: the checkpoint at step {restored.step} does not fall where the new "
+                f"plan has it (a partial last epoch cannot be extended)"
             )
         if self.cfg.optimizer.lr != self.saved_lr:
             states = [self._set_lr(s, size, pop) for s, size in zip(states, pop.chunks)]
-        self.restored = restored._replace(state=None)  # the states now live in the run loop
+        metrics = None
+        if epoch_step:
+            metrics = checkpoint.split_members(restored.metrics, pop)
+        self.restored = restored._replace(state=None, metrics=None)  # the loop holds them now
         records = tuple(restored.progress["records"])
         progress = Progress(
-            restored.epoch, restored.step, records, restored.progress["train_seconds"]
+            restored.epoch,
+            restored.step,
+            records,
+            restored.progress["train_seconds"],
+            epoch_step=epoch_step,
+            metrics=metrics,
+            epoch_seconds=restored.progress.get("epoch_seconds", 0.0),
         )
         return progress, states
 
@@ -220,6 +237,7 @@ class ResumedRunWriter(rundir.RunWriter):
         rundir.atomic_write(self.path / "metrics.jsonl", lines.encode())
         csv = self.path / "step_loss.csv"
         rows = csv.read_text().splitlines()[1:] if csv.is_file() else []
-        kept = [r for r in rows if r and int(r.split(",")[0]) <= restored.step]
+        last = restored.step - restored.progress.get("epoch_step", 0)  # its last whole epoch
+        kept = [r for r in rows if r and int(r.split(",")[0]) <= last]
         text = "step,loss\n" + "".join(r + "\n" for r in kept)
         rundir.atomic_write(csv, text.encode())

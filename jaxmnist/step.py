@@ -4,12 +4,17 @@ Everything here is a pure function of its arguments, with no I/O, no devices and
 no notion of seeds or files, so that `jaxmnist.population` can run it for one
 model, `vmap` it over many, and shard it over a mesh without rewriting it.
 
-An epoch is `train_epoch(state, key, data) -> (state, EpochMetrics)`: a fresh
-permutation of the training set drawn on the device from `key`, then `lax.scan`
-over the steps. Images stay uint8 `(N, H, W)` on the device and are scaled to
-[0, 1] inside the step (`models.apply_uint8`). Whoever runs the epoch on a mesh
-passes `shard_batch`, which constrains each gathered batch to be split over the
-mesh's `data` axis; the compiler then inserts the gradient all-reduce itself.
+An epoch is a plan and its steps. `plan(key) -> EpochPlan` draws a fresh
+permutation of the training set on the device (and each step's augmentation
+key); `train_steps(state, metrics, plan, data, start, stop)` runs steps
+`start .. stop - 1` of it in one compiled loop, recording each step's loss in
+`metrics`. The run loop calls it for a whole short epoch at once, or for parts
+of about a second of a long one, with the same result either way;
+`make_train_epoch` composes both into the one-call epoch the tutorials compile.
+Images stay uint8 `(N, H, W)` on the device and are scaled to [0, 1] inside the
+step (`models.apply_uint8`). Whoever runs the epoch on a mesh passes
+`shard_batch`, which constrains each gathered batch to be split over the mesh's
+`data` axis; the compiler then inserts the gradient all-reduce itself.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ class TrainState(NamedTuple):
 
 class EpochMetrics(NamedTuple):
     loss: jax.Array  # float32 (num_steps,): mean training loss of each step's batch
-    correct: jax.Array  # int32 (): training examples classified right, over the epoch
+    correct: jax.Array  # int32 (): training examples classified right, over the steps run
 
 
 class TrainData(NamedTuple):
@@ -73,63 +78,80 @@ def epoch_indices(key, num_examples: int, batch_size: int, num_steps: int) -> ja
     return perm[: num_steps * batch_size].reshape(num_steps, batch_size)
 
 
-def make_train_epoch(
-    cfg,
-    optimizer,
-    num_steps: int,
-    progress: Callable[[Any], None] | None = None,
-    progress_every: int = 0,
-    shard_batch: Callable[[jax.Array], jax.Array] | None = None,
-) -> Callable:
-    """Returns the pure `train_epoch(state, key, data) -> (state, EpochMetrics)`.
+class EpochPlan(NamedTuple):
+    """What an epoch's steps read, drawn once from the epoch's key."""
 
-    With `progress`, the device reports the number of steps done every
-    `progress_every` steps through a host callback; the scan is split into chunks
-    so that no per-step condition or host synchronisation is needed.
+    indices: jax.Array  # int32 (num_steps, batch): the examples of each step's batch
+    keys: jax.Array | None  # uint32 (num_steps, 2): raw augmentation keys, one per step
+
+
+def make_epoch_plan(cfg, num_examples: int, num_steps: int) -> Callable:
+    """Returns `plan(key) -> EpochPlan` for epochs of `num_steps` (a full epoch's count:
+    a shorter last epoch runs the first steps of the same plan)."""
+
+    def plan(key) -> EpochPlan:
+        idx = epoch_indices(key, num_examples, cfg.train.batch_size, num_steps)
+        if not cfg.data.augment:
+            return EpochPlan(idx, None)
+        # Each step its own key; the permutation keeps `key` itself, as without augmentation.
+        keys = jax.random.split(jax.random.fold_in(key, 1), num_steps)
+        return EpochPlan(idx, jax.random.key_data(keys))
+
+    return plan
+
+
+def empty_metrics(num_steps: int) -> EpochMetrics:
+    """The accumulator an epoch starts from: no losses recorded, nothing right."""
+    return EpochMetrics(jnp.zeros((num_steps,), jnp.float32), jnp.zeros((), jnp.int32))
+
+
+def make_train_steps(
+    cfg, optimizer, shard_batch: Callable[[jax.Array], jax.Array] | None = None
+) -> Callable:
+    """Returns the pure `train_steps(state, metrics, plan, data, start, stop) ->
+    (state, metrics)`: steps `start, ..., stop - 1` of an epoch's `plan`.
+
+    `start` and `stop` are traced, so one compiled program runs any part of an
+    epoch: the run loop cuts long epochs into calls of about a second (to stop
+    cleanly when asked, save a checkpoint mid-epoch, or show progress) and short
+    ones into one. Each step's loss goes to `metrics.loss[i]` and its count of
+    right answers adds to `metrics.correct`, so the parts of an epoch give exactly
+    what the whole would: the same step runs in the same order either way.
     `shard_batch(x)` is applied to each gathered batch (images and labels), e.g. a
     sharding constraint; identity when None.
     """
     step = make_train_step(cfg, optimizer)
-    batch_size = cfg.train.batch_size
     shard = shard_batch or (lambda x: x)
     augmenting = cfg.data.augment
 
-    def run_steps(state, batches, data: TrainData):
-        """batches: (indices (S, B),) or, augmenting, (indices, raw keys (S, 2))."""
-
-        def body(state, batch):
-            batch_idx = shard(batch[0])
+    def train_steps(state: TrainState, metrics: EpochMetrics, plan: EpochPlan, data, start, stop):
+        def body(i, carry):
+            state, metrics = carry
+            batch_idx = shard(plan.indices[i])
             images = shard(data.images[batch_idx])
             if augmenting:  # each step its own key: each image its own move
-                images = shard(augment(jax.random.wrap_key_data(batch[1]), images, cfg.data))
-            return step(state, images, shard(data.labels[batch_idx]))
+                key = jax.random.wrap_key_data(plan.keys[i])
+                images = shard(augment(key, images, cfg.data))
+            state, (loss, correct) = step(state, images, shard(data.labels[batch_idx]))
+            return state, EpochMetrics(metrics.loss.at[i].set(loss), metrics.correct + correct)
 
-        return jax.lax.scan(body, state, batches)
+        return jax.lax.fori_loop(start, stop, body, (state, metrics))
+
+    return train_steps
+
+
+def make_train_epoch(
+    cfg,
+    optimizer,
+    num_steps: int,
+    shard_batch: Callable[[jax.Array], jax.Array] | None = None,
+) -> Callable:
+    """Returns the pure `train_epoch(state, key, data) -> (state, EpochMetrics)`: the
+    plan and every step of one epoch, as one program (what the tutorials compile)."""
+    train_steps = make_train_steps(cfg, optimizer, shard_batch)
 
     def train_epoch(state: TrainState, key, data: TrainData):
-        idx = epoch_indices(key, data.images.shape[0], batch_size, num_steps)
-        batches = (idx,)
-        if augmenting:  # the permutation keeps `key` itself, as without augmentation
-            keys = jax.random.split(jax.random.fold_in(key, 1), num_steps)
-            batches = (idx, jax.random.key_data(keys))
-        if progress is None:
-            state, (loss, correct) = run_steps(state, batches, data)
-            return state, EpochMetrics(loss, correct.sum())
-        every = progress_every or max(1, num_steps // 20)
-        chunks, rest = divmod(num_steps, every)
-
-        def chunk(state, chunk_idx):
-            state, out = run_steps(state, chunk_idx, data)
-            jax.debug.callback(progress, state.step)
-            return state, out
-
-        head = jax.tree.map(lambda x: x[: chunks * every].reshape(chunks, every, -1), batches)
-        state, (loss, correct) = jax.lax.scan(chunk, state, head)
-        loss, correct = loss.reshape(-1), correct.reshape(-1)
-        if rest:
-            tail = jax.tree.map(lambda x: x[chunks * every :], batches)
-            state, (loss_r, correct_r) = chunk(state, tail)
-            loss, correct = jnp.concatenate([loss, loss_r]), jnp.concatenate([correct, correct_r])
-        return state, EpochMetrics(loss, correct.sum())
+        plan = make_epoch_plan(cfg, data.images.shape[0], num_steps)(key)
+        return train_steps(state, empty_metrics(num_steps), plan, data, 0, num_steps)
 
     return train_epoch

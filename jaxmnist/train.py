@@ -8,13 +8,15 @@
                initialise the states, place the data on the mesh
     compile    every distinct program ahead of time, so compile time is measured
                on its own and training never compiles
-    epochs     run each epoch (one compiled call per chunk, no host sync inside),
-               evaluate exactly, hand an `EpochEnd` to every callback, then ask
-               the stop rules whether to go on
+    epochs     run each epoch in calls of about half a second (`pacing`: a short
+               epoch is one call), so that a stop, a checkpoint or progress can
+               come between them; evaluate exactly, hand an `EpochEnd` to every
+               callback, then ask the stop rules whether to go on
 
 The loop writes nothing itself: the terminal, the run directory, TensorBoard and
 checkpoints are callbacks. It can start at a later epoch with the state and the
-accumulators of an earlier run (`Progress`), which is what resuming needs.
+accumulators of an earlier run (`Progress`), even in the middle of an epoch,
+which is what resuming needs.
 `train_and_evaluate(cfg, workdir)` trains `train.seeds` seeds of one config and
 writes the run directory; `jaxmnist.sweep` runs grids through `train_population`.
 """
@@ -31,7 +33,7 @@ import numpy as np
 
 from jaxmnist import config as config_lib
 from jaxmnist import evaluate as evaluate_lib
-from jaxmnist import memory, optim, parallel, rundir, runtime
+from jaxmnist import memory, optim, pacing, parallel, rundir, runtime
 from jaxmnist.errors import TrainingError
 from jaxmnist.models import count_params
 from jaxmnist.population import Evaluation, Population, seed_members
@@ -43,6 +45,7 @@ __all__ = [
     "Progress",
     "Reporter",
     "RunResult",
+    "StepsEnd",
     "place_train_data",
     "train_and_evaluate",
     "train_population",
@@ -52,12 +55,11 @@ __all__ = [
 class Callback:
     """Hooks of the run loop; subclasses override what they need."""
 
-    wants_progress = False  # on_progress calls, from the device, every few steps
-
     def on_start(self, info: dict) -> None: ...
     def on_compiled(self, seconds: float) -> None: ...
+    def on_estimate(self, epoch_seconds: float, seconds_per_step: float) -> None: ...
     def on_epoch_start(self, epoch: int, num_steps: int, first_step: int) -> None: ...
-    def on_progress(self, global_step: int) -> None: ...
+    def on_steps(self, end: StepsEnd) -> None: ...
     def on_epoch_end(self, end: EpochEnd) -> None: ...
     def on_finish(self, summary: dict) -> None: ...
 
@@ -76,16 +78,34 @@ class EpochEnd(NamedTuple):
     test: Evaluation
     states: list  # one TrainState per chunk, on the devices (stacked along members)
     population: Population
+    stopping: bool = False  # a stop was asked for (in any process): the run ends here
+
+
+class StepsEnd(NamedTuple):
+    """Where the loop stands after a call that did not end its epoch."""
+
+    epoch: int  # the epoch under way (1-based)
+    step: int  # optimizer steps taken so far
+    epoch_step: int  # of them, in this epoch
+    states: list  # one TrainState per chunk (donated to the next call: copy to keep)
+    metrics: list  # one step.EpochMetrics per chunk: this epoch's accumulators so far
+    population: Population
+    train_seconds: float  # training time so far, this epoch's part included
+    epoch_seconds: float  # this epoch's part
+    stopping: bool = False  # a stop was asked for (in any process): the run ends here
 
 
 class Progress(NamedTuple):
-    """Where a run stands between epochs: enough to start the loop again there."""
+    """Where a run stands: enough to start the loop again there, mid-epoch too."""
 
     epoch: int = 0  # epochs done
     step: int = 0
     records: tuple = ()
     train_seconds: float = 0.0
     eval_seconds: float = 0.0
+    epoch_step: int = 0  # steps done in epoch `epoch + 1`
+    metrics: list | None = None  # its accumulators (per chunk), when epoch_step > 0
+    epoch_seconds: float = 0.0  # its training time so far
 
 
 class RunResult(NamedTuple):
@@ -103,6 +123,7 @@ class RunResult(NamedTuple):
     steps: int  # steps run: fewer than planned when a stop rule ended the run
     reached: list  # per point: {"epoch", "train_seconds"} when its mean reached the target
     diverged: list[int]  # members whose loss became non-finite (when not stopping for it)
+    stopped: bool = False  # ended early because a stop was asked for (`interrupt`)
 
 
 def place_train_data(images: np.ndarray, labels: np.ndarray, layout=None) -> TrainData:
@@ -142,13 +163,27 @@ class TargetAccuracy:
         self.reached: list = [None] * (int(points.max()) + 1)
 
     def __call__(self, end: EpochEnd, train_seconds: float) -> bool:
+        return self.update(end.epoch, end.test.accuracy, train_seconds)
+
+    def update(self, epoch: int, accuracy: np.ndarray, train_seconds: float) -> bool:
+        """accuracy: (members,) after `epoch`; True once every point has reached the target."""
         if self.target is None:
             return False
         for p in range(len(self.reached)):
-            mean = end.test.accuracy[self.points == p].mean()
+            mean = accuracy[self.points == p].mean()
             if self.reached[p] is None and mean >= self.target:
-                self.reached[p] = {"epoch": end.epoch, "train_seconds": train_seconds}
+                self.reached[p] = {"epoch": epoch, "train_seconds": train_seconds}
         return all(self.reached)
+
+    def replay(self, records) -> bool:
+        """Goes over the metrics.jsonl records of a resumed run's earlier epochs; True
+        when they had already reached the target (the run was complete)."""
+        done, seconds = False, 0.0
+        for r in records:
+            seconds += r["epoch_seconds"]
+            accuracy = np.asarray(r.get("test_accuracy_per_seed", [r["test_accuracy"]]))
+            done = self.update(r["epoch"], accuracy, seconds)
+        return done
 
 
 class Setup(NamedTuple):
@@ -216,6 +251,8 @@ def train_population(
     stop_on_nonfinite: bool = True,
     start: tuple[Progress, list] | Callable[[Setup], tuple[Progress, list]] | None = None,
     stop_rules: tuple[Callable[[EpochEnd, float], bool], ...] = (),
+    interrupt: Callable[[], bool] | None = None,
+    every_steps: tuple[int, ...] = (),
 ) -> RunResult:
     """Trains `members` (`population.Member`s: seed and hyperparameters) of `cfg`.
 
@@ -226,7 +263,11 @@ def train_population(
     `stop_on_nonfinite` false, a diverging member is recorded in `diverged`
     instead of raising. `start=(progress, states)` continues a run after
     `progress.epoch` epochs from those states; `start` may also be a function of the
-    `Setup` returning them (a checkpoint restored onto its mesh).
+    `Setup` returning them (a checkpoint restored onto its mesh). `interrupt()` is
+    asked after every call (about every half second): when it (in any process)
+    says so, the run ends there, mid-epoch or not, after the callbacks have seen a
+    `StepsEnd` or `EpochEnd` with `stopping` set. Calls also end at every multiple
+    of each of `every_steps` (e.g. where a checkpoint is due).
     """
     calls = _Callbacks(callbacks)
     run = setup_run(cfg, members, dataset, layout)
@@ -234,32 +275,25 @@ def train_population(
         start = start(run)
     states = run.states if start is None else start[1]
     calls.on_start(run.info)
-    compile_seconds = _compile(run, calls)
+    compile_seconds = _compile(run)
     calls.on_compiled(compile_seconds)
     points = np.zeros(len(members), int) if points is None else np.asarray(points)
     target = TargetAccuracy(cfg.train.target_accuracy, points)
     progress = Progress() if start is None else start[0]
-    return _run_epochs(
-        run,
-        states,
-        calls,
-        progress,
-        (target, *stop_rules),
-        target,
-        stop_on_nonfinite,
-        compile_seconds,
-    )
+    if target.replay(progress.records):  # a resumed run that had already reached it
+        return _finished(run, states, progress, target, compile_seconds)
+    every = (*every_steps, cfg.train.progress_every)
+    loop = _Loop(run, calls, target, stop_on_nonfinite, interrupt or (lambda: False), every)
+    return loop.run(states, progress, (target, *stop_rules), compile_seconds)
 
 
 class _Callbacks(Callback):
-    """Many callbacks as one; progress offsets for memory chunks."""
+    """Many callbacks as one."""
 
     def __init__(self, callbacks):
         if isinstance(callbacks, Callback):
             callbacks = [callbacks]
         self.items = [c for c in callbacks if c is not None]
-        self.wants_progress = any(c.wants_progress for c in self.items)
-        self.chunk_offset = 0  # steps of this epoch done by earlier chunks, for the progress bar
 
     def _each(self, name: str, *args) -> None:
         for c in self.items:
@@ -271,111 +305,170 @@ class _Callbacks(Callback):
     def on_compiled(self, seconds: float) -> None:
         self._each("on_compiled", seconds)
 
+    def on_estimate(self, epoch_seconds: float, seconds_per_step: float) -> None:
+        self._each("on_estimate", epoch_seconds, seconds_per_step)
+
     def on_epoch_start(self, epoch: int, num_steps: int, first_step: int) -> None:
         self._each("on_epoch_start", epoch, num_steps, first_step)
+
+    def on_steps(self, end: StepsEnd) -> None:
+        self._each("on_steps", end)
 
     def on_epoch_end(self, end: EpochEnd) -> None:
         self._each("on_epoch_end", end)
 
-    def on_progress(self, global_step) -> None:
-        step = int(np.max(np.asarray(global_step))) + self.chunk_offset
-        for c in self.items:
-            c.on_progress(step)
 
-
-def _compile(run: Setup, calls: _Callbacks) -> float:
+def _compile(run: Setup) -> float:
     """Compiles every distinct program ahead of time; returns the seconds it took."""
     start = time.perf_counter()
-    progress = calls.on_progress if calls.wants_progress else None
-    run.population.compile(
-        run.states,
-        run.plan.epoch_steps,
-        run.train_data,
-        run.eval_sets,
-        progress,
-        run.cfg.train.progress_every,
-    )
+    run.population.compile(run.states, run.plan.steps_per_epoch, run.train_data, run.eval_sets)
+    parallel.agree(0, False)  # several processes: its collective compiles here too
     return time.perf_counter() - start
 
 
-def _run_epochs(
-    run: Setup,
-    states,
-    calls,
-    progress: Progress,
-    stop_rules,
-    target,
-    stop_on_nonfinite: bool,
-    compile_seconds: float,
-) -> RunResult:
-    cfg, pop = run.cfg, run.population
-    members, chunks = pop.members, pop.chunks
-    train_seconds, eval_seconds = progress.train_seconds, progress.eval_seconds
-    first_step = progress.step
-    records, diverged = list(progress.records), []
-    test = None
-    for epoch in range(progress.epoch + 1, len(run.plan.epoch_steps) + 1):
-        num_steps = run.plan.epoch_steps[epoch - 1]
-        calls.on_epoch_start(epoch, num_steps * len(chunks), first_step)
+class _Loop:
+    """The epochs of one run (see the module doc)."""
 
-        def before_chunk(i, num_steps=num_steps):
-            calls.chunk_offset = i * num_steps
+    def __init__(self, run: Setup, calls, target, stop_on_nonfinite, interrupt, every):
+        self.setup, self.calls, self.target = run, calls, target
+        self.stop_on_nonfinite, self.interrupt = stop_on_nonfinite, interrupt
+        self.pacer = pacing.Pacer(every)
+        self.estimated = False
 
+    def run_steps(self, states, metrics, plans, done: int, num_steps: int, step: int):
+        """One call, from step `done` of the epoch; returns (states, metrics, steps run,
+        seconds, stopping)."""
+        pop = self.setup.population
+        stop = self.pacer.next_stop(done, num_steps, step)
         t0 = time.perf_counter()
-        with jax.transfer_guard("disallow"):
-            states, outputs = pop.train_epoch(
-                states,
-                epoch - 1,
-                num_steps,
-                run.train_data,
-                before_chunk if calls.wants_progress and len(chunks) > 1 else None,
+        states, metrics = pop.train_steps(states, metrics, plans, self.setup.train_data, done, stop)
+        jax.block_until_ready(metrics)
+        seconds = time.perf_counter() - t0
+        # Every process paces by the slowest clock and stops when any is asked to.
+        paced, stopping = parallel.agree(round(seconds * 1e6), self.interrupt())
+        self.pacer.record(stop - done, paced / 1e6)
+        if not self.estimated:
+            self.estimated = True
+            total = self.pacer.epoch_seconds(self.setup.plan.steps_per_epoch)
+            self.calls.on_estimate(total, self.pacer.seconds_per_step)
+        return states, metrics, stop - done, seconds, stopping
+
+    def epoch_steps(self, epoch: int, states, metrics, done: int, step: int, clock: list):
+        """Runs epoch `epoch` from its step `done` in calls until it ends or a stop is agreed;
+        returns (states, metrics, steps done in the epoch, stopping). `clock` holds
+        [train seconds, this epoch's seconds], advanced by each call."""
+        pop, num_steps = self.setup.population, self.setup.plan.epoch_steps[epoch - 1]
+        plans = pop.plan_epoch(epoch - 1)
+        stopping = False
+        while done < num_steps:
+            states, metrics, n, seconds, stopping = self.run_steps(
+                states, metrics, plans, done, num_steps, step + done
             )
-            outputs = jax.block_until_ready(outputs)
-        epoch_seconds = time.perf_counter() - t0
-        train_seconds += epoch_seconds
-        losses, correct, lrs = pop.host_metrics(outputs)
-        for i in _check_finite(losses, epoch, first_step, members, stop_on_nonfinite):
+            done += n
+            clock[0] += seconds
+            clock[1] += seconds
+            if done == num_steps:
+                break
+            if stopping:  # never save a bad state: a non-finite loss ends the run here
+                losses, _, _ = pop.host_metrics(states, metrics, done)
+                self.check_finite(losses, epoch, step, [])
+            end = StepsEnd(
+                epoch, step + done, done, states, metrics, pop, clock[0], clock[1], stopping
+            )
+            self.calls.on_steps(end)
+            if stopping:
+                break
+        return states, metrics, done, stopping
+
+    def run(self, states, progress: Progress, stop_rules, compile_seconds: float) -> RunResult:
+        run, calls, pop = self.setup, self.calls, self.setup.population
+        cfg = run.cfg
+        clock = [progress.train_seconds, 0.0]  # train seconds, this epoch's seconds
+        eval_seconds = progress.eval_seconds
+        step = progress.step - progress.epoch_step  # at the start of the epoch under way
+        records, diverged = list(progress.records), []
+        test, stopping = None, False
+        partial = progress if progress.epoch_step else None  # resumed inside an epoch
+        for epoch in range(progress.epoch + 1, len(run.plan.epoch_steps) + 1):
+            num_steps = run.plan.epoch_steps[epoch - 1]
+            done = partial.epoch_step if partial else 0
+            clock[1] = partial.epoch_seconds if partial else 0.0
+            calls.on_epoch_start(epoch, num_steps, step)
+            with jax.transfer_guard("disallow"):
+                metrics = partial.metrics if partial else pop.new_metrics()
+                states, metrics, done, stopping = self.epoch_steps(
+                    epoch, states, metrics, done, step, clock
+                )
+            partial = None
+            if done < num_steps:  # stopped inside the epoch
+                step += done
+                break
+            step += num_steps
+            losses, correct, lrs = pop.host_metrics(states, metrics, num_steps)
+            self.check_finite(losses, epoch, step - num_steps, diverged)
+            t0 = time.perf_counter()
+            test = pop.evaluate(states, "test", run.eval_sets["test"])
+            train_eval = None
+            if cfg.train.eval_train:
+                train_eval = pop.evaluate(states, "train", run.eval_sets["train"])
+            eval_seconds += time.perf_counter() - t0
+            record = epoch_record(
+                epoch,
+                step,
+                num_steps * cfg.train.batch_size,
+                losses,
+                correct,
+                test,
+                train_eval,
+                lrs,
+                clock[1],
+            )
+            records.append(record)
+            end = EpochEnd(epoch, step, record, losses.mean(0), losses, test, states, pop, stopping)
+            calls.on_epoch_end(end)
+            if sum(bool(rule(end, clock[0])) for rule in stop_rules) or stopping:
+                break
+        if test is None:  # stopped inside its first epoch, or resumed at its final checkpoint
+            test = pop.evaluate(states, "test", run.eval_sets["test"])
+        return RunResult(
+            pop,
+            states,
+            run.plan,
+            records,
+            test,
+            run.info,
+            compile_seconds,
+            clock[0],
+            eval_seconds,
+            step,
+            self.target.reached,
+            diverged,
+            stopping,
+        )
+
+    def check_finite(self, losses, epoch: int, first_step: int, diverged: list) -> None:
+        members = self.setup.population.members
+        for i in _check_finite(losses, epoch, first_step, members, self.stop_on_nonfinite):
             if i not in diverged:
                 diverged.append(i)
 
-        t0 = time.perf_counter()
-        test = pop.evaluate(states, "test", run.eval_sets["test"])
-        train_eval = None
-        if cfg.train.eval_train:
-            train_eval = pop.evaluate(states, "train", run.eval_sets["train"])
-        eval_seconds += time.perf_counter() - t0
-        first_step += num_steps
-        record = epoch_record(
-            epoch,
-            first_step,
-            num_steps * cfg.train.batch_size,
-            losses,
-            correct,
-            test,
-            train_eval,
-            lrs,
-            epoch_seconds,
-        )
-        records.append(record)
-        end = EpochEnd(epoch, first_step, record, losses.mean(0), losses, test, states, pop)
-        calls.on_epoch_end(end)
-        if sum(bool(rule(end, train_seconds)) for rule in stop_rules):  # every rule sees it
-            break
-    if test is None:  # started after its last epoch (a run resumed at its final checkpoint)
-        test = pop.evaluate(states, "test", run.eval_sets["test"])
+
+def _finished(run: Setup, states, progress: Progress, target, compile_seconds) -> RunResult:
+    """The result of a resumed run whose records show it had already reached its target."""
+    test = run.population.evaluate(states, "test", run.eval_sets["test"])
     return RunResult(
-        pop,
+        run.population,
         states,
         run.plan,
-        records,
+        list(progress.records),
         test,
         run.info,
         compile_seconds,
-        train_seconds,
-        eval_seconds,
-        first_step,
+        progress.train_seconds,
+        progress.eval_seconds,
+        progress.step,
         target.reached,
-        diverged,
+        [],
     )
 
 
@@ -489,7 +582,7 @@ def train_and_evaluate(
     mesh `cfg.parallel` asks for. `checkpoints` (`checkpoint.CheckpointOptions`)
     saves Orbax checkpoints in workdir/checkpoints; `resume` (`resume.Resumer`)
     continues workdir from its newest checkpoint; `stop` (`preemption.StopRequest`)
-    ends the run at an epoch's end, after a checkpoint, with `preemption.Stopped`.
+    ends the run within about a second, after a checkpoint, with `preemption.Stopped`.
     """
     from jaxmnist.data import load_dataset
 
@@ -524,7 +617,8 @@ def train_and_evaluate(
             callbacks,
             layout=layout,
             start=resume,
-            stop_rules=(stop,) if stop else (),
+            interrupt=stop and (lambda: stop.requested),
+            every_steps=(checkpoints.every_steps,) if saver else (),
         )
     except TrainingError as e:  # a non-finite loss: the bad state was never checkpointed
         if run and saver:
@@ -535,8 +629,8 @@ def train_and_evaluate(
     finally:
         if saver:
             saver.close()  # waits for the last asynchronous write
-    complete = r.steps == r.plan.total_steps or any(r.reached)  # a late signal changes nothing
-    if stop and stop.requested and not complete:
+    complete = r.steps == r.plan.total_steps or all(r.reached)  # a late signal changes nothing
+    if r.stopped and not complete:
         from jaxmnist.preemption import Stopped
 
         if events:

@@ -30,7 +30,7 @@ from jaxmnist.data import registry, synthetic
 from jaxmnist.preemption import Stopped, StopRequest
 from jaxmnist.resume import Resumer
 from jaxmnist.step import init_state
-from jaxmnist.train import train_and_evaluate
+from jaxmnist.train import Reporter, train_and_evaluate
 
 RUNNER = Path(__file__).parent / "run_tiny_cli.py"
 EPOCHS = "6"
@@ -137,6 +137,44 @@ def test_kill_9_then_resume_is_bit_for_bit(cli, alone, tmp_path, seeds):
     resume(cli, killed)
     assert_same_params(killed, alone("--seeds", seeds))
     assert_metrics_continuous(killed, int(EPOCHS))
+
+
+def test_kill_9_then_resume_from_inside_an_epoch_is_bit_for_bit(cli, alone, tmp_path):
+    """--checkpoint-every-steps 7 saves inside epochs (20 steps each); the run is
+    killed, and everything after its checkpoint at step 49 (epoch 3, step 9 of 20) is
+    thrown away, as if it had died right after writing it."""
+    start, _, train_argv = cli
+    run = tmp_path / "run"
+    proc = start(train_argv(run, "--checkpoint-every-steps", "7", "--keep-checkpoints", "100"))
+    wait_for_epochs(run, proc, 3, saved=True)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    steps = checkpoint.checkpoint_steps(run)
+    assert {7, 14, 20, 21, 28, 35, 40, 42, 49} <= set(steps)
+    for step in steps:
+        if step > 49:
+            shutil.rmtree(run / "checkpoints" / str(step))
+    progress = json.loads((run / "checkpoints" / "49" / "progress" / "metadata").read_text())
+    assert (progress["epoch"], progress["epoch_step"]) == (2, 9)
+    resume(cli, run)
+    assert_same_params(run, alone())
+    assert_metrics_continuous(run, int(EPOCHS))
+
+
+def test_a_resumed_run_that_had_reached_its_target_trains_no_further(tiny_dataset, tmp_path):
+    """It reached --target-accuracy at epoch 1 of 4 and died before summary.json: resuming
+    finishes it there, as the run itself would have."""
+    base = config_lib.get_preset("tpu101")
+    train = dataclasses.replace(base.train, batch_size=32, epochs=4, target_accuracy=0.2)
+    cfg = dataclasses.replace(base, compile_cache=False, train=train)
+    run = tmp_path / "run"
+    first = train_and_evaluate(cfg, run, dataset=tiny_dataset, checkpoints=CheckpointOptions())
+    assert first["epochs_to_target"] == 1 and first["steps"] == 20
+    (run / "summary.json").unlink()
+    again = train_and_evaluate(cfg, run, dataset=tiny_dataset, resume=Resumer(run, cfg))
+    assert (again["epochs"], again["steps"], again["epochs_to_target"]) == (1, 20, 1)
+    assert again["test_accuracy"] == first["test_accuracy"]
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 1
 
 
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
@@ -362,18 +400,22 @@ def test_tensorboard_events_continue_without_gaps_or_repeats(cli, finished, tmp_
     )
 
 
-class StopAfterEpoch2(StopRequest):
-    """As if SIGTERM had come during epoch 2."""
+class SignalAt(Reporter):
+    """As if SIGTERM came to `stop` once the run had passed `step`."""
 
-    def __call__(self, end, train_seconds):
-        if end.epoch == 2:
-            self.signum = signal.SIGTERM
-        return self.requested
+    def __init__(self, stop: StopRequest, step: int):
+        self.stop, self.step = stop, step
+
+    def on_steps(self, end):
+        if end.step >= self.step:
+            self.stop.signum = signal.SIGTERM
 
 
 def test_members_in_memory_chunks_resume_bit_for_bit_or_regrouped(tiny_dataset, tmp_path):
     """Checkpoints hold the members concatenated, whatever chunks trained them: resumed in
-    the same chunks the result is identical; in one chunk, equal to float tolerance."""
+    the same chunks the result is identical; in one chunk, equal to float tolerance.
+    The stop comes inside epoch 2 (calls end every 7 steps: the signal at step 21 is
+    seen after the call to 28), so the checkpoint holds that epoch's accumulators."""
     base = config_lib.get_preset("tpu101")
     cfg = dataclasses.replace(
         base, compile_cache=False, train=dataclasses.replace(base.train, batch_size=32, epochs=4)
@@ -387,12 +429,15 @@ def test_members_in_memory_chunks_resume_bit_for_bit_or_regrouped(tiny_dataset, 
     budget = int((est.total(4, 2) + est.transient_per_model // 2) / memory.MB) + 1  # 2 at a time
     chunked = dataclasses.replace(cfg, memory_budget_mb=budget)
     stopped, alone = tmp_path / "stopped", tmp_path / "alone"
-    with pytest.raises(Stopped):
+    stop = StopRequest()
+    with pytest.raises(Stopped, match="stopped at step 28;"):
         train_and_evaluate(
-            chunked, stopped, dataset=tiny_dataset, checkpoints=CheckpointOptions(),
-            stop=StopAfterEpoch2(),
+            chunked, stopped, SignalAt(stop, 21), dataset=tiny_dataset,
+            checkpoints=CheckpointOptions(every_steps=7), stop=stop,
         )  # fmt: skip
     assert json.loads((stopped / "environment.json").read_text())["chunks"] == [2, 2]
+    assert checkpoint.checkpoint_steps(stopped) == [20, 21, 28]  # 7, 14, 20, 21, 28: newest 3
+    assert len((stopped / "metrics.jsonl").read_text().splitlines()) == 1
     shutil.copytree(stopped, tmp_path / "regrouped")
     reference = train_and_evaluate(chunked, alone, dataset=tiny_dataset)
     again = train_and_evaluate(

@@ -261,3 +261,18 @@ def test_one_epoch_is_singular():
         {**info, "steps_per_epoch": 20, "backend": "cpu", "device": "cpu:0"}
     )
     assert "| 1 epoch x 20 steps |" in out.getvalue()
+
+
+def test_a_long_epoch_is_announced_with_its_estimate():
+    """After the first timed call the loop estimates the epoch; the terminal says it only
+    when it is long (the --seeds 5000 case: minutes without a line)."""
+    import io
+
+    from jaxmnist.reporting import TerminalReporter
+
+    out = io.StringIO()
+    reporter = TerminalReporter("normal", stream=out)
+    reporter.on_estimate(4.2, 0.009)
+    assert out.getvalue() == ""
+    reporter.on_estimate(312.0, 0.667)
+    assert out.getvalue() == "an epoch will take about 5 min (667 ms per step, as timed so far)\n"

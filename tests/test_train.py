@@ -1,6 +1,7 @@
 """The training core: models, optimizers, the compiled epoch, exact evaluation."""
 
 import dataclasses
+import itertools
 import math
 
 import jax
@@ -15,7 +16,15 @@ from jaxmnist import optim
 from jaxmnist.bench.timing import compile_count
 from jaxmnist.errors import TrainingError
 from jaxmnist.models import count_params, mlp
-from jaxmnist.step import EpochMetrics, init_state, make_train_epoch, make_train_step
+from jaxmnist.step import (
+    EpochMetrics,
+    empty_metrics,
+    init_state,
+    make_epoch_plan,
+    make_train_epoch,
+    make_train_step,
+    make_train_steps,
+)
 from jaxmnist.train import place_train_data, train_and_evaluate
 
 
@@ -69,13 +78,11 @@ def _setup(cfg, dataset):
     return optimizer, state, data
 
 
-@pytest.mark.parametrize("progress", [False, True])
-def test_scanned_epoch_equals_python_loop(tiny_dataset, progress):
+def test_scanned_epoch_equals_python_loop(tiny_dataset):
     cfg = small_cfg()
     optimizer, state, data = _setup(cfg, tiny_dataset)
     num_steps = len(tiny_dataset.train_labels) // cfg.train.batch_size
-    seen = []
-    epoch = make_train_epoch(cfg, optimizer, num_steps, seen.append if progress else None, 7)
+    epoch = make_train_epoch(cfg, optimizer, num_steps)
     key = jax.random.key(3)
     scanned, metrics = jax.jit(epoch)(state, key, data)
 
@@ -89,9 +96,26 @@ def test_scanned_epoch_equals_python_loop(tiny_dataset, progress):
     for a, b in zip(jax.tree.leaves(scanned), jax.tree.leaves(looped)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(metrics.loss, np.array(losses), rtol=1e-5)
-    if progress:
-        jax.effects_barrier()
-        assert [int(s) for s in seen] == [7, 14, num_steps]
+
+
+@pytest.mark.parametrize("augment", [False, True])
+def test_epoch_in_parts_equals_whole_epoch_bit_for_bit(tiny_dataset, augment):
+    """The run loop cuts epochs into calls wherever its pacing says: any cut must give
+    exactly the one-call epoch's parameters, optimizer state and metrics."""
+    cfg = small_cfg()
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, augment=augment))
+    optimizer, state, data = _setup(cfg, tiny_dataset)
+    num_steps = len(tiny_dataset.train_labels) // cfg.train.batch_size
+    key = jax.random.key(3)
+    whole = jax.jit(make_train_epoch(cfg, optimizer, num_steps))(state, key, data)
+    plan = jax.jit(make_epoch_plan(cfg, len(tiny_dataset.train_labels), num_steps))(key)
+    steps = jax.jit(make_train_steps(cfg, optimizer))
+    for cuts in ([0, 1, 7, num_steps], [0, 5, 6, 13, num_steps]):
+        parts, metrics = state, empty_metrics(num_steps)
+        for a, b in itertools.pairwise(cuts):
+            parts, metrics = steps(parts, metrics, plan, data, a, b)
+        for x, y in zip(jax.tree.leaves((parts, metrics)), jax.tree.leaves(whole), strict=True):
+            np.testing.assert_array_equal(x, y)
 
 
 def test_second_epoch_does_not_recompile(tiny_dataset):
@@ -221,3 +245,20 @@ def test_loss_matches_optax_reference():
     logits = mlp.apply(state.params, images.astype(jnp.float32) / 255.0, cfg.model)
     expected = optax.softmax_cross_entropy(logits, jax.nn.one_hot(labels, 10)).mean()
     assert float(loss) == pytest.approx(float(expected), rel=1e-6)
+
+
+def test_pacing_fits_calls_to_the_target_and_to_checkpoint_steps():
+    from jaxmnist.pacing import Pacer
+
+    pacer = Pacer(every=(50,), target_seconds=0.5)
+    assert pacer.next_stop(0, 468, 0) == 1  # nothing timed yet: one step
+    pacer.record(1, 0.01)  # 10 ms per step: 50 per call, and 50 is also the checkpoint
+    assert pacer.next_stop(1, 468, 1) == 50  # ends on the multiple of 50, not at 51
+    pacer.record(49, 0.049)  # 1 ms per step: 500 steps fit in 0.5 s
+    assert Pacer(target_seconds=0.5).next_stop(0, 468, 0) == 1
+    fast = Pacer(target_seconds=0.5)
+    fast.record(10, 0.01)
+    assert fast.next_stop(0, 468, 0) == 468  # the whole epoch in one call
+    assert fast.next_stop(0, 600, 0) == 600  # 100 left after 500 is a sliver: one call
+    assert fast.next_stop(0, 700, 0) == 500
+    assert fast.epoch_seconds(700) == pytest.approx(0.7)

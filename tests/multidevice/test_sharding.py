@@ -19,8 +19,8 @@ import jax
 import numpy as np
 import pytest
 
+from jaxmnist import checkpoint, parallel
 from jaxmnist import config as config_lib
-from jaxmnist import parallel
 from jaxmnist.bench.timing import compile_count
 from jaxmnist.cli import main
 from jaxmnist.population import seed_members
@@ -195,6 +195,27 @@ def test_a_dead_process_stops_the_others(tiny_data_dir, tmp_path):
     procs[1].communicate()
     assert procs[0].returncode != 0 and time.monotonic() - killed < 30
     assert "another task died" in err
+
+
+def test_a_signal_to_one_process_stops_every_process_at_the_same_step(tiny_data_dir, tmp_path):
+    """SIGTERM reaches only process 1 (as when one host of a job is preempted): the
+    processes agree after every call, so both stop at one step, save one checkpoint
+    there together and exit 143; neither hangs waiting for the other."""
+    run = tmp_path / "run"
+    procs = _processes(tiny_data_dir, run, 2, "--epochs", "200", "train.progress_every=7")
+    metrics = run / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+        assert time.monotonic() < deadline and procs[0].poll() is None
+        time.sleep(0.05)
+    procs[1].send_signal(signal.SIGTERM)
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [143, 143], outs
+    lines = [err.strip().splitlines()[-1] for _, err in outs]
+    (step,) = checkpoint.checkpoint_steps(run)[-1:]
+    assert lines[0] == lines[1]
+    assert lines[0].startswith(f"jaxmnist train: stopped at step {step}; resume with:")
+    assert step < 200 * 20 and not (run / "summary.json").exists()
 
 
 def test_bench_scaling_table_over_devices(tmp_path, capsys):

@@ -1,0 +1,148 @@
+"""How soon Ctrl-C (or SIGTERM) is honoured inside a long epoch.
+
+The run loop cuts every epoch into calls of about half a second and asks after
+each whether a stop was requested; a stop then saves a checkpoint at that step
+and exits 130 (Ctrl-C) or 143 (SIGTERM). Measured here in real child processes
+on the real data, `--repeats` times per case:
+
+  cnn     `jaxmnist train --preset cnn` (MNIST, a CNN epoch of several seconds on
+          a small CPU): the signal comes 2-5 s after compilation, inside epoch 1
+  seeds   `--preset tpu101 --seeds N` (default 1000): a population whose every
+          step is long; the terminal's up-front estimate of the epoch is kept
+
+For each: seconds from the signal to the process's exit (the call under way,
+the checkpoint's write, the exit), the step it stopped at and whether it is
+inside an epoch, the exit code, and whether the checkpoint at that step exists.
+Target (issue 12): the stop is honoured within about 2 s.
+
+Usage: JAXMNIST_DATA_DIR=../shared/datasets python benchmarks/stop_latency.py
+Prints a table and writes JSON (`--out`, default benchmarks/results/stop_latency.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+TARGET_SECONDS = 2.0
+
+
+def one_stop(argv: list[str], run: Path, signum: int, delay: float, env: dict) -> dict:
+    """Starts `jaxmnist <argv>`, signals it `delay` s after compilation; times the exit."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jaxmnist", *argv, "--run-dir", str(run)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    compiled, lines = threading.Event(), []
+
+    def read() -> None:
+        for line in proc.stdout:
+            lines.append(line.rstrip())
+            if line.startswith("compiled in"):
+                compiled.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    if not compiled.wait(timeout=900):
+        proc.kill()
+        raise SystemExit(f"no compilation line from {' '.join(argv)}: {proc.stderr.read()[-800:]}")
+    time.sleep(delay)
+    sent = time.perf_counter()
+    proc.send_signal(signum)
+    proc.wait(timeout=900)
+    latency = time.perf_counter() - sent
+    reader.join(timeout=5)
+    err = proc.stderr.read().strip().splitlines()
+    last = err[-1] if err else ""
+    step = (
+        int(last.split("stopped at step ")[1].split(";")[0]) if "stopped at step" in last else None
+    )
+    from jaxmnist import checkpoint
+
+    saved = checkpoint.checkpoint_steps(run)
+    env_json = json.loads((run / "environment.json").read_text())
+    per_epoch = env_json["steps_per_epoch"]
+    return {
+        "signal": signal.Signals(signum).name,
+        "signal_after_compile_seconds": delay,
+        "seconds_to_exit": latency,
+        "exit_code": proc.returncode,
+        "stopped_at_step": step,
+        "steps_per_epoch": per_epoch,
+        "inside_an_epoch": step is not None and step % per_epoch != 0,
+        "checkpoint_at_that_step": step in saved,
+        "estimate_line": next((x for x in lines if x.startswith("an epoch will take")), None),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cases", default="cnn,seeds")
+    p.add_argument("--seeds", type=int, default=1000)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", type=Path, default=HERE / "results" / "stop_latency.json")
+    args = p.parse_args()
+    if not os.environ.get("JAXMNIST_DATA_DIR"):
+        sys.exit("set JAXMNIST_DATA_DIR to the folder holding mnist/ (no download here)")
+    from jaxmnist import runtime
+
+    cases = {
+        "cnn": ["train", "--preset", "cnn", "--epochs", "2", "--no-report"],
+        "seeds": ["train", "--preset", "tpu101", "--seeds", str(args.seeds), "--no-report"],
+    }
+    load_before = os.getloadavg()
+    rng = random.Random(0)
+    results: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "XDG_CACHE_HOME": str(Path(tmp) / "cache")}
+        for name in args.cases.split(","):
+            results[name] = {"command": "jaxmnist " + " ".join(cases[name]), "stops": []}
+            for i in range(args.repeats):
+                signum = signal.SIGINT if i % 2 == 0 else signal.SIGTERM
+                r = one_stop(cases[name], Path(tmp) / f"{name}{i}", signum, rng.uniform(2, 5), env)
+                results[name]["stops"].append(r)
+                print(
+                    f"{name:5} {r['signal']:7} after {r['signal_after_compile_seconds']:.1f} s: "
+                    f"exited {r['exit_code']} in {r['seconds_to_exit']:.2f} s at step "
+                    f"{r['stopped_at_step']} of {r['steps_per_epoch']}/epoch, checkpoint "
+                    f"{'saved' if r['checkpoint_at_that_step'] else 'MISSING'}",
+                    flush=True,
+                )
+            worst = max(s["seconds_to_exit"] for s in results[name]["stops"])
+            results[name]["worst_seconds_to_exit"] = worst
+            results[name]["meets_target"] = worst <= TARGET_SECONDS
+    out = {
+        "target_seconds": TARGET_SECONDS,
+        "cases": results,
+        "load_average": {"before": load_before, "after": os.getloadavg()},
+        "environment": runtime.environment(),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    env = out["environment"]
+    for name, r in results.items():
+        print(
+            f"{name}: worst {r['worst_seconds_to_exit']:.2f} s from signal to exit "
+            f"(target <= {TARGET_SECONDS:.0f} s): {'met' if r['meets_target'] else 'NOT met'}"
+        )
+    print(
+        f"{env['backend']} / {env['cpu_model']} ({env['cpu_count']} cores), jax {env['jax']}; "
+        f"load {load_before[0]:.1f} -> {out['load_average']['after'][0]:.1f}; written to {args.out}"
+    )
+
+
+if __name__ == "__main__":
+    main()
