@@ -158,9 +158,11 @@ def table_lines(section: dict, timing_rows) -> list[str]:
     )
     lines = ["", title]
     body = timing_rows(rows_, "value", lambda m: m["value"], quality=True)
-    lines.append(f"{body[0]} {'vs ' + r0['value']:>10}")
+    vs = f"vs {r0['value']}"
+    width = max(10, len(vs))
+    lines.append(f"{body[0]}  {vs:>{width}}")
     for m, line in zip(rows_, body[1:]):
-        lines.append(f"{line} {m['examples_per_second_vs_first']:>9.2f}x")
+        lines.append(f"{line}  {m['examples_per_second_vs_first']:>{width - 1}.2f}x")
     shared = [f"{m['value']} = {m['same_program_as']}" for m in rows_ if m["same_program_as"]]
     if shared:
         lines.append(f"(same program and initial state: {', '.join(shared)})")
