@@ -528,6 +528,7 @@ def cmd_bench(args) -> int:
         tokens_per_example=args.tokens_per_example,
         synthetic=args.synthetic,
         quick=args.quick,
+        variants=args.variants,
     )
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = rundir.check_writable(args.out or Path("runs") / f"bench-{preset}-{stamp}")
@@ -570,6 +571,16 @@ def _add_bench_parser(sub) -> None:
     )
     p.add_argument(
         "--tokens-per-example", help="also show tokens/s, labelled as a projection: examples/s x N"
+    )
+    p.add_argument(
+        "--variants",
+        metavar="KEY=V1,V2[,...]",
+        help=(
+            "compare the values of one config field side by side in the sweep mode, e.g. "
+            "model.conv_impl=xla,im2col or train.batch_size=128,256 (a tuple value's elements "
+            "separated by spaces); the modes, dtypes and batch sizes are then measured only "
+            "when given"
+        ),
     )
     p.add_argument(
         "--synthetic",

@@ -1,6 +1,8 @@
 """`jaxmnist bench`: the real CLI on --quick, its schema, its guards and its argument errors."""
 
+import contextlib
 import dataclasses
+import io
 import json
 import os
 import types
@@ -241,3 +243,174 @@ def test_scaling_over_more_devices_than_exist_is_one_line(tmp_path, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert "only 1 device(s) exist" in err and len(err.splitlines()) == 1
+
+
+@pytest.fixture(scope="module")
+def variants_run(tmp_path_factory, tiny_arrays, tiny_spec):
+    """One real `jaxmnist bench --variants model.conv_impl=xla,im2col` on the tiny dataset
+    with a tiny CNN (4 channels, batch 64: 10 steps a window); records the config each
+    runner was built for and the order in which windows ran."""
+    from jaxmnist.bench import run as run_lib
+    from jaxmnist.data import registry, synthetic
+
+    tmp = tmp_path_factory.mktemp("variants")
+    built, ran = [], []
+    real_build = run_lib.build_runner
+
+    def spy_build(mode, cfg, *args):
+        runner = real_build(mode, cfg, *args)
+        impl, run = cfg.model.conv_impl, runner.run
+        built.append((mode, impl))
+
+        def logged_run():
+            ran.append(impl)
+            return run()
+
+        runner.run = logged_run
+        return runner
+
+    mp = pytest.MonkeyPatch()
+    mp.setitem(registry.DATASETS, "tiny", tiny_spec)
+    mp.setenv("XDG_CACHE_HOME", str(tmp / "cache"))
+    mp.setattr(run_lib, "build_runner", spy_build)
+    synthetic.write_idx_folder(tmp / "data" / tiny_spec.folder, tiny_arrays, tiny_spec)
+    argv = ["bench", "--quick", "--no-compile-cache", "--preset", "cnn", "--dataset", "tiny"]
+    argv += ["--data-dir", str(tmp / "data"), "--batch-size", "64"]
+    argv += ["--variants", "model.conv_impl=xla,im2col", "--out", str(tmp / "result")]
+    argv += ["data.download=false", "data.augment=false", "model.channels=4", "model.hidden=16"]
+    stdout = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(stdout):
+            code = cli.main(argv)
+    finally:
+        mp.undo()
+    return types.SimpleNamespace(
+        code=code, out=tmp / "result", stdout=stdout.getvalue(), built=built, ran=ran
+    )
+
+
+def test_variants_json_has_one_measurement_per_value(variants_run):
+    from jaxmnist.models import cnn
+
+    assert variants_run.code == 0
+    text = (variants_run.out / "bench.json").read_text()
+    result = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict JSON: {c}"))
+    assert schema.check(result) == []
+    v = result["variants"]
+    assert (v["key"], v["mode"]) == ("model.conv_impl", "scan-epoch")
+    assert v["values"] == ["xla", "im2col"]
+    assert [r["value"] for r in v["rows"]] == ["xla", "im2col"]
+    # Each value is its own measurement of the config with the field overridden, and
+    # with --variants alone nothing else is measured.
+    assert variants_run.built == [("scan-epoch", "xla"), ("scan-epoch", "im2col")]
+    assert result["modes"] == result["dtypes"] == result["batch_sweep"] == []
+    assert result["config"]["model"]["conv_impl"] == "auto"  # the base config, as given
+    model_cfg = config_lib.from_dict(result["config"]).model
+    for r in v["rows"]:
+        assert (r["mode"], r["dtype"], r["batch_size"], r["steps_per_window"]) == (
+            "scan-epoch",
+            "float32",
+            64,
+            10,
+        )
+        assert len(r["window_seconds"]) == r["windows"] == 5 and r["compiles_in_windows"] == 0
+        assert r["compile_seconds"] > 0 and r["step_seconds"]["median"] > 0
+        assert r["flops_per_example"] == cnn.flops_per_example(model_cfg)
+        assert 0 < r["mfu"] < 2 and 0 <= r["test_accuracy"] <= 1
+        assert r["same_program_as"] is None  # xla and im2col are different programs
+    first, second = (r["examples_per_second"]["median"] for r in v["rows"])
+    assert v["rows"][0]["examples_per_second_vs_first"] == 1.0
+    assert v["rows"][1]["examples_per_second_vs_first"] == pytest.approx(second / first)
+    # The same step from the same start: both formulations learn the tiny set alike.
+    accuracies = [r["test_accuracy"] for r in v["rows"]]
+    assert min(accuracies) > 0.5 and max(accuracies) - min(accuracies) < 0.1
+
+
+def test_variants_windows_are_interleaved(variants_run):
+    assert variants_run.ran == ["xla", "im2col"] * 6  # 1 warm-up + 5 timed windows each
+
+
+def test_variants_table_in_terminal_and_page(variants_run):
+    lines = variants_run.stdout.splitlines()
+    title = lines.index(
+        "Variants of model.conv_impl: scan-epoch, batch 64, float32 unless varied "
+        "(timed windows interleaved)"
+    )
+    head, xla, im2col = (lines[title + i].split() for i in (1, 2, 3))
+    assert head[:2] == ["value", "compile"] and head[-2:] == ["vs", "xla"]
+    assert xla[0] == "xla" and xla[-1] == "1.00x"
+    result = json.loads((variants_run.out / "bench.json").read_text())
+    ratio = result["variants"]["rows"][1]["examples_per_second_vs_first"]
+    assert im2col[0] == "im2col" and im2col[-1] == f"{ratio:.2f}x"
+    assert "Modes:" not in variants_run.stdout and "Batch size:" not in variants_run.stdout
+    page = (variants_run.out / "bench.html").read_text()
+    assert "<h2>Variants of model.conv_impl</h2>" in page and ">vs xla</th>" in page
+    assert '<th scope="row">im2col</th>' in page and f"{ratio:.2f}×" in page
+    assert (variants_run.out / "bench.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_values_that_resolve_alike_are_measured_and_flagged():
+    from jaxmnist.bench.variants import variant_configs
+    from jaxmnist.models import conv
+
+    cfg = config_lib.apply_overrides(
+        config_lib.get_preset("cnn"), {"model.channels": "4", "model.hidden": "16"}
+    )
+    values = ("auto", "xla", "im2col", "patches")
+    found = variant_configs(cfg, "model.conv_impl", values, "scan-epoch", (28, 28), 10)
+    assert [v.cfg.model.conv_impl for v in found] == list(values)
+    resolved = conv.resolve("auto")
+    assert [v.same_as for v in found] == ["auto" if v == resolved else None for v in values]
+    # What a program does not show but the initial state does is still a difference.
+    for key, pair in (("optimizer.lr", ("1e-3", "3e-3")), ("train.seed", ("0", "1"))):
+        found = variant_configs(cfg, key, pair, "scan-epoch", (28, 28), 10)
+        assert [v.same_as for v in found] == [None, None]
+
+
+@pytest.mark.parametrize(
+    "preset, variants, message",
+    [
+        ("tpu101", "model.nope=1,2", "variants model.nope=1: unknown config field 'model.nope'"),
+        ("cnn", "model.conv_impl=xla,fft", "unknown model.conv_impl 'fft'"),
+        ("tpu101", "model.conv_impl=xla,im2col", "the mlp model or the bench does not read"),
+        ("tpu101", "train.epochs=1,2", "same scan-epoch program and initial state"),
+        ("tpu101", "model.dtype=float32,float16", "unknown dtype 'float16'"),
+        ("tpu101", "train.batch_size=64,0", "batch size must be between 1"),
+        ("tpu101", "train.batch_size=64,x", "train.batch_size: expected int, got 'x'"),
+        ("tpu101", "train.batch_size=64,8192", "8192: batch size 8192 exceeds the 4096"),
+        ("tpu101", "optimizer.lr=1e-3,0.001", "1e-3 and 0.001 give the same config"),
+        ("tpu101", "train.batch_size=64,64", "values repeat"),
+        ("tpu101", "model.conv_impl", "expected KEY=V1,V2"),
+        ("tpu101", "model.conv_impl=xla", "at least two values"),
+        ("tpu101", "model.conv_impl=xla,", "expected KEY=V1,V2"),
+    ],
+)
+def test_bad_variants_are_one_line_and_exit_2_before_measuring(
+    preset, variants, message, tmp_path, capsys, monkeypatch
+):
+    from jaxmnist.bench import run as run_lib
+
+    def measured(*args, **kwargs):
+        pytest.fail("measured before the variants were checked")
+
+    monkeypatch.setattr(run_lib.peak_lib, "measure_matmul_peak", measured)
+    monkeypatch.setattr(run_lib, "build_runner", measured)
+    argv = ["bench", "--quick", "--synthetic", "--preset", preset, "--variants", variants]
+    assert cli.main([*argv, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("jaxmnist bench: error: ") and message in err
+
+
+def test_interleaved_windows_alternate_and_time_each_measurement():
+    calls, x = [], jnp.ones(2)
+
+    def window(name):
+        def run():
+            calls.append(name)
+            return x
+
+        return timing.Timed(run, name, prepare=lambda i: calls.append(f"prepare {name} {i}"))
+
+    timed = timing.time_interleaved([window("a"), window("b")], windows=2, warmup=1)
+    assert calls == [f"{x}" for i in range(3) for n in "ab" for x in (f"prepare {n} {i}", n)]
+    assert [len(seconds) for seconds, _ in timed] == [2, 2]

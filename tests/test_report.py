@@ -426,3 +426,67 @@ def test_eval_prints_class_names_in_full(capsys):
     assert "T-shirt/top" in text and "Ankle boot" in text
     header = text.splitlines()[0].split()
     assert header[-2:] == ["Ankle", "boot"] and "T-shirt/top" in header
+
+
+@pytest.fixture(scope="module")
+def cnn_run_dir(tmp_path_factory, tiny_dataset):
+    """A tiny CNN run of two seeds: 6 first-layer channels of 3×3, dense 16."""
+    overrides = {"model.name": "cnn", "model.channels": "6", "model.hidden": "16"}
+    return tiny_run(tmp_path_factory, tiny_dataset, "cnn", **overrides, **{"train.seeds": "2"})
+
+
+def test_cnn_report_shows_the_first_layer_filters_of_the_first_seed(cnn_run_dir):
+    from jaxmnist.report import filters
+
+    text = write_run_report(cnn_run_dir).read_text()
+    parser = parse_page(text)
+    check_self_contained(text, parser)
+    assert parser.ids.index("first-layer-filters") == parser.ids.index("training-curves") + 1
+    png = (cnn_run_dir / "plots" / "first_layer_filters.png").read_bytes()
+    [img] = [i for i in parser.images if "first convolution layer" in i["alt"]]
+    assert img["alt"].startswith("The 6 3×3 kernels of the first convolution layer (seed 0)")
+    assert base64.b64decode(img["src"].split(",", 1)[1]) == png  # the same figure, embedded
+
+    config = json.loads((cnn_run_dir / "config.json").read_text())
+    kernels = filters.first_layer_filters(cnn_run_dir, config)
+    with np.load(cnn_run_dir / "params.npz") as f:
+        w = f["['conv'][0]['w']"]
+    assert w.shape == (2, 3, 3, 1, 6) and not np.array_equal(w[0], w[1])  # two seeds
+    np.testing.assert_array_equal(kernels, np.moveaxis(w[0, :, :, 0, :], -1, 0))
+
+    grid = filters.montage(kernels)  # 6 tiles in one row, one-pixel gaps
+    assert grid.shape == (3, 6 * 4 - 1) and np.isfinite(grid).sum() == 6 * 9
+    for i in range(6):
+        np.testing.assert_array_equal(grid[:, 4 * i : 4 * i + 3], kernels[i])
+    image = filters.filter_grid(kernels, "t").axes[0].images[0]
+    np.testing.assert_array_equal(image.get_array().filled(np.nan), grid)
+    assert image.norm.vmin == -image.norm.vmax == -np.abs(kernels).max()  # centred on 0
+    assert image.get_cmap().name.startswith(filters.CMAP)  # diverging
+
+
+def test_filter_tiles_wrap_after_a_row():
+    from jaxmnist.report import filters
+
+    kernels = np.arange(10 * 9, dtype=np.float32).reshape(10, 3, 3) + 1
+    grid = filters.montage(kernels, columns=8)
+    assert grid.shape == (2 * 4 - 1, 8 * 4 - 1) and np.isfinite(grid).sum() == 10 * 9
+    np.testing.assert_array_equal(grid[4:7, 4:7], kernels[9])  # row 1, column 1
+
+
+def test_mlp_report_has_no_filter_figure(run_dir):
+    from jaxmnist.report import filters
+
+    config = json.loads((run_dir / "config.json").read_text())
+    assert filters.first_layer_filters(run_dir, config) is None
+    text = write_run_report(run_dir).read_text()
+    assert not (run_dir / "plots" / "first_layer_filters.png").exists()
+    assert "first-layer-filters" not in text and "first convolution layer" not in text
+
+
+def test_cnn_report_with_damaged_parameters_is_one_line_and_exit_1(cnn_run_dir, tmp_path, capsys):
+    run = shutil.copytree(cnn_run_dir, tmp_path / "run")
+    (run / "params.npz").write_bytes(b"PK\x03\x04 not really a zip")
+    assert main(["report", str(run), "--out", str(tmp_path / "r.html")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "params.npz: corrupt" in err
+    assert not (tmp_path / "r.html").exists()

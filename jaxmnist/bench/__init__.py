@@ -4,8 +4,9 @@ device's limit.
 Modules: `modes` (the four ways to drive the same training step), `timing`
 (warm-up, timed windows, the compile and transfer guards), `peak` (a large
 matmul's FLOP/s in a dtype), `options` (what to measure, and its validation),
-`run` (`run_bench(cfg, options) -> dict`), `schema` (the layout of bench.json,
-and a checker) and `output` (the terminal table, bench.json, the bar chart and
+`variants` (`--variants KEY=V1,V2`: one config field as a comparison axis, and
+its checks), `run` (`run_bench(cfg, options) -> dict`), `schema` (the layout of
+bench.json, and a checker) and `output` (the terminal table, bench.json, the bar chart and
 the HTML page).
 """
 

@@ -2,10 +2,12 @@
 
 The model, optimizer, data and the batch size and dtype of the mode comparison
 come from the ordinary `Config`; `BenchOptions` says which modes, dtypes and
-batch sizes to measure and how long. Everything a user can get wrong (an
-unknown mode, a batch size of 0, a dtype the backend cannot compute in) is a
-`ConfigError`, found before any data is read or anything is compiled, except
-the batch sizes' upper bound, which needs the dataset (`check_batch_sizes`).
+batch sizes to measure and how long, and which config field to vary (`variants`;
+with it, the other comparisons are made only when asked for). Everything a user
+can get wrong (an unknown mode, a batch size of 0, a dtype the backend cannot
+compute in) is a `ConfigError`, found before any data is read or anything is
+compiled, except the batch sizes' upper bound, which needs the dataset
+(`check_batch_sizes`); the variants' own checks are in `variants`.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ class BenchOptions:
     synthetic: bool = False  # random MNIST-shaped data instead of the real dataset
     quick: bool = False
     device_counts: tuple[int, ...] = ()  # the scaling table's device counts; (): no table
+    variant_key: str | None = None  # a config field compared along its values; None: none
+    variant_values: tuple[str, ...] = ()  # the values of variant_key, as given
 
 
 # Seconds, for tests and smoke checks. A window is one epoch (so that the
@@ -61,10 +65,20 @@ def make_options(
     synthetic: bool = False,
     quick: bool = False,
     devices: str | None = None,
+    variants: str | None = None,
 ) -> BenchOptions:
-    """Options from command-line strings ("a,b,c"); None keeps the (quick) default."""
+    """Options from command-line strings ("a,b,c"); None keeps the (quick) default.
+
+    With `variants` ("KEY=V1,V2,..."), modes, dtypes and batch sizes are measured
+    only when given.
+    """
     opts = BenchOptions(synthetic=synthetic, quick=quick, **(QUICK if quick else {}))
     given = {}
+    if variants is not None:
+        from jaxmnist.bench.variants import parse_variants
+
+        key, values = parse_variants(variants)
+        given.update(variant_key=key, variant_values=values, modes=(), dtypes=(), batch_sizes=())
     if modes is not None:
         given["modes"] = _split(modes, "modes")
     if dtypes is not None:
@@ -116,9 +130,11 @@ def validate_options(opts: BenchOptions) -> None:
             raise ConfigError(
                 f"unknown dtype {dtype!r}; choose from: {', '.join(config_lib.DTYPES)}"
             )
+    if bool(opts.variant_key) != bool(opts.variant_values):
+        raise ConfigError("variants: a key needs values, and values a key")
     for name in ("modes", "dtypes", "batch_sizes"):
         values = getattr(opts, name)
-        if not values or len(set(values)) != len(values):
+        if (not values and not opts.variant_key) or len(set(values)) != len(values):
             raise ConfigError(
                 f"{name.replace('_', ' ')}: need at least one, without repeats, got {values}"
             )

@@ -3,8 +3,8 @@
 `format_table(result)` is the text the terminal shows. `write_outputs(result,
 out_dir)` writes bench.json (every figure, the config and the environment;
 non-finite numbers become null so that the file is strict JSON), bench.png
-(examples/s by mode, by dtype and by batch size, with the min-max range of
-the windows as error bars) and bench.html, a self-contained page built with
+(examples/s by variant, by mode, by dtype and by batch size, with the min-max
+range of the windows as error bars) and bench.html, a self-contained page built with
 the run report's template (`jaxmnist.report.html`). Tokens/s appears only as a
 projection, labelled as one, when the user gave tokens per example.
 """
@@ -130,6 +130,13 @@ def format_table(result: dict) -> str:
     lines = headline(result)
     modes, dtypes, sweep = result["modes"], result["dtypes"], result["batch_sweep"]
     when = f"median of {o['windows']} timed windows after {o['warmup']} warm-up"
+    if result.get("variants"):
+        from jaxmnist.bench.variants import table_lines
+
+        def rows(records, first, key, quality):
+            return _timing_rows(records, first, key, tokens, quality)
+
+        lines += table_lines(result["variants"], rows)
     if modes:
         lines += ["", f"Modes: batch {modes[0]['batch_size']}, {modes[0]['dtype']} ({when})"]
         lines += _timing_rows(modes, "mode", lambda m: m["mode"], tokens, quality=False)
@@ -188,28 +195,35 @@ def to_json(result: dict) -> str:
 
 
 def bar_chart(result: dict) -> bytes:
-    """PNG bytes: examples/s by mode (log scale), by dtype and by batch size (with MFU)."""
+    """PNG bytes: examples/s by variant, by mode (log scale), by dtype and by batch size
+    (with MFU), one panel per comparison measured."""
     import numpy as np
     from matplotlib.ticker import FuncFormatter, NullFormatter
 
     from jaxmnist.report.plots import new_figure, style, to_png
 
+    variants = (result.get("variants") or {}).get("rows") or []
     panels = [
-        ("modes", "mode", f"Modes (batch {_first(result['modes'], 'batch_size')})", True),
-        ("dtypes", "dtype", f"Compute dtype ({_first(result['dtypes'], 'mode')})", False),
         (
-            "batch_sweep",
+            variants,
+            "value",
+            f"{(result.get('variants') or {}).get('key')} ({_first(variants, 'mode')})",
+            False,
+        ),
+        (result["modes"], "mode", f"Modes (batch {_first(result['modes'], 'batch_size')})", True),
+        (result["dtypes"], "dtype", f"Compute dtype ({_first(result['dtypes'], 'mode')})", False),
+        (
+            result["batch_sweep"],
             "batch_size",
             f"Batch size ({_first(result['batch_sweep'], 'mode')}; MFU on bars)",
             False,
         ),
     ]
-    panels = [p for p in panels if result[p[0]]]
+    panels = [p for p in panels if p[0]]
     with style():
         fig = new_figure(4.2 * len(panels), 3.8)
         axes = np.atleast_1d(fig.subplots(1, len(panels)))
-        for ax, (section, key, title, log) in zip(axes, panels):
-            rows = result[section]
+        for ax, (rows, key, title, log) in zip(axes, panels):
             eps = np.array([_eps(m) for m in rows])
             lo = eps - np.array([m["examples_per_second"]["min"] for m in rows])
             hi = np.array([m["examples_per_second"]["max"] for m in rows]) - eps
@@ -224,7 +238,7 @@ def bar_chart(result: dict) -> bytes:
                 fontsize=8,
             )
             for xi, m in zip(x, rows):
-                label = f"{_eps(m):,.0f}" if section != "batch_sweep" else f"{m['mfu']:.2f}"
+                label = f"{_eps(m):,.0f}" if key != "batch_size" else f"{m['mfu']:.2f}"
                 ax.annotate(
                     label,
                     (xi, m["examples_per_second"]["max"]),

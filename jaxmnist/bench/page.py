@@ -2,8 +2,9 @@
 
 Built with `jaxmnist.report.html` (the shared template, tables and embedded
 images), so it opens from disk with no network. Headline cards, one table per
-comparison, the bar chart, the method in a few sentences (so a reader can judge
-the figures without reading the code), the environment and the config.
+comparison (the variants of `--variants` first), the bar chart, the method in a
+few sentences (so a reader can judge the figures without reading the code), the
+environment and the config.
 """
 
 from __future__ import annotations
@@ -40,16 +41,43 @@ def _row(m: dict, first: str, quality: bool, tokens: bool) -> list:
     return row
 
 
-def _table(rows: list[dict], first: str, key, result: dict, quality: bool = False) -> str:
+def _table(
+    rows: list[dict], first: str, key, result: dict, quality: bool = False, extra=None
+) -> str:
+    """`extra`: (header, m -> cell) of one more column, or None."""
     tokens = result["tokens"] is not None
     header = [first, *COLUMNS]
     if quality:
         header += ["steps", "train loss", "test loss", "test acc"]
     if tokens:
         header.append("tokens/s (projection)")
+    if extra:
+        header.append(extra[0])
+    body = [_row(m, key(m), quality, tokens) + ([extra[1](m)] if extra else []) for m in rows]
     eps = [m["examples_per_second"]["median"] for m in rows]
     best = {(eps.index(max(eps)), 4)} if eps else set()
-    return html_table(header, [_row(m, key(m), quality, tokens) for m in rows], best=best)
+    return html_table(header, body, best=best)
+
+
+def _variants(section: dict, result: dict) -> str:
+    rows = section["rows"]
+    table = _table(
+        rows,
+        "value",
+        lambda m: m["value"],
+        result,
+        quality=True,
+        extra=(f"vs {rows[0]['value']}", lambda m: f"{m['examples_per_second_vs_first']:.2f}×"),
+    )
+    shared = [f"{m['value']} = {m['same_program_as']}" for m in rows if m["same_program_as"]]
+    note = (
+        f"Each value is the config with {section['key']} set to it, measured in "
+        f"{section['mode']}; the timed windows of all values are interleaved (window 1 of "
+        "each, then window 2, ...), so that a change of load on the machine falls on all."
+    )
+    if shared:
+        note += f" Same program and initial state: {', '.join(shared)}."
+    return table + _p(note)
 
 
 def _p(text: str) -> str:
@@ -61,7 +89,8 @@ def _summary(result: dict) -> str:
     r = result["ratios"]
     if "scan-epoch/jit-step-host" in r:
         items.append(("scan-epoch / jit-step-host", f"{r['scan-epoch/jit-step-host']:.2f}×"))
-    measured = result["modes"] + result["dtypes"] + result["batch_sweep"]
+    variants = (result.get("variants") or {}).get("rows") or []
+    measured = variants + result["modes"] + result["dtypes"] + result["batch_sweep"]
     if measured:
         top = max(measured, key=lambda m: m["examples_per_second"]["median"])
         items.append(("best examples/s", f"{top['examples_per_second']['median']:,.0f}"))
@@ -127,6 +156,9 @@ def render_bench_page(result: dict, png: bytes, table_text: str) -> str:
         )
     ]
     modes, dtypes, sweep = result["modes"], result["dtypes"], result["batch_sweep"]
+    if result.get("variants"):
+        v = result["variants"]
+        sections.append((f"Variants of {v['key']}", _variants(v, result)))
     if modes:
         extra = ""
         if result["breakdown"]:
@@ -159,7 +191,7 @@ def render_bench_page(result: dict, png: bytes, table_text: str) -> str:
             "Chart",
             figure(
                 png,
-                "examples/s by mode, dtype and batch size",
+                "examples/s of each comparison measured",
                 "Bars: median examples/s; whiskers: min and max over the timed windows.",
             ),
         )

@@ -1,16 +1,17 @@
 """`run_bench(cfg, options) -> dict`: every measurement of `jaxmnist bench`, in one run.
 
-Three comparisons, each made side by side in one process: the four modes at the
-config's batch size and compute dtype; the compute dtypes in `sweep_mode`; and
-the batch sizes in `sweep_mode`. A measurement is a short training run from the
-same initial parameters: compile, warm up, time the windows (`timing`), then
-evaluate on the test set, so that speed and quality are reported together. A
-measurement that appears in two comparisons is made once. Utilisation is
-analytic FLOPs per example (forward and backward, from the model's shapes)
-times examples/s, over the peak of a large matmul in the same dtype measured in
-the same run (`peak`). JAX's persistent compilation cache is not used, so that
-compile times are compile times. The result is one JSON-ready dict, laid out in
-`schema`.
+Up to four comparisons, each made side by side in one process: the four modes at
+the config's batch size and compute dtype; the compute dtypes in `sweep_mode`;
+the batch sizes in `sweep_mode`; and, with `--variants`, the values of one config
+field in `sweep_mode` (`variants`), their timed windows interleaved. A measurement
+is a short training run from the same initial parameters: compile, warm up, time
+the windows (`timing`), then evaluate on the test set, so that speed and quality
+are reported together. A measurement that appears in two comparisons is made once.
+Utilisation is analytic FLOPs per example (forward and backward, from the shapes of
+the measurement's own model) times examples/s, over the peak of a large matmul in
+the same dtype measured in the same run (`peak`). JAX's persistent compilation
+cache is not used, so that compile times are compile times. The result is one
+JSON-ready dict, laid out in `schema`.
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ from jaxmnist import optim, runtime
 from jaxmnist.bench import options as options_lib
 from jaxmnist.bench import peak as peak_lib
 from jaxmnist.bench import timing
+from jaxmnist.bench import variants as variants_lib
 from jaxmnist.bench.modes import HostData, build_runner
 from jaxmnist.bench.options import BenchOptions
+from jaxmnist.errors import ConfigError
 from jaxmnist.models import count_params, get_model
 from jaxmnist.step import init_state
 from jaxmnist.train import place_train_data
@@ -118,43 +121,62 @@ class _Bench:
         return steps
 
     def measure(self, mode: str, dtype: str, batch_size: int) -> dict:
-        key = (mode, dtype, batch_size)
-        if key not in self._measured:
-            self._measured[key] = self._measure(mode, dtype, batch_size)
-        return self._measured[key]
-
-    def _measure(self, mode: str, dtype: str, batch_size: int) -> dict:
-        o = self.opts
+        """The bench's config at this dtype and batch size, in `mode` (measured once)."""
         cfg = dataclasses.replace(
             self.cfg,
             model=dataclasses.replace(self.cfg.model, dtype=dtype),
             train=dataclasses.replace(self.cfg.train, batch_size=batch_size),
         )
-        steps = self.window_steps(mode, batch_size)
-        label = f"{mode} {dtype} batch {batch_size}"
-        self.log(f"{label}: {o.warmup} warm-up + {o.windows} timed windows of {steps} steps")
-        # The schedule spans the steps this measurement trains (+1: python-dispatch's first step).
-        optimizer = optim.make_optimizer(cfg.optimizer, (o.warmup + o.windows) * steps + 1)
-        state = init_state(
-            jax.random.key(cfg.train.seed), cfg, optimizer, self.input_shape, self.num_classes
-        )
-        runner = build_runner(mode, cfg, optimizer, state, self.data, self.host, steps)
-        seconds, out = timing.time_windows(
-            runner.run,
+        if (mode, cfg) not in self._measured:
+            self._measured[mode, cfg] = self.measure_side_by_side(mode, [cfg])[0]
+        return self._measured[mode, cfg]
+
+    def measure_side_by_side(self, mode: str, cfgs: list, names: list[str] = ()) -> list[dict]:
+        """One measurement of each config in `mode`, their timed windows interleaved;
+        each is kept for the comparisons that come after. `names` label the log lines."""
+        o = self.opts
+        runners, labels = [], []
+        for i, cfg in enumerate(cfgs):
+            steps = self.window_steps(mode, cfg.train.batch_size)
+            label = f"{mode} {cfg.model.dtype} batch {cfg.train.batch_size}"
+            if i < len(names):
+                label += f" {names[i]}"
+            self.log(f"{label}: {o.warmup} warm-up + {o.windows} timed windows of {steps} steps")
+            # The schedule spans the steps this measurement trains (+1: python-dispatch's
+            # first step).
+            optimizer = optim.make_optimizer(cfg.optimizer, (o.warmup + o.windows) * steps + 1)
+            state = init_state(
+                jax.random.key(cfg.train.seed), cfg, optimizer, self.input_shape, self.num_classes
+            )
+            runners.append(build_runner(mode, cfg, optimizer, state, self.data, self.host, steps))
+            labels.append(label)
+        if len(cfgs) > 1:
+            self.log(f"{len(cfgs)} measurements side by side, windows interleaved")
+        timed = timing.time_interleaved(
+            [timing.Timed(r.run, lbl, r.prepare, r.guard) for r, lbl in zip(runners, labels)],
             windows=o.windows,
             warmup=o.warmup,
-            label=label,
-            prepare=runner.prepare,
-            guard=runner.guard,
         )
+        compiles = timing.last_window_compiles()  # counted, not assumed
+        records = []
+        for cfg, runner, (seconds, out) in zip(cfgs, runners, timed):
+            records.append(self._record(mode, cfg, runner, seconds, out, compiles))
+            self._measured.setdefault((mode, cfg), records[-1])
+        return records
+
+    def _record(self, mode: str, cfg, runner, seconds: list[float], out, compiles: int) -> dict:
+        o, batch_size, steps = self.opts, cfg.train.batch_size, runner.steps
         losses = runner.losses(out)
         test = self._evaluator(cfg.model, runner.state.params)(runner.state.params, self.test_set)
         step_stats = timing.stats(np.asarray(seconds) / steps)
         eps = peak_lib.invert(timing.stats(seconds), steps * batch_size)
-        achieved = eps["median"] * self.flops_per_example
+        flops = get_model(cfg.model.name).flops_per_example(
+            cfg.model, self.input_shape, self.num_classes
+        )
+        achieved = eps["median"] * flops
         record = {
             "mode": mode,
-            "dtype": dtype,
+            "dtype": cfg.model.dtype,
             "batch_size": batch_size,
             "steps_per_window": steps,
             "windows": o.windows,
@@ -163,9 +185,10 @@ class _Bench:
             "window_seconds": seconds,
             "step_seconds": step_stats,
             "examples_per_second": eps,
+            "flops_per_example": flops,
             "achieved_flops_per_second": achieved,
-            "mfu": achieved / self.peak(dtype)["flops_per_second"]["median"],
-            "compiles_in_windows": timing.last_window_compiles(),  # counted, not assumed
+            "mfu": achieved / self.peak(cfg.model.dtype)["flops_per_second"]["median"],
+            "compiles_in_windows": compiles,
             "transfer_guard": runner.guard.as_dict(),
             "steps_trained": int(jax.device_get(runner.state.step)),
             "final_train_loss": _finite(float(losses.mean())),
@@ -211,17 +234,50 @@ def run_bench(
     cfg = dataclasses.replace(cfg, compile_cache=False)
     options_lib.validate_options(opts)
     config_lib.validate(cfg)
-    for dtype in dict.fromkeys((cfg.model.dtype, *opts.dtypes)):
+    variants = []
+    if opts.variant_key:
+        from jaxmnist.data import get_spec
+
+        spec = dataset.spec if dataset is not None else get_spec(cfg.data.dataset)
+        variants = variants_lib.variant_configs(
+            cfg,
+            opts.variant_key,
+            opts.variant_values,
+            opts.sweep_mode,
+            spec.image_shape,
+            len(spec.class_names),
+        )
+    dtypes_used = (cfg.model.dtype, *opts.dtypes, *(v.cfg.model.dtype for v in variants))
+    for dtype in dict.fromkeys(dtypes_used):
         options_lib.check_dtype_supported(dtype)
     from jaxmnist.bench.scaling import check_devices
 
     check_devices(opts.device_counts)
     dataset = dataset if dataset is not None else _load(cfg, opts)
     options_lib.check_batch_sizes(opts, cfg, len(dataset.train_labels))
+    for v in variants:
+        try:
+            options_lib.check_batch_sizes(opts, v.cfg, len(dataset.train_labels))
+        except ConfigError as e:
+            raise ConfigError(f"variants {opts.variant_key}={v.value}: {e}") from None
 
     bench = _Bench(cfg, opts, dataset, log)
-    for dtype in dict.fromkeys((cfg.model.dtype, *opts.dtypes)):
+    for dtype in dict.fromkeys(dtypes_used):
         bench.peak(dtype)
+    variant_section = None
+    if variants:  # first, so that the comparisons below reuse what they share with it
+        records = bench.measure_side_by_side(
+            opts.sweep_mode,
+            [v.cfg for v in variants],
+            [f"{opts.variant_key}={v.value}" for v in variants],
+        )
+        variant_section = {
+            "key": opts.variant_key,
+            "values": list(opts.variant_values),
+            "mode": opts.sweep_mode,
+            "order": "interleaved: timed window i of every value, in order, then window i + 1",
+            "rows": variants_lib.rows(variants, records),
+        }
     batch, dtype = cfg.train.batch_size, cfg.model.dtype
     modes = [bench.measure(m, dtype, batch) for m in opts.modes]
     dtypes = [bench.measure(opts.sweep_mode, d, batch) for d in opts.dtypes]
@@ -281,6 +337,7 @@ def run_bench(
             ),
         },
         "scaling": scaling,
+        "variants": variant_section,
         "wall_seconds": time.perf_counter() - wall_start,
     }
 

@@ -28,11 +28,17 @@ Top level (every key always present; `null` where a figure does not apply):
 - `tokens`: null, or {tokens_per_example, note}: the projection's input, labelled.
 - `scaling`: null, or (with `--devices 1,2,...`) {epochs, rows, fake_devices, note}: per
   device count, data- and seed-parallel examples/s and efficiency, all-reduce bytes/step.
+- `variants`: null, or (with `--variants KEY=V1,V2,...`) {key, values (as given), mode
+  (the sweep mode), order (how the timed windows were interleaved), rows}: one row per
+  value, in order: a measurement (below) plus value, examples_per_second_vs_first (its
+  median examples/s over the first value's) and same_program_as (an earlier value whose
+  program and initial state are the same, e.g. `auto` and what it resolves to; else null).
 
 A measurement: mode, dtype, batch_size, steps_per_window, windows,
 warmup_windows, compile_seconds, window_seconds [..], step_seconds and
 examples_per_second {median, min, max, rel_spread}, achieved_flops_per_second
-(median), mfu (achieved / the peak of its dtype), compiles_in_windows,
+(median), flops_per_example (of its own model config), mfu (achieved / the peak of
+its dtype), compiles_in_windows,
 transfer_guard {host_to_device, device_to_host, device_to_device}, steps_trained,
 final_train_loss (mean of the last window; null if not finite), test_loss,
 test_accuracy, and projected_tokens_per_second when tokens_per_example was given.
@@ -56,6 +62,7 @@ MEASUREMENT = {
     "window_seconds": [NUM],
     "step_seconds": STATS,
     "examples_per_second": STATS,
+    "flops_per_example": int,
     "achieved_flops_per_second": NUM,
     "mfu": NUM,
     "compiles_in_windows": int,
@@ -66,6 +73,20 @@ MEASUREMENT = {
     "test_accuracy": NUM,
 }
 OPTIONAL_MEASUREMENT = {"projected_tokens_per_second": NUM}
+VARIANTS = {
+    "key": str,
+    "values": [str],
+    "mode": str,
+    "order": str,
+    "rows": [
+        {
+            **MEASUREMENT,
+            "value": str,
+            "examples_per_second_vs_first": NUM,
+            "same_program_as": (str, type(None)),
+        }
+    ],
+}
 
 PEAK = {
     "dtype": str,
@@ -106,6 +127,7 @@ SCHEMA = {
     },
     "tokens": (dict, type(None)),
     "scaling": (dict, type(None)),
+    "variants": ("nullable", VARIANTS),
 }
 
 
@@ -113,8 +135,11 @@ def check(result: dict) -> list[str]:
     """Every way `result` departs from SCHEMA, as 'path: problem' lines; [] if none."""
     problems: list[str] = []
     _check(result, SCHEMA, "bench", problems)
-    for section in ("modes", "dtypes", "batch_sweep"):
-        for i, m in enumerate(result.get(section) or []):
+    sections = {s: result.get(s) or [] for s in ("modes", "dtypes", "batch_sweep")}
+    if isinstance(result.get("variants"), dict):
+        sections["variants.rows"] = result["variants"].get("rows") or []
+    for section, rows in sections.items():
+        for i, m in enumerate(rows):
             for key, typ in OPTIONAL_MEASUREMENT.items():
                 if key in m:
                     _check(m[key], typ, f"bench.{section}[{i}].{key}", problems)
@@ -137,6 +162,9 @@ def _check(value, spec, path: str, problems: list[str]) -> None:
             return
         for i, item in enumerate(value):
             _check(item, spec[0], f"{path}[{i}]", problems)
+    elif isinstance(spec, tuple) and spec and spec[0] == "nullable":  # null or spec[1]
+        if value is not None:
+            _check(value, spec[1], path, problems)
     elif isinstance(spec, tuple) and spec and spec[0] == "mapping":  # {str: spec[1]}
         if not isinstance(value, dict):
             problems.append(f"{path}: expected an object, got {type(value).__name__}")

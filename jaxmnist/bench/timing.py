@@ -6,7 +6,8 @@ enqueued asynchronously; `jax.block_until_ready` is called only at its edges:
 the clock starts after the previous window's results (and this window's untimed
 `prepare`) are ready, and stops when the window's last result is. Figures are
 the median over the timed windows, with the min, max and relative spread
-((max - min) / median) beside them.
+((max - min) / median) beside them. Measurements compared side by side can be
+interleaved, window by window (`time_interleaved`).
 
 Hidden costs fail loudly inside timed windows. Every JAX compilation (tracing,
 lowering to MLIR or a backend compile, each reported through `jax.monitoring`)
@@ -119,6 +120,16 @@ def stats(values) -> dict:
     }
 
 
+class Timed(NamedTuple):
+    """One measurement's window: `run()` enqueues it and returns what to wait for;
+    `prepare(i)` (untimed, may return arrays to wait for) readies window `i`."""
+
+    run: Callable[[], Any]
+    label: str
+    prepare: Callable[[int], Any] | None = None
+    guard: Guard = STRICT
+
+
 def time_windows(
     run: Callable[[], Any],
     *,
@@ -134,31 +145,45 @@ def time_windows(
     `prepare(i)` (untimed, may return arrays to wait for) readies window `i`;
     `run()` enqueues one window of work and returns what to wait for.
     """
+    return time_interleaved([Timed(run, label, prepare, guard)], windows=windows, warmup=warmup)[0]
+
+
+def time_interleaved(
+    measurements: list[Timed], *, windows: int, warmup: int
+) -> list[tuple[list[float], Any]]:
+    """Window i of every measurement, in the order given, then window i + 1 (A B A B ...),
+    so that a load that comes and goes on the machine falls on all of them alike.
+
+    Returns, per measurement, its timed windows' seconds and its last window's output.
+    """
     if windows < 1 or warmup < 0:
         raise ValueError(f"need windows >= 1 and warmup >= 0, got {windows}, {warmup}")
     global _window_compiles
-    seconds, out = [], None
+    seconds: list[list[float]] = [[] for _ in measurements]
+    outs: list[Any] = [None] * len(measurements)
     _window_compiles = 0
     for i in range(warmup + windows):
-        jax.block_until_ready(prepare(i) if prepare is not None else None)
-        if i < warmup:
-            out = jax.block_until_ready(run())
-            continue
-        before = compile_count()
-        try:
-            with guarded(label, guard):
-                start = time.perf_counter()
-                out = jax.block_until_ready(run())
-                seconds.append(time.perf_counter() - start)
-        finally:
-            _window_compiles += compile_count() - before
-    return seconds, out
+        for j, m in enumerate(measurements):
+            jax.block_until_ready(m.prepare(i) if m.prepare is not None else None)
+            if i < warmup:
+                outs[j] = jax.block_until_ready(m.run())
+                continue
+            before = compile_count()
+            try:
+                with guarded(m.label, m.guard):
+                    start = time.perf_counter()
+                    outs[j] = jax.block_until_ready(m.run())
+                    seconds[j].append(time.perf_counter() - start)
+            finally:
+                _window_compiles += compile_count() - before
+    return list(zip(seconds, outs))
 
 
 _window_compiles = 0
 
 
 def last_window_compiles() -> int:
-    """JAX compiles counted inside the timed windows of the last `time_windows` call
+    """JAX compiles counted inside the timed windows of the last `time_windows` or
+    `time_interleaved` call
     (0 whenever it returned: `guarded` raises on the first)."""
     return _window_compiles

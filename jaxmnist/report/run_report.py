@@ -4,8 +4,9 @@
 figures, saves each as a PNG under `plots/` in the run directory, and writes
 `report.html` with the same figures embedded, so that the page can be mailed
 or opened from disk anywhere. Sections: summary, data (one image per class),
-training curves, predictions, most confident mistakes, confusion matrix (plot
-and counts), per-class results, per-epoch metrics, configuration. A run of
+training curves, first-layer filters (CNN runs), predictions, most confident
+mistakes, confusion matrix (plot and counts), per-class results, per-epoch
+metrics, configuration. A run of
 several seeds adds a seeds section (mean ± std, 95% confidence interval, each
 seed's accuracy and curve); the other sections show means over the seeds, and
 the predictions and confusion matrix are the first seed's. A run with a target
@@ -22,7 +23,7 @@ import numpy as np
 
 from jaxmnist import rundir
 from jaxmnist.errors import WriteError
-from jaxmnist.report import html, image_grids, plots, spread_plots
+from jaxmnist.report import filters, html, image_grids, plots, spread_plots
 from jaxmnist.report.describe import DASH, dataset_title, flatten, num, pct, secs, summary_rows
 from jaxmnist.report.predictions import GRID_SIZE, class_examples, confident_mistakes
 from jaxmnist.report.rundata import REPORT_FILE, RunData, class_stats, load_run
@@ -32,6 +33,13 @@ CURVES_NOTE = (
     "Train and test on the same axes: a test curve that turns up while the training curve "
     "keeps falling means over-fitting; both still improving at the end means more training "
     "would help. Faint: the loss of each step's batch."
+)
+
+FILTERS_NOTE = (
+    "Each tile is the kernel one output channel of the first convolution applies to the "
+    "pixels, channel 0 top left, row by row, all on one colour scale centred on 0. Strokes "
+    "and edges mean the layer learnt detectors; speckle means it learnt little. Several "
+    "seeds: the first seed's."
 )
 
 
@@ -158,6 +166,17 @@ def build_figures(run: RunData) -> dict[str, tuple[bytes, str]]:
             (
                 "Test accuracy of every seed per epoch, "
                 "and each seed's final accuracy with the mean and its 95% CI"
+            ),
+        )
+    kernels = filters.first_layer_filters(run.path, run.config)
+    if kernels is not None:
+        c, k, _ = kernels.shape
+        seed = s["seeds"][0] if "seeds" in s else run.config.get("train", {}).get("seed", 0)
+        figs["first_layer_filters"] = (
+            filters.filter_grid(kernels, f"First convolution layer: {c} filters of {k}×{k}"),
+            (
+                f"The {c} {k}×{k} kernels of the first convolution layer (seed {seed}), one "
+                "tile per output channel: blue negative, red positive, white zero"
             ),
         )
     p = run.predictions
@@ -295,6 +314,8 @@ def render_run_report(run: RunData, figs: dict[str, tuple[bytes, str]]) -> str:
         sections.append(("Data", fig("class_examples", "The first test image of each class.")))
     curves = html.figure_grid([fig("loss_curves"), fig("accuracy_curves")])
     sections.append(("Training curves", curves + _note(CURVES_NOTE)))
+    if "first_layer_filters" in figs:
+        sections.append(("First-layer filters", fig("first_layer_filters") + _note(FILTERS_NOTE)))
     if "predictions" in figs:
         sections.append(
             ("Predictions", fig("predictions", "The first test images. Green: right; red: wrong."))
