@@ -115,7 +115,7 @@ class RunResult(NamedTuple):
     states: list  # one TrainState per chunk, stacked along the member axis
     plan: config_lib.StepPlan
     records: list[dict]  # per epoch, from the first epoch of the run
-    test: Evaluation  # after the last epoch run
+    test: Evaluation | None  # after the last epoch run (None: stopped inside the first)
     info: dict  # what the run told the callbacks when it started
     compile_seconds: float
     train_seconds: float  # compiled epochs only
@@ -428,7 +428,7 @@ class _Loop:
             calls.on_epoch_end(end)
             if sum(bool(rule(end, clock[0])) for rule in stop_rules) or stopping:
                 break
-        if test is None:  # stopped inside its first epoch, or resumed at its final checkpoint
+        if test is None and not stopping:  # resumed at its final checkpoint
             test = pop.evaluate(states, "test", run.eval_sets["test"])
         return RunResult(
             pop,
