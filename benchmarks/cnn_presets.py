@@ -42,7 +42,8 @@ def train(preset: str, seeds: int, run_dir: Path, extra: list[str]) -> dict:
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - t0
-    if proc.returncode != 0:
+    # Exit 1 with a summary is a run that did not reach its target: a result, not a failure.
+    if proc.returncode != 0 and not (run_dir / "summary.json").exists():
         raise SystemExit(f"{' '.join(cmd)} failed: {proc.stderr.strip()[-800:]}")
     summary = json.loads((run_dir / "summary.json").read_text())
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
@@ -118,24 +119,14 @@ def main() -> None:
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for preset in args.presets.split(","):
+            load = os.getloadavg()
             results[preset] = measure(preset, args.seeds, Path(tmp))
+            results[preset]["load_average"] = {"before": load, "after": os.getloadavg()}
             print_row(preset, results[preset], flush=True)
-    out = {
-        "presets": results,
-        "load_average": {"before": load_before, "after": os.getloadavg()},
-        "environment": runtime.environment(),
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+    # Presets measured in earlier invocations stay, each with its own load average.
     previous = json.loads(args.out.read_text()) if args.out.exists() else {}
-    previous.setdefault("presets", {}).update(results)
-    previous.update({k: v for k, v in out.items() if k != "presets"})
-    args.out.write_text(json.dumps(previous, indent=2) + "\n")
-    env = out["environment"]
-    print(
-        f"{env['backend']} / {env['cpu_model']} ({env['cpu_count']} cores), jax {env['jax']}; "
-        f"load {load_before[0]:.1f} -> {out['load_average']['after'][0]:.1f}; "
-        f"written to {args.out}"
-    )
+    presets = {**previous.get("presets", {}), **results}
+    print(runtime.save_benchmark(args.out, {"presets": presets}, load_before))
 
 
 def print_row(preset: str, r: dict, flush: bool = False) -> None:

@@ -17,7 +17,6 @@ Prints a table and writes JSON (`--out`, default benchmarks/results/pacing_overh
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
@@ -100,18 +99,7 @@ def main() -> None:
             f"{r['steps_per_epoch']} steps)",
             flush=True,
         )
-    out = {
-        "presets": results,
-        "load_average": {"before": load_before, "after": os.getloadavg()},
-        "environment": runtime.environment(),
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
-    env = out["environment"]
-    print(
-        f"{env['backend']} / {env['cpu_model']} ({env['cpu_count']} cores), jax {env['jax']}; "
-        f"load {load_before[0]:.1f} -> {out['load_average']['after'][0]:.1f}; written to {args.out}"
-    )
+    print(runtime.save_benchmark(args.out, {"presets": results}, load_before))
 
 
 if __name__ == "__main__":

@@ -124,24 +124,14 @@ def main() -> None:
             worst = max(s["seconds_to_exit"] for s in results[name]["stops"])
             results[name]["worst_seconds_to_exit"] = worst
             results[name]["meets_target"] = worst <= TARGET_SECONDS
-    out = {
-        "target_seconds": TARGET_SECONDS,
-        "cases": results,
-        "load_average": {"before": load_before, "after": os.getloadavg()},
-        "environment": runtime.environment(),
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
-    env = out["environment"]
+    figures = {"target_seconds": TARGET_SECONDS, "cases": results}
+    line = runtime.save_benchmark(args.out, figures, load_before)
     for name, r in results.items():
         print(
             f"{name}: worst {r['worst_seconds_to_exit']:.2f} s from signal to exit "
             f"(target <= {TARGET_SECONDS:.0f} s): {'met' if r['meets_target'] else 'NOT met'}"
         )
-    print(
-        f"{env['backend']} / {env['cpu_model']} ({env['cpu_count']} cores), jax {env['jax']}; "
-        f"load {load_before[0]:.1f} -> {out['load_average']['after'][0]:.1f}; written to {args.out}"
-    )
+    print(line)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ from jaxmnist.errors import JaxmnistError, WriteError
 from jaxmnist.train import Callback
 
 CHECKPOINT_DIR = "checkpoints"
+LARGE_BYTES = 256 * 2**20  # a state this large takes seconds to write
 
 
 class CheckpointOptions(NamedTuple):
@@ -153,8 +154,8 @@ class Checkpointer(Callback):
     """A run-loop callback: saves the state after every `every`-th epoch and the last.
 
     `resume` (a `resume.Resumer`) supplies the metrics of the epochs before a
-    restart; `stop` (a `preemption.StopRequest`) forces a save at the epoch where
-    a stop was asked for. Call `close()` at the end: it waits for the last write.
+    restart. A stop (`EpochEnd.stopping`, `StepsEnd.stopping`) always saves, where it
+    happens. Call `close()` at the end: it waits for the last write.
 
     In one process the state is copied to the host (the next epoch donates its
     device buffers) and a worker thread does the rest: fingerprint, Orbax's
@@ -163,8 +164,8 @@ class Checkpointer(Callback):
     does the copying, collectively.
     """
 
-    def __init__(self, run_dir, options: CheckpointOptions, resume=None, stop=None):
-        self.options, self.resume, self.stop = options, resume, stop
+    def __init__(self, run_dir, options: CheckpointOptions, resume=None):
+        self.options, self.resume = options, resume
         _quiet_abandoned_writes()  # before any write: a failing one echoes from its threads
         self.records: list = []
         self.path = checkpoint_dir(run_dir)
@@ -184,7 +185,7 @@ class Checkpointer(Callback):
         wanted = end.epoch % self.options.every == 0 or end.epoch == self.last_epoch
         if wanted or end.stopping:
             progress = {"epoch": end.epoch, "step": end.step, "epoch_step": 0}
-            self.save(end.step, end.states, None, end.population, progress)
+            self.save(end.step, end.states, None, end.population, progress, end.stopping)
 
     def on_steps(self, end) -> None:
         every = self.options.every_steps
@@ -196,11 +197,22 @@ class Checkpointer(Callback):
             "epoch_step": end.epoch_step,
             "epoch_seconds": end.epoch_seconds,
         }
-        self.save(end.step, end.states, end.metrics, end.population, progress)
+        self.save(end.step, end.states, end.metrics, end.population, progress, end.stopping)
 
-    def save(self, step: int, states: list, metrics, population, progress: dict) -> None:
+    def save(
+        self, step: int, states: list, metrics, population, progress: dict, stopping=False
+    ) -> None:
         """Saves every member's state (and, inside an epoch, its accumulators `metrics`)
-        with `progress`; `states` and `metrics` are per memory chunk."""
+        with `progress`; `states` and `metrics` are per memory chunk. `stopping`: the
+        run ends after this save."""
+        size = sum(x.nbytes for x in jax.tree.leaves(states))
+        if stopping and size >= LARGE_BYTES:
+            # The stop waits for this write: say why the terminal goes quiet.
+            print(
+                f"jaxmnist: writing a {size / 2**30:.1f} GB checkpoint before stopping",
+                file=sys.stderr,
+                flush=True,
+            )
         progress = {
             **progress,
             "records": list(self.records),

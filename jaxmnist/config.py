@@ -135,12 +135,13 @@ PRESETS: dict[str, Config] = {
         train=TrainConfig(batch_size=256, epochs=10),
     ),
     # Least time to 99.0% on MNIST: the small CNN, large steps (batch 512, one-cycle peak
-    # 1e-2), 1-pixel translations, 2 epochs; stops at 99.0% test accuracy.
+    # 1e-2), 1-pixel translations, 3 epochs (2 reached 98.94%, mean of 8 seeds); stops at
+    # 99.0% test accuracy.
     "speedrun": Config(
         data=DataConfig(augment=True, max_shift=1),
         model=ModelConfig(name="cnn", channels=(16, 32), kernel_size=3, hidden=(128,)),
         optimizer=OptimizerConfig(name="adam", lr=1e-2, schedule="onecycle"),
-        train=TrainConfig(batch_size=512, epochs=2, target_accuracy=0.99),
+        train=TrainConfig(batch_size=512, epochs=3, target_accuracy=0.99),
     ),
 }
 

@@ -6,6 +6,7 @@ number can always be traced to the software and hardware that produced it.
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import sys
@@ -108,3 +109,21 @@ def placement_report(layout, cfg) -> dict:
         "eval_batches": where(eval_set),
         "logits": where(logits),
     }
+
+
+def save_benchmark(path: Path, figures: dict, load_before: tuple) -> str:
+    """Writes a benchmark's `figures` to `path` as JSON with what every result keeps
+    beside them (the load average before and after, `environment()`); returns the
+    line that says where it ran and where the figures went."""
+    out = {
+        **figures,
+        "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
+        "environment": environment(),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    env, after = out["environment"], out["load_average"]["after"]
+    return (
+        f"{env['backend']} / {env['cpu_model']} ({env['cpu_count']} cores), jax {env['jax']}; "
+        f"load {load_before[0]:.1f} -> {after[0]:.1f}; written to {path}"
+    )

@@ -333,7 +333,7 @@ class _Loop:
         self.setup, self.calls, self.target = run, calls, target
         self.stop_on_nonfinite, self.interrupt = stop_on_nonfinite, interrupt
         self.pacer = pacing.Pacer(every)
-        self.estimated = False
+        self.estimated, self.calls_made = False, 0
 
     def run_steps(self, states, metrics, plans, done: int, num_steps: int, step: int):
         """One call, from step `done` of the epoch; returns (states, metrics, steps run,
@@ -347,7 +347,10 @@ class _Loop:
         # Every process paces by the slowest clock and stops when any is asked to.
         paced, stopping = parallel.agree(round(seconds * 1e6), self.interrupt())
         self.pacer.record(stop - done, paced / 1e6)
-        if not self.estimated:
+        self.calls_made += 1
+        # The run's first call (one step) still warms up: the estimate waits for the
+        # second, unless that one step was already slow enough to leave the user waiting.
+        if not self.estimated and (self.calls_made >= 2 or paced >= 2e6):
             self.estimated = True
             total = self.pacer.epoch_seconds(self.setup.plan.steps_per_epoch)
             self.calls.on_estimate(total, self.pacer.seconds_per_step)
@@ -602,7 +605,7 @@ def train_and_evaluate(
     if run:
         run.write_data(dataset)  # where the data came from, for `jaxmnist eval`
     events = _event_writer(run, cfg)
-    saver = _checkpointer(workdir, checkpoints, resume, stop)
+    saver = _checkpointer(workdir, checkpoints, resume)
     callbacks = [
         reporter if main else None,
         run and _RunFiles(run, cfg),
@@ -682,13 +685,13 @@ def train_and_evaluate(
     return summary
 
 
-def _checkpointer(workdir, options, resume, stop):
+def _checkpointer(workdir, options, resume):
     """The checkpoint callback (every process: an Orbax save is collective), or None."""
     if workdir is None or options is None:
         return None
     from jaxmnist.checkpoint import Checkpointer
 
-    return Checkpointer(workdir, options, resume=resume, stop=stop)
+    return Checkpointer(workdir, options, resume=resume)
 
 
 def layout_for(cfg, num_models: int | None = None) -> parallel.Layout:

@@ -1,4 +1,4 @@
-"""Real-data accuracy gates: the two reference recipes reach their known accuracy.
+"""Real-data accuracy gates: the reference recipes reach their known accuracy.
 
 These train on the real MNIST and Fashion-MNIST, found wherever jaxmnist looks
 for data ($JAXMNIST_DATA_DIR, the user cache, the system folder) without
@@ -49,3 +49,19 @@ def test_codelab_reaches_86_5_percent_on_fashion_mnist(tmp_path):
     )
     assert summary["num_test_examples"] == 10_000 and summary["steps"] == 400
     assert summary["test_accuracy"] >= 0.865, summary["test_accuracy"]
+
+
+@pytest.mark.realdata
+def test_the_speedrun_cnn_reaches_98_5_percent_in_one_epoch(tmp_path):
+    """The CNN path end to end on real data (im2col convolutions, augmentation inside the
+    compiled epoch, one-cycle Adam): one epoch of the speedrun network at batch 256."""
+    cfg = config_lib.apply_overrides(
+        config_lib.get_preset("speedrun"),
+        {"train.epochs": 1, "train.batch_size": 256, "optimizer.lr": 5e-3},
+    )
+    cfg = config_lib.apply_overrides(
+        cfg, {"train.target_accuracy": None, "train.eval_train": False}
+    )
+    summary = train_and_evaluate(cfg, tmp_path, dataset=real_dataset("mnist"))
+    assert summary["steps"] == 234 and summary["num_test_examples"] == 10_000
+    assert summary["test_accuracy"] >= 0.985, summary["test_accuracy"]

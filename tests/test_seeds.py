@@ -246,3 +246,24 @@ def test_memory_estimate_counts_what_the_model_computes():
     assert kept("tpu101") >= (784 + 256 + 10) * 4
     im2col = (28 * 28 * 1 * 9 + 14 * 14 * 16 * 9) * 4  # the two convolutions' patch buffers
     assert kept("cnn", conv_impl="im2col") >= im2col
+
+
+class EstimateWatch(Reporter):
+    def __init__(self):
+        self.events = []
+
+    def on_estimate(self, epoch_seconds, seconds_per_step):
+        self.events.append(("estimate", epoch_seconds / seconds_per_step))
+
+    def on_steps(self, end):
+        self.events.append(("steps", end.step))
+
+
+def test_the_epoch_estimate_comes_once_after_the_second_call(tiny_dataset):
+    """The first call (one step) still warms up, so the estimate waits for the second;
+    it is the full epoch's steps at the speed measured so far."""
+    cfg = small_cfg(epochs=2, progress_every=7)
+    watch = EstimateWatch()
+    train_population(cfg, population.seed_members(cfg), tiny_dataset, watch)
+    assert watch.events[:3] == [("steps", 1), ("estimate", pytest.approx(20)), ("steps", 7)]
+    assert [e for e, _ in watch.events].count("estimate") == 1
