@@ -178,7 +178,6 @@ class Population:
         ahead of time; `eval_sets` maps a name to its EvalData. Every epoch, a
         shorter last one too, uses the plan of a full epoch of `steps_per_epoch`."""
         lay, S = self.layout, steps_per_epoch
-        self.steps_per_epoch = S
         first = {}
         for i, size in enumerate(self.chunks):
             first.setdefault(size, i)
@@ -275,8 +274,10 @@ class Population:
 
     def learning_rates(self, states) -> np.ndarray | None:
         """float64 (N,): the learning rate each member's last update used."""
-        rate = self._rate_fn()
-        lrs = [self.rate_fns.get(size, rate)(s) for size, s in zip(self.chunks, states)]
+        lrs = [
+            (self.rate_fns.get(size) or self._rate_fn())(s)
+            for size, s in zip(self.chunks, states, strict=True)
+        ]
         if lrs[0] is None:
             return None
         return np.concatenate([np.asarray(x, np.float64).reshape(-1) for x in jax.device_get(lrs)])

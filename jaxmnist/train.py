@@ -280,8 +280,6 @@ def train_population(
     points = np.zeros(len(members), int) if points is None else np.asarray(points)
     target = TargetAccuracy(cfg.train.target_accuracy, points)
     progress = Progress() if start is None else start[0]
-    if target.replay(progress.records):  # a resumed run that had already reached it
-        return _finished(run, states, progress, target, compile_seconds)
     every = (*every_steps, cfg.train.progress_every)
     loop = _Loop(run, calls, target, stop_on_nonfinite, interrupt or (lambda: False), every)
     return loop.run(states, progress, (target, *stop_rules), compile_seconds)
@@ -392,7 +390,10 @@ class _Loop:
         records, diverged = list(progress.records), []
         test, stopping = None, False
         partial = progress if progress.epoch_step else None  # resumed inside an epoch
-        for epoch in range(progress.epoch + 1, len(run.plan.epoch_steps) + 1):
+        epochs = range(progress.epoch + 1, len(run.plan.epoch_steps) + 1)
+        if self.target.replay(progress.records):  # a resumed run had already reached it
+            epochs = ()
+        for epoch in epochs:
             num_steps = run.plan.epoch_steps[epoch - 1]
             done = partial.epoch_step if partial else 0
             clock[1] = partial.epoch_seconds if partial else 0.0
@@ -431,7 +432,7 @@ class _Loop:
             calls.on_epoch_end(end)
             if sum(bool(rule(end, clock[0])) for rule in stop_rules) or stopping:
                 break
-        if test is None and not stopping:  # resumed at its final checkpoint
+        if test is None and not stopping:  # resumed at its last checkpoint, or past its target
             test = pop.evaluate(states, "test", run.eval_sets["test"])
         return RunResult(
             pop,
@@ -454,25 +455,6 @@ class _Loop:
         for i in _check_finite(losses, epoch, first_step, members, self.stop_on_nonfinite):
             if i not in diverged:
                 diverged.append(i)
-
-
-def _finished(run: Setup, states, progress: Progress, target, compile_seconds) -> RunResult:
-    """The result of a resumed run whose records show it had already reached its target."""
-    test = run.population.evaluate(states, "test", run.eval_sets["test"])
-    return RunResult(
-        run.population,
-        states,
-        run.plan,
-        list(progress.records),
-        test,
-        run.info,
-        compile_seconds,
-        progress.train_seconds,
-        progress.eval_seconds,
-        progress.step,
-        target.reached,
-        [],
-    )
 
 
 def epoch_record(
