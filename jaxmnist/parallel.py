@@ -268,15 +268,16 @@ def default_device():
     return jax.local_devices()[0]
 
 
-def agree(steps: int, stop: bool) -> tuple[int, bool]:
-    """What every process of a run does next: the fewest `steps` any proposes, and
-    whether any was asked to stop. Each process paces its calls by its own clock and
-    gets its own signals, but they run one program together: a process that ran
-    further, or stopped alone, would hang the others. One process: the values."""
+def agree(seconds: float, stop: bool) -> tuple[float, bool]:
+    """What every process of a run does next: the longest time `seconds` any measured
+    for the last call (the pacing of the next), and whether any was asked to stop.
+    Each process times its calls by its own clock and gets its own signals, but they
+    run one program together: a process that ran further, or stopped alone, would
+    hang the others. One process: the values."""
     if jax.process_count() == 1:
-        return steps, stop
+        return seconds, stop
     from jax.experimental import multihost_utils
 
-    votes = multihost_utils.process_allgather(np.array([steps, int(stop)], np.int32))
+    votes = multihost_utils.process_allgather(np.array([seconds, stop], np.float32))
     votes = np.asarray(votes).reshape(-1, 2)
-    return int(votes[:, 0].min()), bool(votes[:, 1].any())
+    return float(votes[:, 0].max()), bool(votes[:, 1].any())

@@ -320,7 +320,7 @@ def _compile(run: Setup) -> float:
     """Compiles every distinct program ahead of time; returns the seconds it took."""
     start = time.perf_counter()
     run.population.compile(run.states, run.plan.steps_per_epoch, run.train_data, run.eval_sets)
-    parallel.agree(0, False)  # several processes: its collective compiles here too
+    parallel.agree(0.0, False)  # several processes: its collective compiles here too
     return time.perf_counter() - start
 
 
@@ -343,12 +343,12 @@ class _Loop:
         jax.block_until_ready(metrics)
         seconds = time.perf_counter() - t0
         # Every process paces by the slowest clock and stops when any is asked to.
-        paced, stopping = parallel.agree(round(seconds * 1e6), self.interrupt())
-        self.pacer.record(stop - done, paced / 1e6)
+        paced, stopping = parallel.agree(seconds, self.interrupt())
+        self.pacer.record(stop - done, paced)
         self.calls_made += 1
         # The run's first call (one step) still warms up: the estimate waits for the
         # second, unless that one step was already slow enough to leave the user waiting.
-        if not self.estimated and (self.calls_made >= 2 or paced >= 2e6):
+        if not self.estimated and (self.calls_made >= 2 or paced >= 2.0):
             self.estimated = True
             total = self.pacer.epoch_seconds(self.setup.plan.steps_per_epoch)
             self.calls.on_estimate(total, self.pacer.seconds_per_step)
