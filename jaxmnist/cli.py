@@ -776,7 +776,13 @@ def _add_use_parsers(sub) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # Overrides may come between options too (`--epochs 3 a=1 --seed 2 b=2`), which
+    # argparse's subparsers cannot parse in one pass: what is left must be KEY=VALUE.
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if not hasattr(args, "overrides") or any(e.startswith("-") or "=" not in e for e in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides = [*args.overrides, *extra]
     args.argv = list(sys.argv[1:] if argv is None else argv)  # recorded with the run
     try:
         code = args.func(args)

@@ -32,6 +32,7 @@ class DataConfig:
     augment: bool = False  # random moves of each training image, on the device (data.augment)
     max_shift: int = 2  # augment: pixels of random translation, each way
     max_rotation: float = 0.0  # augment: degrees of random rotation, each way; 0: none
+    flip: bool = False  # augment: mirror half the images left-right (clothes, not digits)
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class ModelConfig:
     channels: tuple[int, ...] = (16, 32)  # cnn: output channels of each conv + pool block
     kernel_size: int = 3  # cnn: odd square kernels
     conv_impl: str = "auto"  # cnn: auto (XLA on GPU/TPU, fastest on CPU), xla, im2col, patches
+    dropout: float = 0.0  # training only: rate on each dense layer's input but the pixels
 
 
 @dataclass(frozen=True)
@@ -275,6 +277,8 @@ def validate(cfg: Config, *, num_train_examples: int | None = None) -> None:
     _choice(cfg.optimizer.name, OPTIMIZERS, "optimizer")
     _choice(cfg.optimizer.schedule, SCHEDULES, "schedule")
     MODELS[cfg.model.name].validate(cfg.model)  # the fields that family reads
+    if not 0 <= cfg.model.dropout < 1:
+        raise ConfigError(f"model.dropout: a rate in [0, 1), got {cfg.model.dropout}")
     if cfg.data.max_shift < 0:
         raise ConfigError(f"data.max_shift must be >= 0 pixels, got {cfg.data.max_shift}")
     if not 0 <= cfg.data.max_rotation <= 180:

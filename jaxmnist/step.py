@@ -5,8 +5,8 @@ no notion of seeds or files, so that `jaxmnist.population` can run it for one
 model, `vmap` it over many, and shard it over a mesh without rewriting it.
 
 An epoch is a plan and its steps. `plan(key) -> EpochPlan` draws a fresh
-permutation of the training set on the device (and each step's augmentation
-key); `train_steps(state, metrics, plan, data, start, stop)` runs steps
+permutation of the training set on the device (and each step's key for
+augmentation and dropout); `train_steps(state, metrics, plan, data, start, stop)` runs steps
 `start .. stop - 1` of it in one compiled loop, recording each step's loss in
 `metrics`. The run loop calls it for a whole short epoch at once, or for parts
 of about a second of a long one, with the same result either way;
@@ -28,6 +28,8 @@ import optax
 
 from jaxmnist.data.augment import augment
 from jaxmnist.models import apply_uint8, get_model
+
+DROPOUT_STREAM = 0x64726F70  # fold_in data for dropout's key ("drop"), far from split indices
 
 
 class TrainState(NamedTuple):
@@ -53,16 +55,17 @@ def init_state(key, cfg, optimizer, input_shape, num_classes) -> TrainState:
 
 
 def make_train_step(cfg, optimizer) -> Callable:
-    """Returns `step(state, images_u8 (B, H, W), labels (B,)) -> (state, (loss, correct))`."""
+    """Returns `step(state, images_u8 (B, H, W), labels (B,), key=None) -> (state, (loss,
+    correct))`; `key` is dropout's (`model.dropout`), None for none."""
 
-    def loss_fn(params, images, labels):
-        logits = apply_uint8(params, images, cfg.model)
+    def loss_fn(params, images, labels, key):
+        logits = apply_uint8(params, images, cfg.model, key=key)
         loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
         return loss, logits
 
-    def step(state: TrainState, images, labels):
+    def step(state: TrainState, images, labels, key=None):
         (loss, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-            state.params, images, labels
+            state.params, images, labels, key
         )
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
@@ -82,7 +85,7 @@ class EpochPlan(NamedTuple):
     """What an epoch's steps read, drawn once from the epoch's key."""
 
     indices: jax.Array  # int32 (num_steps, batch): the examples of each step's batch
-    keys: jax.Array | None  # uint32 (num_steps, 2): raw augmentation keys, one per step
+    keys: jax.Array | None  # uint32 (num_steps, 2): raw keys of augmentation and dropout
 
 
 def make_epoch_plan(cfg, num_examples: int, num_steps: int) -> Callable:
@@ -91,7 +94,7 @@ def make_epoch_plan(cfg, num_examples: int, num_steps: int) -> Callable:
 
     def plan(key) -> EpochPlan:
         idx = epoch_indices(key, num_examples, cfg.train.batch_size, num_steps)
-        if not cfg.data.augment:
+        if not (cfg.data.augment or cfg.model.dropout):
             return EpochPlan(idx, None)
         # Each step its own key; the permutation keeps `key` itself, as without augmentation.
         keys = jax.random.split(jax.random.fold_in(key, 1), num_steps)
@@ -122,17 +125,20 @@ def make_train_steps(
     """
     step = make_train_step(cfg, optimizer)
     shard = shard_batch or (lambda x: x)
-    augmenting = cfg.data.augment
+    augmenting, dropping = cfg.data.augment, cfg.model.dropout > 0
 
     def train_steps(state: TrainState, metrics: EpochMetrics, plan: EpochPlan, data, start, stop):
         def body(i, carry):
             state, metrics = carry
             batch_idx = shard(plan.indices[i])
             images = shard(data.images[batch_idx])
+            key = jax.random.wrap_key_data(plan.keys[i]) if plan.keys is not None else None
             if augmenting:  # each step its own key: each image its own move
-                key = jax.random.wrap_key_data(plan.keys[i])
                 images = shard(augment(key, images, cfg.data))
-            state, (loss, correct) = step(state, images, shard(data.labels[batch_idx]))
+            # Dropout draws from its own stream of the step's key, apart from augmentation's.
+            drop_key = jax.random.fold_in(key, DROPOUT_STREAM) if dropping else None
+            labels = shard(data.labels[batch_idx])
+            state, (loss, correct) = step(state, images, labels, drop_key)
             return state, EpochMetrics(metrics.loss.at[i].set(loss), metrics.correct + correct)
 
         return jax.lax.fori_loop(start, stop, body, (state, metrics))

@@ -65,6 +65,18 @@ def test_off_or_zero_moves_is_the_identity(images):
         np.testing.assert_array_equal(augment(jax.random.key(4), images, cfg), images)
 
 
+def test_flip_mirrors_a_random_half_and_leaves_the_moves_as_they_were(images):
+    flip_only = dataclasses.replace(ON, max_shift=0, flip=True)
+    out, src = np.asarray(augment(jax.random.key(7), images, flip_only)), np.asarray(images)
+    mirrored = [np.array_equal(o, s[:, ::-1]) for o, s in zip(out, src, strict=True)]
+    kept = [np.array_equal(o, s) for o, s in zip(out, src, strict=True)]
+    assert all(m != k for m, k in zip(mirrored, kept, strict=True))  # each one or the other
+    assert 0 < sum(mirrored) < len(src)  # drawn per image
+    both = np.asarray(augment(jax.random.key(7), images, dataclasses.replace(ON, flip=True)))
+    moved = np.asarray(augment(jax.random.key(7), jnp.asarray(out), ON))
+    np.testing.assert_array_equal(both, moved)  # the flips, then the same key's moves
+
+
 def test_a_tiny_rotation_is_an_integer_translation(images):
     # With the angle ~0 the bilinear warp samples on the pixel grid: it must reduce to
     # the same crops as the translation, which pins its coordinate arithmetic.

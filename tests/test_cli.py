@@ -137,6 +137,19 @@ def test_config_command_prints_resolved_config(capsys):
     assert cfg["data"]["dataset"] == "fashion_mnist" and cfg["train"]["steps"] == 400
 
 
+def test_overrides_may_come_between_options_and_anything_else_is_refused(capsys):
+    argv = ["config", "--preset", "cnn", "model.dropout=0.25", "--epochs", "3", "data.flip=true"]
+    assert main(argv) == 0
+    cfg = json.loads(capsys.readouterr().out)
+    assert (cfg["model"]["dropout"], cfg["data"]["flip"], cfg["train"]["epochs"]) == (0.25, True, 3)
+    with pytest.raises(SystemExit) as e:
+        main(["config", "--epochs", "3", "model.dropout=0.25", "--bogus", "1"])
+    assert e.value.code == 2 and "unrecognized arguments: --bogus 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["data", "info", "mnist", "stray"])
+    assert e.value.code == 2
+
+
 def test_devices_reports_placement(capsys):
     assert main(["devices", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)

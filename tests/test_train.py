@@ -98,12 +98,18 @@ def test_scanned_epoch_equals_python_loop(tiny_dataset):
     np.testing.assert_allclose(metrics.loss, np.array(losses), rtol=1e-5)
 
 
-@pytest.mark.parametrize("augment", [False, True])
-def test_epoch_in_parts_equals_whole_epoch_bit_for_bit(tiny_dataset, augment):
+@pytest.mark.parametrize(
+    "augment, dropout", [(False, 0.0), (True, 0.0), (True, 0.3)], ids=["plain", "augment", "drop"]
+)
+def test_epoch_in_parts_equals_whole_epoch_bit_for_bit(tiny_dataset, augment, dropout):
     """The run loop cuts epochs into calls wherever its pacing says: any cut must give
     exactly the one-call epoch's parameters, optimizer state and metrics."""
     cfg = small_cfg()
-    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, augment=augment))
+    cfg = dataclasses.replace(
+        cfg,
+        data=dataclasses.replace(cfg.data, augment=augment, flip=augment),
+        model=dataclasses.replace(cfg.model, dropout=dropout),
+    )
     optimizer, state, data = _setup(cfg, tiny_dataset)
     num_steps = len(tiny_dataset.train_labels) // cfg.train.batch_size
     key = jax.random.key(3)

@@ -2,7 +2,8 @@
 
 `augment(key, images, cfg)` moves every image of a batch by its own random offset
 (zero-padding by `max_shift` pixels and cropping back to the original size, the usual
-pad-and-random-crop) and, when `max_rotation` is set, also turns it by a random angle.
+pad-and-random-crop), when `max_rotation` is set also turns it by a random angle, and
+with `flip` mirrors a random half of them left-right (for clothes, never for digits).
 It sees no labels, so it cannot disturb them; it keeps shape and dtype, so it slots into
 the compiled epoch between the batch gather and the model; and it is deterministic in its
 key, so a run stays reproducible from its seed while each key (each step, epoch and
@@ -27,13 +28,26 @@ from jax.scipy import ndimage
 def augment(key: jax.Array, images: jax.Array, cfg) -> jax.Array:
     """images: uint8 (B, H, W) -> uint8 (B, H, W), each image moved at random.
 
-    cfg: DataConfig (`augment`, `max_shift` in pixels, `max_rotation` in degrees).
+    cfg: DataConfig (`augment`, `max_shift` in pixels, `max_rotation` in degrees, `flip`).
     """
-    if not cfg.augment or (cfg.max_shift == 0 and cfg.max_rotation == 0):
+    if not cfg.augment:
         return images
-    if cfg.max_rotation == 0:
+    if cfg.flip:  # its own draw, so the moves are those of the same key without flips
+        images = random_flip(jax.random.fold_in(key, FLIP_STREAM), images)
+    if cfg.max_rotation != 0:
+        return random_warp(key, images, cfg.max_shift, cfg.max_rotation)
+    if cfg.max_shift != 0:
         return random_translate(key, images, cfg.max_shift)
-    return random_warp(key, images, cfg.max_shift, cfg.max_rotation)
+    return images
+
+
+FLIP_STREAM = 0x666C6970  # fold_in data for the flips' key ("flip"), far from split indices
+
+
+def random_flip(key: jax.Array, images: jax.Array) -> jax.Array:
+    """Each image (B, H, W) mirrored left-right with probability 1/2."""
+    mirror = jax.random.bernoulli(key, 0.5, (images.shape[0], 1, 1))
+    return jnp.where(mirror, images[:, :, ::-1], images)
 
 
 def random_translate(key: jax.Array, images: jax.Array, max_shift: int) -> jax.Array:

@@ -10,14 +10,17 @@ Parameters are `{"conv": [{"w": (k, k, C_in, C_out), "b": (C_out,)}, ...], "dens
 [{"w": (fan_in, fan_out), "b": (fan_out,)}, ...]}`, float32, He-normal weights (std =
 sqrt(2 / fan_in), fan_in = k²·C_in for a kernel) and zero biases. The compute dtype scheme
 is the MLP's: images and weights are cast to `dtype`, the logits come back float32.
+With `dropout` set and a key given (training), the input of every dense layer (the
+flattened feature maps, then each hidden layer's activations) goes through dropout.
 
 Pure functions rather than Flax: the model has no state (no batch norm: see below), so
 `init`/`apply` over a pytree is all a module system would give, and plain functions vmap
 over a population of models and shard without any adapter; it keeps one dependency out;
 and the convolution's formulation, which decides CPU speed, is ours to choose per backend
-(`jaxmnist.models.conv`, `model.conv_impl`). Batch normalisation and dropout are left out:
-they were not needed in the presets' trials, and batch statistics would make the model
-stateful for every caller (the step, evaluation, populations).
+(`jaxmnist.models.conv`, `model.conv_impl`). Dropout needs only a key, which the step
+passes. Batch normalisation is left out: batch statistics would make the model stateful
+for every caller (the step, evaluation, populations, checkpoints, export), and the
+presets reach their targets without it.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import jax.numpy as jnp
 
 from jaxmnist.errors import ConfigError
 from jaxmnist.models import conv
-from jaxmnist.models.mlp import ACTIVATIONS
+from jaxmnist.models.layers import ACTIVATIONS, dropout
 
 
 def _feature_shape(cfg, input_shape) -> tuple[int, int, int]:
@@ -70,8 +73,9 @@ def init(key, cfg, input_shape=(28, 28), num_classes=10) -> dict:
     }
 
 
-def apply(params: dict, images: jax.Array, cfg) -> jax.Array:
-    """images: float (B, H, W) in [0, 1] -> float32 logits (B, num_classes)."""
+def apply(params: dict, images: jax.Array, cfg, key: jax.Array | None = None) -> jax.Array:
+    """images: float (B, H, W) in [0, 1] -> float32 logits (B, num_classes). `key`: the
+    training step's dropout key; None (inference) applies no dropout."""
     if images.ndim != 3:
         raise ValueError(f"cnn.apply takes images (B, H, W), got shape {images.shape}")
     dtype = jnp.dtype(cfg.dtype)
@@ -83,6 +87,7 @@ def apply(params: dict, images: jax.Array, cfg) -> jax.Array:
         x = conv.max_pool(activation(x))
     x = x.reshape(x.shape[0], -1)
     for i, layer in enumerate(params["dense"]):
+        x = dropout(key, x, cfg.dropout, i)
         x = x @ layer["w"].astype(dtype) + layer["b"].astype(dtype)
         if i < len(params["dense"]) - 1:
             x = activation(x)

@@ -4,7 +4,9 @@ Parameters are a list of `{"w": (fan_in, fan_out), "b": (fan_out,)}` dicts, floa
 with He-normal weights (std = sqrt(2 / fan_in)) and zero biases. The forward pass
 runs in the configured compute dtype: inputs and weights are cast to it (bfloat16
 halves memory traffic on accelerators), and the logits come back as float32 so the
-loss is always computed in float32 — the codelab's mixed-precision scheme.
+loss is always computed in float32 — the codelab's mixed-precision scheme. With
+`dropout` set and a key given (training), the input of every dense layer after the
+first (the hidden activations; never the pixels) goes through dropout.
 """
 
 from __future__ import annotations
@@ -16,8 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxmnist.errors import ConfigError
-
-ACTIVATIONS = {"relu": jax.nn.relu, "gelu": jax.nn.gelu}
+from jaxmnist.models.layers import ACTIVATIONS, dropout
 
 
 def init(key, cfg, input_shape=(28, 28), num_classes=10) -> list[dict]:
@@ -33,13 +34,16 @@ def init(key, cfg, input_shape=(28, 28), num_classes=10) -> list[dict]:
     ]
 
 
-def apply(params: list[dict], images: jax.Array, cfg) -> jax.Array:
+def apply(params: list[dict], images: jax.Array, cfg, key: jax.Array | None = None) -> jax.Array:
     """images: (batch, H, W) float in [0, 1] -> float32 logits (batch, C). The MLP
-    flattens the images itself (a (batch, H*W) input is taken as already flat)."""
+    flattens the images itself (a (batch, H*W) input is taken as already flat). `key`:
+    the training step's dropout key; None (inference) applies no dropout."""
     dtype = jnp.dtype(cfg.dtype)
     activation = ACTIVATIONS[cfg.activation]
     x = images.reshape(images.shape[0], -1).astype(dtype)
     for i, layer in enumerate(params):
+        if i > 0:
+            x = dropout(key, x, cfg.dropout, i)
         x = x @ layer["w"].astype(dtype) + layer["b"].astype(dtype)
         if i < len(params) - 1:
             x = activation(x)
