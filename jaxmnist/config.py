@@ -46,6 +46,7 @@ class ModelConfig:
     channels: tuple[int, ...] = (16, 32)  # cnn: output channels of each conv + pool block
     kernel_size: int = 3  # cnn: odd square kernels
     conv_impl: str = "auto"  # cnn: auto (XLA on GPU/TPU, fastest on CPU), xla, im2col, patches
+    batch_norm: bool = False  # cnn: batch normalisation after each convolution
     dropout: float = 0.0  # training only: rate on each dense layer's input but the pixels
 
 
@@ -128,13 +129,15 @@ PRESETS: dict[str, Config] = {
         optimizer=OptimizerConfig(name="adam", lr=3e-3, schedule="onecycle"),
         train=TrainConfig(batch_size=256, epochs=10),
     ),
-    # Fashion-MNIST CNN: twice the channels and a 256-wide dense layer (824,458 parameters),
-    # translations of up to 1 pixel; Adam one-cycle 3e-3, batch 256, 10 epochs.
+    # Fashion-MNIST CNN: the MNIST CNN's network (206,922 parameters), translations of up
+    # to 1 pixel and left-right flips; Adam one-cycle 3e-3, batch 256, 20 epochs. In one-seed
+    # trials it beat a 24/48-channel network at 12 epochs (92.50%) in 0.87x its time, and
+    # dropout 0.3 cost it 0.8 points at 15 epochs.
     "fashion_cnn": Config(
-        data=DataConfig(dataset="fashion_mnist", augment=True, max_shift=1),
-        model=ModelConfig(name="cnn", channels=(32, 64), kernel_size=3, hidden=(256,)),
+        data=DataConfig(dataset="fashion_mnist", augment=True, max_shift=1, flip=True),
+        model=ModelConfig(name="cnn", channels=(16, 32), kernel_size=3, hidden=(128,)),
         optimizer=OptimizerConfig(name="adam", lr=3e-3, schedule="onecycle"),
-        train=TrainConfig(batch_size=256, epochs=10),
+        train=TrainConfig(batch_size=256, epochs=20),
     ),
     # Least time to 99.0% on MNIST: the small CNN, large steps (batch 512, one-cycle peak
     # 1e-2), 1-pixel translations, 3 epochs (2 reached 98.94%, mean of 8 seeds); stops at

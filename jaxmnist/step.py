@@ -12,7 +12,7 @@ augmentation and dropout); `train_steps(state, metrics, plan, data, start, stop)
 of about a second of a long one, with the same result either way;
 `make_train_epoch` composes both into the one-call epoch the tutorials compile.
 Images stay uint8 `(N, H, W)` on the device and are scaled to [0, 1] inside the
-step (`models.apply_uint8`). Whoever runs the epoch on a mesh passes
+step (`models.train_apply_uint8`). Whoever runs the epoch on a mesh passes
 `shard_batch`, which constrains each gathered batch to be split over the mesh's
 `data` axis; the compiler then inserts the gradient all-reduce itself.
 """
@@ -27,7 +27,8 @@ import jax.numpy as jnp
 import optax
 
 from jaxmnist.data.augment import augment
-from jaxmnist.models import apply_uint8, get_model
+from jaxmnist.models import get_model, train_apply_uint8
+from jaxmnist.models.layers import STATS
 
 DROPOUT_STREAM = 0x64726F70  # fold_in data for dropout's key ("drop"), far from split indices
 
@@ -59,16 +60,18 @@ def make_train_step(cfg, optimizer) -> Callable:
     correct))`; `key` is dropout's (`model.dropout`), None for none."""
 
     def loss_fn(params, images, labels, key):
-        logits = apply_uint8(params, images, cfg.model, key=key)
+        logits, stats = train_apply_uint8(params, images, cfg.model, key)
         loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
-        return loss, logits
+        return loss, (logits, stats)
 
     def step(state: TrainState, images, labels, key=None):
-        (loss, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+        (loss, (logits, stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
             state.params, images, labels, key
         )
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
+        if stats is not None:  # running statistics: moved by the batch, not by the optimizer
+            params = {**params, STATS: stats}
         correct = jnp.sum(jnp.argmax(logits, -1) == labels, dtype=jnp.int32)
         return TrainState(state.step + 1, params, opt_state), (loss, correct)
 

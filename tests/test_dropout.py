@@ -27,17 +27,24 @@ def test_inverted_dropout_zeroes_at_the_rate_and_rescales_the_rest():
 
 
 @pytest.mark.parametrize("name", ["mlp", "cnn"])
-def test_a_model_drops_only_when_given_a_key(name):
+def test_a_model_drops_only_in_training(name):
     cfg = config_lib.ModelConfig(name=name, hidden=(32,), channels=(4, 8), dropout=0.5)
     model = get_model(name)
     params = model.init(jax.random.key(0), cfg)
     images = jax.random.uniform(jax.random.key(1), (16, 28, 28))
     plain = model.apply(params, images, dataclasses.replace(cfg, dropout=0.0))
     np.testing.assert_array_equal(model.apply(params, images, cfg), plain)  # inference
-    a = model.apply(params, images, cfg, key=jax.random.key(2))
-    np.testing.assert_array_equal(a, model.apply(params, images, cfg, key=jax.random.key(2)))
-    assert not np.allclose(a, plain)
-    assert not np.allclose(a, model.apply(params, images, cfg, key=jax.random.key(3)))
+    # A key alone does not make a pass a training one.
+    np.testing.assert_array_equal(model.apply(params, images, cfg, key=jax.random.key(2)), plain)
+
+    def train(k):
+        logits, stats = model.apply(params, images, cfg, key=jax.random.key(k), train=True)
+        assert stats is None  # no batch norm here
+        return logits
+
+    a = train(2)
+    np.testing.assert_array_equal(a, train(2))
+    assert not np.allclose(a, plain) and not np.allclose(a, train(3))
 
 
 def cfg_with(dropout: float, seeds: int = 1, seed: int = 3):

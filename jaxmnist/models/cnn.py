@@ -10,17 +10,25 @@ Parameters are `{"conv": [{"w": (k, k, C_in, C_out), "b": (C_out,)}, ...], "dens
 [{"w": (fan_in, fan_out), "b": (fan_out,)}, ...]}`, float32, He-normal weights (std =
 sqrt(2 / fan_in), fan_in = k²·C_in for a kernel) and zero biases. The compute dtype scheme
 is the MLP's: images and weights are cast to `dtype`, the logits come back float32.
-With `dropout` set and a key given (training), the input of every dense layer (the
+In training (`train=True`), with `dropout` set, the input of every dense layer (the
 flattened feature maps, then each hidden layer's activations) goes through dropout.
 
-Pure functions rather than Flax: the model has no state (no batch norm: see below), so
-`init`/`apply` over a pytree is all a module system would give, and plain functions vmap
-over a population of models and shard without any adapter; it keeps one dependency out;
-and the convolution's formulation, which decides CPU speed, is ours to choose per backend
-(`jaxmnist.models.conv`, `model.conv_impl`). Dropout needs only a key, which the step
-passes. Batch normalisation is left out: batch statistics would make the model stateful
-for every caller (the step, evaluation, populations, checkpoints, export), and the
-presets reach their targets without it.
+With `batch_norm`, each convolution is followed by batch normalisation (before the
+activation): its bias becomes the normalisation's shift and each conv layer gains a
+`"scale"` (ones); the running statistics live in the params too, as `params["stats"] =
+[{"mean", "var"} per conv layer]`, so evaluation, prediction, export, checkpoints and
+populations carry them without knowing. They are not trained: the forward pass in training
+normalises by the batch and never reads them, so their gradient is zero, and the step
+writes the moved statistics `apply` returns over whatever the optimizer did to them.
+`count_params` leaves them out (as Keras' "non-trainable" count does). On a mesh the
+batch's statistics are those of the whole global batch (the compiler all-reduces them).
+
+Pure functions rather than Flax: `init`/`apply` over a pytree is all a module system
+would give these models, and plain functions vmap over a population of models and shard
+without any adapter; it keeps one dependency out; and the convolution's formulation,
+which decides CPU speed, is ours to choose per backend (`jaxmnist.models.conv`,
+`model.conv_impl`). Keeping the running statistics in the params pytree (rather than a
+separate collection, as Flax does) leaves every caller but the training step unchanged.
 """
 
 from __future__ import annotations
@@ -30,10 +38,11 @@ import math
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from jaxmnist.errors import ConfigError
 from jaxmnist.models import conv
-from jaxmnist.models.layers import ACTIVATIONS, dropout
+from jaxmnist.models.layers import ACTIVATIONS, STATS, dropout
 
 
 def _feature_shape(cfg, input_shape) -> tuple[int, int, int]:
@@ -61,7 +70,7 @@ def init(key, cfg, input_shape=(28, 28), num_classes=10) -> dict:
     def he(shape, fan_in):
         return jax.random.normal(next(keys), shape, jnp.float32) * math.sqrt(2.0 / fan_in)
 
-    return {
+    params = {
         "conv": [
             {"w": he((k, k, cin, cout), k * k * cin), "b": jnp.zeros((cout,), jnp.float32)}
             for cin, cout in convs
@@ -71,27 +80,73 @@ def init(key, cfg, input_shape=(28, 28), num_classes=10) -> dict:
             for fan_in, fan_out in itertools.pairwise(dense)
         ],
     }
+    if cfg.batch_norm:  # the bias is the normalisation's shift; it gains a scale
+        for layer, (_, cout) in zip(params["conv"], convs, strict=True):
+            layer["scale"] = jnp.ones((cout,), jnp.float32)
+        params[STATS] = [
+            {"mean": jnp.zeros((cout,), jnp.float32), "var": jnp.ones((cout,), jnp.float32)}
+            for _, cout in convs
+        ]
+    return params
 
 
-def apply(params: dict, images: jax.Array, cfg, key: jax.Array | None = None) -> jax.Array:
-    """images: float (B, H, W) in [0, 1] -> float32 logits (B, num_classes). `key`: the
-    training step's dropout key; None (inference) applies no dropout."""
+BN_MOMENTUM = 0.9  # running = 0.9 running + 0.1 batch, each training step (PyTorch's 0.1)
+BN_EPSILON = 1e-5
+
+
+def _batch_norm(x, layer, stats, train: bool):
+    """x (B, H, W, C) normalised per channel, then scaled and shifted; statistics in float32.
+
+    Training normalises by the batch's mean and (biased) variance and returns the running
+    statistics moved towards them; inference uses the running statistics. Returns (y, new
+    stats) in training, (y, None) otherwise."""
+    x32 = x.astype(jnp.float32)
+    if train:
+        mean = x32.mean(axis=(0, 1, 2))
+        var = jnp.square(x32 - mean).mean(axis=(0, 1, 2))
+        new = {
+            k: lax.stop_gradient(BN_MOMENTUM * stats[k] + (1 - BN_MOMENTUM) * v)
+            for k, v in (("mean", mean), ("var", var))
+        }
+    else:
+        mean, var, new = stats["mean"], stats["var"], None
+    y = (x32 - mean) * (lax.rsqrt(var + BN_EPSILON) * layer["scale"]) + layer["b"]
+    return y.astype(x.dtype), new
+
+
+def apply(params: dict, images: jax.Array, cfg, key: jax.Array | None = None, train=False):
+    """images: float (B, H, W) in [0, 1] -> float32 logits (B, num_classes).
+
+    `train=True` is the training step's forward pass: dropout with `key` (when
+    `cfg.dropout`) and batch normalisation by the batch's statistics (when
+    `cfg.batch_norm`); it returns `(logits, new running statistics or None)`. Inference
+    (the default) uses the running statistics, drops nothing, and returns the logits."""
     if images.ndim != 3:
         raise ValueError(f"cnn.apply takes images (B, H, W), got shape {images.shape}")
     dtype = jnp.dtype(cfg.dtype)
     activation = ACTIVATIONS[cfg.activation]
     impl = conv.resolve(cfg.conv_impl)
     x = images[..., None].astype(dtype)  # NHWC with one channel
-    for layer in params["conv"]:
-        x = conv.conv2d(x, layer["w"].astype(dtype), impl) + layer["b"].astype(dtype)
+    new_stats = []
+    for i, layer in enumerate(params["conv"]):
+        x = conv.conv2d(x, layer["w"].astype(dtype), impl)
+        if cfg.batch_norm:
+            x, stats = _batch_norm(x, layer, params[STATS][i], train)
+            new_stats.append(stats)
+        else:
+            x = x + layer["b"].astype(dtype)
         x = conv.max_pool(activation(x))
     x = x.reshape(x.shape[0], -1)
+    drop_key = key if train else None
     for i, layer in enumerate(params["dense"]):
-        x = dropout(key, x, cfg.dropout, i)
+        x = dropout(drop_key, x, cfg.dropout, i)
         x = x @ layer["w"].astype(dtype) + layer["b"].astype(dtype)
         if i < len(params["dense"]) - 1:
             x = activation(x)
-    return x.astype(jnp.float32)
+    logits = x.astype(jnp.float32)
+    if not train:
+        return logits
+    return logits, (new_stats if cfg.batch_norm else None)
 
 
 def flops_per_example(cfg, input_shape=(28, 28), num_classes=10) -> int:

@@ -1,9 +1,10 @@
-"""What the model families share: activations and dropout.
+"""What the model families share: activations, dropout, the running statistics' name.
 
 Dropout is the inverted kind: in training each unit is zeroed with probability
 `rate` and the survivors are scaled by 1 / (1 - rate), so inference (no key) is the
 identity and needs no rescaling. A family applies it to the inputs of its dense
-layers when `apply` is given a key; evaluation, prediction and export never pass one.
+layers in training (`apply(..., key, train=True)`); evaluation, prediction and export
+run inference, which never drops.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 ACTIVATIONS = {"relu": jax.nn.relu, "gelu": jax.nn.gelu}
+STATS = "stats"  # the params entry of running statistics (batch norm): not trained, not counted
 
 
 def dropout(key: jax.Array | None, x: jax.Array, rate: float, layer: int) -> jax.Array:

@@ -4,8 +4,8 @@ Parameters are a list of `{"w": (fan_in, fan_out), "b": (fan_out,)}` dicts, floa
 with He-normal weights (std = sqrt(2 / fan_in)) and zero biases. The forward pass
 runs in the configured compute dtype: inputs and weights are cast to it (bfloat16
 halves memory traffic on accelerators), and the logits come back as float32 so the
-loss is always computed in float32 — the codelab's mixed-precision scheme. With
-`dropout` set and a key given (training), the input of every dense layer after the
+loss is always computed in float32 — the codelab's mixed-precision scheme. In
+training (`train=True`), with `dropout` set, the input of every dense layer after the
 first (the hidden activations; never the pixels) goes through dropout.
 """
 
@@ -34,20 +34,23 @@ def init(key, cfg, input_shape=(28, 28), num_classes=10) -> list[dict]:
     ]
 
 
-def apply(params: list[dict], images: jax.Array, cfg, key: jax.Array | None = None) -> jax.Array:
+def apply(params: list[dict], images: jax.Array, cfg, key: jax.Array | None = None, train=False):
     """images: (batch, H, W) float in [0, 1] -> float32 logits (batch, C). The MLP
-    flattens the images itself (a (batch, H*W) input is taken as already flat). `key`:
-    the training step's dropout key; None (inference) applies no dropout."""
+    flattens the images itself (a (batch, H*W) input is taken as already flat).
+    `train=True`: the training step's pass, with dropout by `key`; returns `(logits,
+    None)` (no running statistics). Inference (the default) returns the logits."""
     dtype = jnp.dtype(cfg.dtype)
     activation = ACTIVATIONS[cfg.activation]
+    drop_key = key if train else None
     x = images.reshape(images.shape[0], -1).astype(dtype)
     for i, layer in enumerate(params):
         if i > 0:
-            x = dropout(key, x, cfg.dropout, i)
+            x = dropout(drop_key, x, cfg.dropout, i)
         x = x @ layer["w"].astype(dtype) + layer["b"].astype(dtype)
         if i < len(params) - 1:
             x = activation(x)
-    return x.astype(jnp.float32)
+    logits = x.astype(jnp.float32)
+    return (logits, None) if train else logits
 
 
 def flops_per_example(cfg, input_shape=(28, 28), num_classes=10) -> int:
@@ -62,6 +65,9 @@ def flops_per_example(cfg, input_shape=(28, 28), num_classes=10) -> int:
 
 
 def validate(cfg) -> None:
-    """The MLP reads `hidden` (sizes of its hidden layers; empty: a linear classifier)."""
+    """The MLP reads `hidden` (sizes of its hidden layers; empty: a linear classifier);
+    it refuses `batch_norm`, which it does not have, rather than ignore it."""
     if any(h <= 0 for h in cfg.hidden):
         raise ConfigError(f"model.hidden: sizes must be positive, got {cfg.hidden}")
+    if cfg.batch_norm:
+        raise ConfigError("model.batch_norm: the mlp has no batch normalisation; use --model cnn")

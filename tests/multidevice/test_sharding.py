@@ -73,6 +73,19 @@ def test_data_parallel_adam_agrees_to_its_rounding_noise(tiny_dataset):
     assert four.test.accuracy[0] == one.test.accuracy[0]
 
 
+def test_batch_norm_over_a_data_axis_normalises_by_the_whole_global_batch(tiny_dataset):
+    """Each device holds a quarter of every batch; the statistics must still be the
+    global batch's (a per-device normalisation would train a different model)."""
+    cfg = small_cfg("sgd", 0.05, steps=20)
+    model = dataclasses.replace(
+        cfg.model, name="cnn", channels=(4, 8), hidden=(16,), batch_norm=True
+    )
+    cfg = dataclasses.replace(cfg, model=model)
+    _, p1 = trained(cfg, tiny_dataset, parallel.build_layout(1))
+    _, p4 = trained(cfg, tiny_dataset, parallel.build_layout(4))
+    assert_trees_close(p1, p4, rtol=1e-4, atol=1e-5)
+
+
 def test_seed_parallel_and_mixed_mesh_equal_one_device(tiny_dataset):
     cfg = small_cfg(seeds=8, steps=20)
     _, p1 = trained(cfg, tiny_dataset, parallel.build_layout(1))
