@@ -101,3 +101,24 @@ def test_a_batch_norm_cnn_trains_and_its_saved_run_evaluates_the_same(train_argv
     assert main(["eval", str(run), "--json"]) == 0
     evaluated = json.loads(capsys.readouterr().out)
     assert evaluated["test_accuracy"] == summary["test_accuracy"]
+
+
+def test_the_written_out_gradient_equals_autodiff_of_the_formula():
+    x = jax.random.normal(jax.random.key(2), (8, 6, 6, 5)) * 3 + 1
+    scale, shift = jnp.linspace(0.5, 2, 5), jnp.linspace(-1, 1, 5)
+    weights = jax.random.normal(jax.random.key(3), x.shape)
+
+    def formula(x, scale, shift):
+        mean, var = x.mean(axis=(0, 1, 2)), x.var(axis=(0, 1, 2))
+        return (x - mean) / jnp.sqrt(var + cnn.BN_EPSILON) * scale + shift
+
+    def loss(f):
+        return lambda *a: jnp.sum(jnp.tanh(f(*a)) * weights)
+
+    y, mean, var = cnn._normalise(x, scale, shift)
+    np.testing.assert_allclose(y, formula(x, scale, shift), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(var, x.var(axis=(0, 1, 2)), rtol=1e-5)
+    ours = jax.grad(loss(lambda *a: cnn._normalise(*a)[0]), argnums=(0, 1, 2))(x, scale, shift)
+    auto = jax.grad(loss(formula), argnums=(0, 1, 2))(x, scale, shift)
+    for a, b in zip(ours, auto, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)

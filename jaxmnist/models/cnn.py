@@ -101,17 +101,52 @@ def _batch_norm(x, layer, stats, train: bool):
     statistics moved towards them; inference uses the running statistics. Returns (y, new
     stats) in training, (y, None) otherwise."""
     x32 = x.astype(jnp.float32)
-    if train:
-        mean = x32.mean(axis=(0, 1, 2))
-        var = jnp.square(x32 - mean).mean(axis=(0, 1, 2))
-        new = {
-            k: lax.stop_gradient(BN_MOMENTUM * stats[k] + (1 - BN_MOMENTUM) * v)
-            for k, v in (("mean", mean), ("var", var))
-        }
-    else:
-        mean, var, new = stats["mean"], stats["var"], None
-    y = (x32 - mean) * (lax.rsqrt(var + BN_EPSILON) * layer["scale"]) + layer["b"]
+    if not train:
+        r = lax.rsqrt(stats["var"] + BN_EPSILON)
+        y = (x32 - stats["mean"]) * (r * layer["scale"]) + layer["b"]
+        return y.astype(x.dtype), None
+    y, mean, var = _normalise(x32, layer["scale"], layer["b"])
+    new = {
+        k: BN_MOMENTUM * stats[k] + (1 - BN_MOMENTUM) * lax.stop_gradient(v)
+        for k, v in (("mean", mean), ("var", var))
+    }
     return y.astype(x.dtype), new
+
+
+def _moments(x):
+    axes = tuple(range(x.ndim - 1))
+    mean = x.mean(axis=axes)
+    return mean, jnp.square(x - mean).mean(axis=axes)
+
+
+@jax.custom_vjp
+def _normalise(x, scale, shift):
+    """(x - mean) / sqrt(var + eps) * scale + shift by the batch's own per-channel moments;
+    returns (y, mean, var). Its VJP is written out (the textbook batch-norm gradient: two
+    reductions and one elementwise pass) because XLA's CPU code for the differentiated
+    mean and variance took about twice as long (benchmarks/batch_norm_cost.py)."""
+    return _normalise_fwd(x, scale, shift)[0]
+
+
+def _normalise_fwd(x, scale, shift):
+    mean, var = _moments(x)
+    r = lax.rsqrt(var + BN_EPSILON)
+    return ((x - mean) * (r * scale) + shift, mean, var), (x, mean, r, scale)
+
+
+def _normalise_bwd(res, cotangents):
+    x, mean, r, scale = res
+    dy = cotangents[0]  # mean and var leave only through stop_gradient: no cotangent
+    axes = tuple(range(x.ndim - 1))
+    n = x.size // x.shape[-1]
+    xhat = (x - mean) * r
+    dshift = dy.sum(axis=axes)
+    dscale = (dy * xhat).sum(axis=axes)
+    dx = (r * scale) * (dy - dshift / n - xhat * (dscale / n))
+    return dx, dscale, dshift
+
+
+_normalise.defvjp(_normalise_fwd, _normalise_bwd)
 
 
 def apply(params: dict, images: jax.Array, cfg, key: jax.Array | None = None, train=False):
