@@ -117,6 +117,7 @@ def test_the_written_out_gradient_equals_autodiff_of_the_formula():
 
     y, mean, var = cnn._normalise(x, scale, shift)
     np.testing.assert_allclose(y, formula(x, scale, shift), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(mean, x.mean(axis=(0, 1, 2)), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(var, x.var(axis=(0, 1, 2)), rtol=1e-5)
     ours = jax.grad(loss(lambda *a: cnn._normalise(*a)[0]), argnums=(0, 1, 2))(x, scale, shift)
     auto = jax.grad(loss(formula), argnums=(0, 1, 2))(x, scale, shift)

@@ -91,11 +91,16 @@ def check_matches_eval(run, images, labels, tmp_path, capsys):
     return header, evaluated
 
 
+@pytest.mark.parametrize(
+    "model",
+    [[], ["--model", "cnn", "--hidden", "16", "model.channels=4,8", "model.batch_norm=true"]],
+    ids=["mlp", "cnn-batch-norm"],
+)
 def test_export_runs_without_jaxmnist_and_matches_eval(
-    tiny_data_dir, train_argv, tiny_arrays, tmp_path, capsys
+    tiny_data_dir, train_argv, tiny_arrays, tmp_path, capsys, model
 ):
     run = tmp_path / "run"
-    assert main([*train_argv(run, "--no-report", "--quiet")]) == 0
+    assert main([*train_argv(run, "--no-report", "--quiet"), *model]) == 0
     header, evaluated = check_matches_eval(
         run, tiny_arrays["test_images"], tiny_arrays["test_labels"], tmp_path, capsys
     )
