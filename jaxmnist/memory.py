@@ -60,12 +60,13 @@ def _tree_bytes(tree) -> int:
 def activation_bytes_per_example(
     cfg, params_shapes, input_shape, num_classes: int
 ) -> tuple[int, int]:
-    """(all, largest): bytes of every intermediate value of one example's forward
-    pass, and of the largest one, read from the model's traced program (nothing
-    runs). Whatever the family, an im2col buffer (k² times its activation) or a
-    wide hidden layer is counted as what it is. Training keeps about all of them
-    for the backward pass (fusion keeps fewer: an overestimate, which only makes
-    chunks smaller); evaluation keeps a few at a time.
+    """(all, largest): bytes of every intermediate value of one example's training
+    forward pass (`train=True`), and of the largest one, read from the model's traced
+    program (nothing runs). Whatever the family, an im2col buffer (k² times its
+    activation), a wide hidden layer or batch norm's extra values are counted as what
+    they are. Training keeps about all of them for the backward pass (fusion keeps
+    fewer: an overestimate, which only makes chunks smaller); evaluation keeps a few at
+    a time.
 
     cfg: Config; params_shapes: the model's parameters as shapes."""
     from jaxmnist.models import get_model
@@ -73,7 +74,12 @@ def activation_bytes_per_example(
     apply = get_model(cfg.model.name).apply
     batch = 2  # not 1: a size-1 batch axis may be squeezed away in the trace
     x = jax.ShapeDtypeStruct((batch, *input_shape), np.float32)
-    closed = jax.make_jaxpr(lambda p, x: apply(p, x, cfg.model))(params_shapes, x)
+    key = jax.random.key(0)  # the training pass: dropout masks and batch statistics count
+
+    def forward(p, x):
+        return apply(p, x, cfg.model, key=key, train=True)
+
+    closed = jax.make_jaxpr(forward)(params_shapes, x)
     sizes = [
         int(np.prod(v.aval.shape)) * np.dtype(v.aval.dtype).itemsize
         for eqn in _all_eqns(closed.jaxpr)
