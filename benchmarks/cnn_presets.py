@@ -101,8 +101,16 @@ def measure(preset: str, seeds: int, work: Path) -> dict:
             "test_accuracy": alone["summary"]["test_accuracy"],
             "seconds_target": limit,
         }
-        result["meets_target"] = bool(
+        # Per model, two ways: one model trained by itself, and the population's training
+        # time shared among its models (how 8 seeds are trained for the mean).
+        share = s["train_seconds"] / seeds
+        result["train_seconds_per_model_in_population"] = share
+        result["meets_target_alone"] = bool(
             result["meets_target"] and alone["summary"]["train_seconds"] <= limit
+        )
+        result["meets_target_in_population"] = bool(result["meets_target"] and share <= limit)
+        result["meets_target"] = (
+            result["meets_target_alone"] and result["meets_target_in_population"]
         )
     return result
 
@@ -146,8 +154,9 @@ def print_row(preset: str, r: dict, flush: bool = False) -> None:
     if "one_model" in r:
         one = r["one_model"]
         line += (
-            f"; one model alone: {one['train_seconds']:.1f} s "
-            f"(target <= {one['seconds_target']:.0f} s), {one['test_accuracy']:.2%}"
+            f"; per model: {r['train_seconds_per_model_in_population']:.1f} s in the "
+            f"population, {one['train_seconds']:.1f} s alone ({one['test_accuracy']:.2%}); "
+            f"target <= {one['seconds_target']:.0f} s"
         )
     line += " -> " + ("meets target" if r["meets_target"] else "BELOW target")
     print(line, flush=flush)

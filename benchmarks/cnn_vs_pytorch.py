@@ -81,7 +81,7 @@ def reference_config(impl: str, dtype: str):
     from jaxmnist.config import ModelConfig
 
     return ModelConfig(
-        name="cnn", channels=(16, 32), kernel_size=3, hidden=(128,), dtype=dtype, conv_impl=impl
+        name="cnn", channels=(16, 32), kernel_size=(3,), hidden=(128,), dtype=dtype, conv_impl=impl
     )
 
 

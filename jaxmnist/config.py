@@ -44,7 +44,8 @@ class ModelConfig:
     activation: str = "relu"
     dtype: str = "float32"  # compute dtype; parameters and loss stay float32
     channels: tuple[int, ...] = (16, 32)  # cnn: output channels of each conv + pool block
-    kernel_size: int = 3  # cnn: odd square kernels
+    kernel_size: tuple[int, ...] = (3,)  # cnn: square kernels, one for all blocks or one each
+    padding: str = "same"  # cnn: "same" (zero padding, odd kernels) or "valid" (none)
     conv_impl: str = "auto"  # cnn: auto (XLA on GPU/TPU, fastest on CPU), xla, im2col, patches
     batch_norm: bool = False  # cnn: batch normalisation after each convolution
     dropout: float = 0.0  # training only: rate on each dense layer's input but the pixels
@@ -56,6 +57,8 @@ class OptimizerConfig:
     lr: float = 1e-3
     weight_decay: float = 0.0
     momentum: float = 0.9  # sgd only
+    b1: float = 0.9  # adam, adamw: decay of the gradient's running mean
+    b2: float = 0.999  # adam, adamw: decay of its running square
     schedule: str = "constant"
     warmup_steps: int = 0  # warmup_cosine only
     grad_clip: float | None = None  # global-norm clipping; None: off
@@ -125,7 +128,7 @@ PRESETS: dict[str, Config] = {
     # translations of up to 2 pixels; Adam one-cycle 3e-3, batch 256, 10 epochs.
     "cnn": Config(
         data=DataConfig(augment=True, max_shift=2),
-        model=ModelConfig(name="cnn", channels=(16, 32), kernel_size=3, hidden=(128,)),
+        model=ModelConfig(name="cnn", channels=(16, 32), kernel_size=(3,), hidden=(128,)),
         optimizer=OptimizerConfig(name="adam", lr=3e-3, schedule="onecycle"),
         train=TrainConfig(batch_size=256, epochs=10),
     ),
@@ -135,18 +138,22 @@ PRESETS: dict[str, Config] = {
     # dropout 0.3 cost it 0.8 points at 15 epochs.
     "fashion_cnn": Config(
         data=DataConfig(dataset="fashion_mnist", augment=True, max_shift=1, flip=True),
-        model=ModelConfig(name="cnn", channels=(16, 32), kernel_size=3, hidden=(128,)),
+        model=ModelConfig(name="cnn", channels=(16, 32), kernel_size=(3,), hidden=(128,)),
         optimizer=OptimizerConfig(name="adam", lr=3e-3, schedule="onecycle"),
         train=TrainConfig(batch_size=256, epochs=20),
     ),
-    # Least time to 99.0% on MNIST: the small CNN, large steps (batch 512, one-cycle peak
-    # 1e-2), 1-pixel translations, 3 epochs (2 reached 98.94%, mean of 8 seeds); stops at
-    # 99.0% test accuracy.
+    # Least time to 99.0% on MNIST, in one epoch: the network and optimizer of a published
+    # one-epoch MNIST recipe (github.com/tuomaso/train_mnist_fast): conv 5x5 1->24 and 3x3
+    # 24->32, both unpadded, each pooled; dense 800->256->10 (215,194 parameters); Adam
+    # with b1 0.7, b2 0.9, one-cycle peak 1e-2; batch 256. Ours adds 1-pixel translations
+    # (8 seeds: 99.06% mean, CI 99.01-99.12%, against 99.02%, CI 98.98-99.07%, without).
     "speedrun": Config(
         data=DataConfig(augment=True, max_shift=1),
-        model=ModelConfig(name="cnn", channels=(16, 32), kernel_size=3, hidden=(128,)),
-        optimizer=OptimizerConfig(name="adam", lr=1e-2, schedule="onecycle"),
-        train=TrainConfig(batch_size=512, epochs=3, target_accuracy=0.99),
+        model=ModelConfig(
+            name="cnn", channels=(24, 32), kernel_size=(5, 3), padding="valid", hidden=(256,)
+        ),
+        optimizer=OptimizerConfig(name="adam", lr=1e-2, b1=0.7, b2=0.9, schedule="onecycle"),
+        train=TrainConfig(batch_size=256, epochs=1, target_accuracy=0.99),
     ),
 }
 
@@ -318,6 +325,9 @@ def validate(cfg: Config, *, num_train_examples: int | None = None) -> None:
         raise ConfigError(f"weight decay must be finite and >= 0, got {o.weight_decay}")
     if not 0 <= o.momentum < 1:
         raise ConfigError(f"momentum must be in [0, 1), got {o.momentum}")
+    for name in ("b1", "b2"):
+        if not 0 <= getattr(o, name) < 1:
+            raise ConfigError(f"optimizer.{name} must be in [0, 1), got {getattr(o, name)}")
     if o.warmup_steps < 0:
         raise ConfigError(f"warmup_steps must be >= 0, got {o.warmup_steps}")
     if o.warmup_steps and o.schedule != "warmup_cosine":

@@ -39,6 +39,11 @@ def make_schedule(cfg, total_steps: int) -> optax.Schedule:
     raise ValueError(f"unknown schedule {cfg.schedule!r}")  # validate() catches this first
 
 
+# Adam's decay rates are compile-time constants, not state: the optimizer state keeps the
+# shape it had before they could be set, so older checkpoints restore.
+BETAS = ("b1", "b2")
+
+
 def make_optimizer(cfg, total_steps: int) -> optax.GradientTransformation:
     """cfg: OptimizerConfig. sgd (with momentum, optional L2-style decay), adam, adamw."""
     schedule = PeakSchedule(cfg.lr, make_schedule(dataclasses.replace(cfg, lr=1.0), total_steps))
@@ -47,10 +52,12 @@ def make_optimizer(cfg, total_steps: int) -> optax.GradientTransformation:
             learning_rate=schedule, momentum=cfg.momentum, weight_decay=cfg.weight_decay
         )
     elif cfg.name == "adam":
-        base = optax.inject_hyperparams(optax.adam)(learning_rate=schedule)
+        base = optax.inject_hyperparams(optax.adam, static_args=BETAS)(
+            learning_rate=schedule, b1=cfg.b1, b2=cfg.b2
+        )
     elif cfg.name == "adamw":
-        base = optax.inject_hyperparams(optax.adamw)(
-            learning_rate=schedule, weight_decay=cfg.weight_decay
+        base = optax.inject_hyperparams(optax.adamw, static_args=BETAS)(
+            learning_rate=schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay
         )
     else:
         raise ValueError(f"unknown optimizer {cfg.name!r}")  # validate() catches this first

@@ -5,14 +5,17 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
+from jax import lax
 
 from jaxmnist import config as config_lib
-from jaxmnist import models
+from jaxmnist import models, optim
 from jaxmnist.errors import ConfigError
 from jaxmnist.models import cnn
+from jaxmnist.models.layers import ACTIVATIONS
 
-REFERENCE = config_lib.ModelConfig(name="cnn", channels=(16, 32), kernel_size=3, hidden=(128,))
+REFERENCE = config_lib.ModelConfig(name="cnn", channels=(16, 32), kernel_size=(3,), hidden=(128,))
 
 
 def _tiny_family(seen: list) -> models.Model:
@@ -67,8 +70,16 @@ def test_unknown_model_lists_the_registry():
         ({"model.name": "cnn", "model.hidden": "0"}, "model.hidden: sizes must be positive"),
         ({"model.name": "cnn", "model.channels": "16,0"}, "model.channels"),
         ({"model.name": "cnn", "model.channels": ""}, "model.channels"),
-        ({"model.name": "cnn", "model.kernel_size": "4"}, "model.kernel_size: a positive odd"),
+        ({"model.name": "cnn", "model.kernel_size": "4"}, "model.kernel_size: positive odd sizes"),
         ({"model.name": "cnn", "model.conv_impl": "fft"}, "unknown model.conv_impl 'fft'"),
+        ({"model.name": "cnn", "model.padding": "full"}, "unknown model.padding 'full'"),
+        ({"model.name": "cnn", "model.kernel_size": "5,3,3"}, r"one per conv block \(2\)"),
+        (
+            {"model.name": "cnn", "model.padding": "valid", "model.kernel_size": "0"},
+            "model.kernel_size: positive sizes",
+        ),
+        ({"optimizer.b1": "1"}, r"optimizer.b1 must be in \[0, 1\)"),
+        ({"optimizer.b2": "-0.1"}, r"optimizer.b2 must be in \[0, 1\)"),
     ],
 )
 def test_family_fields_are_checked_with_one_line(overrides, message):
@@ -116,7 +127,7 @@ def test_cnn_odd_sizes_pool_by_floor_and_too_many_blocks_is_a_config_error():
     assert params["dense"][0]["w"].shape == (3 * 3 * 4, 10)  # 28 -> 14 -> 7 -> 3
     logits = jax.eval_shape(lambda p: cnn.apply(p, jnp.zeros((2, 28, 28)), cfg), params)
     assert logits.shape == (2, 10)
-    with pytest.raises(ConfigError, match="5 conv blocks halve 28x28 images to nothing"):
+    with pytest.raises(ConfigError, match="5 conv blocks shrink 28x28 images to nothing"):
         cnn.init(jax.random.key(0), dataclasses.replace(cfg, channels=(4,) * 5), (28, 28), 10)
 
 
@@ -139,17 +150,99 @@ def test_cnn_flops_per_example_is_pinned():
     assert models.get_model("cnn").flops_per_example is cnn.flops_per_example
 
 
+# The published 1-epoch MNIST net: conv 5x5 1->24 and 3x3 24->32, both unpadded, dense 256.
+VALID = dataclasses.replace(
+    REFERENCE, channels=(24, 32), kernel_size=(5, 3), padding="valid", hidden=(256,)
+)
+
+
+def _reference_forward(params, images, cfg):
+    """The CNN as textbooks write it: lax's convolution, bias, activation, then pooling."""
+    x = images[..., None]
+    for layer in params["conv"]:
+        x = lax.conv_general_dilated(
+            x, layer["w"], (1, 1), cfg.padding.upper(), dimension_numbers=("NHWC", "HWIO", "NHWC")
+        )
+        x = ACTIVATIONS[cfg.activation](x + layer["b"])
+        x = lax.reduce_window(x, -jnp.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+    x = x.reshape(x.shape[0], -1)
+    for i, layer in enumerate(params["dense"]):
+        x = x @ layer["w"] + layer["b"]
+        x = ACTIVATIONS[cfg.activation](x) if i < len(params["dense"]) - 1 else x
+    return x
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("cfg", [REFERENCE, VALID], ids=["same", "valid-5-3"])
+def test_cnn_equals_the_textbook_order_of_its_operations(cfg, activation):
+    # With ReLU the block pools before the bias and activation (they commute); with GELU,
+    # which dips below zero, it must not. Either way the function is the textbook one.
+    cfg = dataclasses.replace(cfg, activation=activation, conv_impl="im2col")
+    params = _init(cfg)
+    params = jax.tree.map(  # nonzero biases, so their place in the block matters
+        lambda x: x + 0.05 * jnp.arange(x.size, dtype=x.dtype).reshape(x.shape) % 0.3, params
+    )
+    images = jnp.asarray(np.random.default_rng(3).uniform(size=(4, 28, 28)), jnp.float32)
+    got, want = (
+        _apply(params, images, cfg),
+        jax.jit(_reference_forward, static_argnums=2)(params, images, cfg),
+    )
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(jnp.abs(want).max()))
+    grad = jax.jit(jax.grad(lambda p: _apply(p, images, cfg).sum()))(params)
+    want_grad = jax.grad(lambda p: _reference_forward(p, images, cfg).sum())(params)
+    for g, w in zip(jax.tree.leaves(grad), jax.tree.leaves(want_grad), strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-3 * float(jnp.abs(w).max()))
+
+
+def test_valid_padding_and_kernel_sizes_per_block_shape_the_network():
+    params = jax.eval_shape(lambda: cnn.init(jax.random.key(0), VALID, (28, 28), 10))
+    shapes = jax.tree.map(lambda x: x.shape, params)
+    assert shapes == {  # 28 -conv5-> 24 -pool-> 12 -conv3-> 10 -pool-> 5: 5*5*32 = 800
+        "conv": [{"w": (5, 5, 1, 24), "b": (24,)}, {"w": (3, 3, 24, 32), "b": (32,)}],
+        "dense": [{"w": (800, 256), "b": (256,)}, {"w": (256, 10), "b": (10,)}],
+    }
+    assert models.count_params(params) == 215_194
+    macs = [24 * 24 * 25 * 24, 10 * 10 * 9 * 24 * 32, 800 * 256, 256 * 10]
+    assert cnn.flops_per_example(VALID, (28, 28), 10) == 4 * sum(macs) + 2 * sum(macs[1:])
+    even = dataclasses.replace(VALID, kernel_size=(4,))  # valid padding takes even kernels
+    config_lib.validate(dataclasses.replace(config_lib.Config(), model=even))
+    too_big = dataclasses.replace(VALID, kernel_size=(13,))  # 28 -> 16 -> 8 -> -4
+    with pytest.raises(ConfigError, match="smaller kernels"):
+        cnn.init(jax.random.key(0), too_big, (28, 28), 10)
+
+
+def test_adam_decay_rates_reach_optax_and_leave_the_state_shape_alone():
+    base = config_lib.OptimizerConfig(name="adam", lr=1e-2)
+    tuned = dataclasses.replace(base, b1=0.7, b2=0.9)
+    params = {"w": jnp.asarray([1.0, -2.0, 3.0])}
+    grads = [{"w": jnp.asarray(g)} for g in ([0.5, -1.0, 2.0], [0.1, 0.3, -0.2])]
+
+    def run(opt):
+        state = opt.init(params)
+        for g in grads:
+            updates, state = opt.update(g, state, params)
+        return updates, state
+
+    got, state = run(optim.make_optimizer(tuned, 10))
+    want, _ = run(optax.adam(1e-2, b1=0.7, b2=0.9))
+    np.testing.assert_allclose(got["w"], want["w"], rtol=1e-6)
+    default, default_state = run(optim.make_optimizer(base, 10))
+    assert not np.allclose(default["w"], got["w"])  # the rates changed the update
+    assert jax.tree.structure(state) == jax.tree.structure(default_state)  # old checkpoints fit
+
+
 def test_cnn_apply_refuses_flattened_images(reference_params):
     with pytest.raises(ValueError, match=r"images \(B, H, W\)"):
         cnn.apply(reference_params, jnp.zeros((2, 784)), REFERENCE)
 
 
 @pytest.mark.parametrize(
-    "preset, num_params", [("cnn", 206_922), ("fashion_cnn", 206_922), ("speedrun", 206_922)]
+    "preset, num_params, augment",
+    [("cnn", 206_922, True), ("fashion_cnn", 206_922, True), ("speedrun", 215_194, True)],
 )
-def test_cnn_presets_validate_and_have_pinned_parameter_counts(preset, num_params):
+def test_cnn_presets_validate_and_have_pinned_parameter_counts(preset, num_params, augment):
     cfg = config_lib.get_preset(preset)
     config_lib.validate(cfg)
-    assert cfg.model.name == "cnn" and cfg.data.augment
+    assert cfg.model.name == "cnn" and cfg.data.augment == augment
     params = jax.eval_shape(lambda: cnn.init(jax.random.key(0), cfg.model, (28, 28), 10))
     assert models.count_params(params) == num_params

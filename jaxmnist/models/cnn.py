@@ -1,10 +1,14 @@
 """The convolutional network: conv blocks, then dense layers.
 
-Each block is a SAME, stride-1 convolution with `kernel_size`² kernels (`channels[i]`
-output channels), a bias, the activation, and 2×2 max-pooling; the pooled maps are
-flattened and go through dense layers of sizes `hidden` and a linear classifier. The
-reference CNN is `channels=(16, 32), kernel_size=3, hidden=(128,)`: conv 3×3 1→16, ReLU,
-pool; conv 3×3 16→32, ReLU, pool; dense 1568→128, ReLU; dense 128→10 (206,922 parameters).
+Each block is a stride-1 convolution with k×k kernels (`kernel_size`: one size for every
+block, or one per block; `padding` "same" keeps the map's size, "valid" shrinks it by
+k - 1), `channels[i]` output channels, a bias, the activation, and 2×2 max-pooling; the
+pooled maps are flattened and go through dense layers of sizes `hidden` and a linear
+classifier. The reference CNN is `channels=(16, 32), kernel_size=3, hidden=(128,)`: conv
+3×3 1→16, ReLU, pool; conv 3×3 16→32, ReLU, pool; dense 1568→128, ReLU; dense 128→10
+(206,922 parameters). ReLU commutes with max-pooling (as does adding a per-channel bias),
+so with ReLU the block pools first and adds and rectifies a quarter of the values; GELU,
+which is not monotonic, is applied before pooling.
 
 Parameters are `{"conv": [{"w": (k, k, C_in, C_out), "b": (C_out,)}, ...], "dense":
 [{"w": (fan_in, fan_out), "b": (fan_out,)}, ...]}`, float32, He-normal weights (std =
@@ -45,11 +49,27 @@ from jaxmnist.models import conv
 from jaxmnist.models.layers import ACTIVATIONS, STATS, dropout
 
 
+def kernel_sizes(cfg) -> tuple[int, ...]:
+    """One kernel size per conv block: `kernel_size` as given, or its one value repeated."""
+    ks = (cfg.kernel_size,) if isinstance(cfg.kernel_size, int) else tuple(cfg.kernel_size)
+    return ks * len(cfg.channels) if len(ks) == 1 else ks
+
+
+def _map_sizes(cfg, input_shape) -> list[tuple[int, int]]:
+    """(H, W) of each block's convolution output, then of the last pool's output."""
+    h, w = input_shape
+    sizes = []
+    for k in kernel_sizes(cfg):
+        if cfg.padding == "valid":
+            h, w = h - k + 1, w - k + 1
+        sizes.append((h, w))
+        h, w = max(h, 0) // 2, max(w, 0) // 2
+    return [*sizes, (h, w)]
+
+
 def _feature_shape(cfg, input_shape) -> tuple[int, int, int]:
     """(H, W, C) after the conv blocks; each pool halves H and W (floor)."""
-    h, w = input_shape
-    for _ in cfg.channels:
-        h, w = h // 2, w // 2
+    h, w = _map_sizes(cfg, input_shape)[-1]
     return h, w, cfg.channels[-1]
 
 
@@ -57,12 +77,11 @@ def init(key, cfg, input_shape=(28, 28), num_classes=10) -> dict:
     """He-normal weights, zero biases. cfg: ModelConfig with `channels`, `kernel_size`,
     `hidden`. Raises ConfigError when the images are too small for the number of blocks."""
     h, w, c = _feature_shape(cfg, input_shape)
-    if h == 0 or w == 0:
+    if h <= 0 or w <= 0:
         raise ConfigError(
-            f"model.channels: {len(cfg.channels)} conv blocks halve {input_shape[0]}x"
-            f"{input_shape[1]} images to nothing; use fewer blocks"
+            f"model.channels: {len(cfg.channels)} conv blocks shrink {input_shape[0]}x"
+            f"{input_shape[1]} images to nothing; use fewer blocks or smaller kernels"
         )
-    k = cfg.kernel_size
     convs = list(itertools.pairwise((1, *cfg.channels)))
     dense = [h * w * c, *cfg.hidden, num_classes]
     keys = iter(jax.random.split(key, len(convs) + len(dense) - 1))
@@ -73,7 +92,7 @@ def init(key, cfg, input_shape=(28, 28), num_classes=10) -> dict:
     params = {
         "conv": [
             {"w": he((k, k, cin, cout), k * k * cin), "b": jnp.zeros((cout,), jnp.float32)}
-            for cin, cout in convs
+            for k, (cin, cout) in zip(kernel_sizes(cfg), convs, strict=True)
         ],
         "dense": [
             {"w": he((fan_in, fan_out), fan_in), "b": jnp.zeros((fan_out,), jnp.float32)}
@@ -89,6 +108,9 @@ def init(key, cfg, input_shape=(28, 28), num_classes=10) -> dict:
         ]
     return params
 
+
+# Activations that never decrease: max-pooling commutes with them.
+MONOTONIC = frozenset({"relu"})
 
 BN_MOMENTUM = 0.9  # running = 0.9 running + 0.1 batch, each training step (PyTorch's 0.1)
 BN_EPSILON = 1e-5
@@ -163,14 +185,17 @@ def apply(params: dict, images: jax.Array, cfg, key: jax.Array | None = None, tr
     impl = conv.resolve(cfg.conv_impl)
     x = images[..., None].astype(dtype)  # NHWC with one channel
     new_stats = []
+    pool_first = cfg.activation in MONOTONIC
     for i, layer in enumerate(params["conv"]):
-        x = conv.conv2d(x, layer["w"].astype(dtype), impl)
-        if cfg.batch_norm:
+        x = conv.conv2d(x, layer["w"].astype(dtype), impl, cfg.padding)
+        if cfg.batch_norm:  # statistics of the whole map, before pooling
             x, stats = _batch_norm(x, layer, params[STATS][i], train)
             new_stats.append(stats)
+            x = activation(conv.max_pool(x)) if pool_first else conv.max_pool(activation(x))
+        elif pool_first:
+            x = activation(conv.max_pool(x) + layer["b"].astype(dtype))
         else:
-            x = x + layer["b"].astype(dtype)
-        x = conv.max_pool(activation(x))
+            x = conv.max_pool(activation(x + layer["b"].astype(dtype)))
     x = x.reshape(x.shape[0], -1)
     drop_key = key if train else None
     for i, layer in enumerate(params["dense"]):
@@ -188,26 +213,38 @@ def flops_per_example(cfg, input_shape=(28, 28), num_classes=10) -> int:
     """Multiply-add FLOPs (2 per MAC) of one training example: forward, weight gradients,
     and input gradients of every layer but the first (the images need none). Bias,
     activation and pooling work is left out (a few percent for these shapes)."""
-    h, w = input_shape
-    macs = []
-    for cin, cout in itertools.pairwise((1, *cfg.channels)):
-        macs.append(h * w * cfg.kernel_size**2 * cin * cout)
-        h, w = h // 2, w // 2
+    maps = _map_sizes(cfg, input_shape)
+    macs = [
+        h * w * k**2 * cin * cout
+        for (h, w), k, (cin, cout) in zip(
+            maps, kernel_sizes(cfg), itertools.pairwise((1, *cfg.channels)), strict=False
+        )
+    ]
+    h, w = maps[-1]
     sizes = [h * w * cfg.channels[-1], *cfg.hidden, num_classes]
     macs += [a * b for a, b in itertools.pairwise(sizes)]
     return 2 * sum(macs) + 2 * sum(macs) + 2 * sum(macs[1:])
 
 
 def validate(cfg) -> None:
-    """The CNN reads `channels`, `kernel_size`, `conv_impl` and `hidden` (its dense head)."""
+    """The CNN reads `channels`, `kernel_size`, `padding`, `conv_impl` and `hidden` (its
+    dense head)."""
     if not cfg.channels or any(c <= 0 for c in cfg.channels):
         raise ConfigError(
             f"model.channels: one or more positive channel counts, got {cfg.channels}"
         )
-    if cfg.kernel_size <= 0 or cfg.kernel_size % 2 == 0:
+    if cfg.padding not in conv.PADDINGS:
         raise ConfigError(
-            f"model.kernel_size: a positive odd size (SAME padding), got {cfg.kernel_size}"
+            f"unknown model.padding {cfg.padding!r}; choose from: {', '.join(conv.PADDINGS)}"
         )
+    ks = (cfg.kernel_size,) if isinstance(cfg.kernel_size, int) else tuple(cfg.kernel_size)
+    if len(ks) not in (1, len(cfg.channels)):
+        raise ConfigError(
+            f"model.kernel_size: one size, or one per conv block ({len(cfg.channels)}), got {ks}"
+        )
+    if any(k <= 0 for k in ks) or (cfg.padding == "same" and any(k % 2 == 0 for k in ks)):
+        what = "positive odd sizes (same padding)" if cfg.padding == "same" else "positive sizes"
+        raise ConfigError(f"model.kernel_size: {what}, got {ks}")
     if cfg.conv_impl not in conv.CHOICES:
         raise ConfigError(
             f"unknown model.conv_impl {cfg.conv_impl!r}; choose from: {', '.join(conv.CHOICES)}"

@@ -1,19 +1,26 @@
 """2-D convolution and max-pooling for the CNN, in several formulations, and the choice
 among them per backend.
 
-Every convolution here is the same function: stride 1, "SAME" zero padding, an odd square
-kernel, NHWC activations `x (B, H, W, C)` and HWIO weights `w (k, k, C, O)` -> `(B, H, W, O)`,
-computed in the dtype of its inputs. They differ only in how XLA is asked to compute it:
+Every convolution here is the same function: stride 1, a square kernel, NHWC activations
+`x (B, H, W, C)` and HWIO weights `w (k, k, C, O)`, computed in the dtype of its inputs;
+"same" zero padding (odd k) keeps `(B, H, W, O)`, "valid" (no padding) gives
+`(B, H-k+1, W-k+1, O)`. They differ only in how XLA is asked to compute it:
 
 - `xla`: `lax.conv_general_dilated`, XLA's native convolution. On GPU and TPU this is
   cuDNN's or the TPU's own convolution and nothing beats it; on CPU XLA lowers it to a
   generic loop that trains the reference CNN about 10-20 times slower than `im2col`.
 - `im2col`: the k² shifted views of the padded input, concatenated along channels into
   patches (B, H, W, k²·C), and one matmul with the weights reshaped to (k²·C, O). The
-  matmul goes to XLA's CPU GEMM library (YNNPACK) and the shifts fuse into one copy;
-  autodiff turns the slices into pads, so the backward pass is two matmuls and one fused
-  sum. A hand-written VJP (the input gradient as im2col of the output gradient with the
-  flipped kernel, or recomputed patches) measured no faster, so there is none.
+  matmul goes to XLA's CPU GEMM library (YNNPACK) and the shifts fuse into one copy.
+  Its VJP is written out: the weight gradient is one matmul of the saved patches with the
+  output gradient, (k²·C, B·H·W) @ (B·H·W, O), and the input gradient is the output
+  gradient times the transposed weights, folded back onto the input by the transpose of
+  the patch extraction (pads and one fused sum). Left to autodiff, XLA's CPU backend
+  wrote the output gradient out transposed, channel-major, before the weight gradient's
+  matmul, and that copy alone took about a third of a training step; the written-out VJP
+  makes a training step of the reference network about 1.3 times as fast
+  (`benchmarks/conv_backward.py`). `im2col_autodiff` is the same forward pass left to
+  autodiff, kept for that comparison.
 - `patches`: `lax.conv_general_dilated_patches` + one matmul: the same algorithm with
   XLA's own patch extraction, which it lowers as a convolution with a one-hot kernel
   (about twice as slow as the slices on CPU; kept as a measured alternative).
@@ -22,11 +29,17 @@ XLA's CPU backend converts bfloat16 matmul operands to float32 before its GEMM, 
 bfloat16 saves memory traffic but no arithmetic (no AVX512-BF16 or AMX instructions).
 
 `auto` is XLA's convolution on accelerators and the fastest measured formulation on CPU
-(`CPU_FASTEST`, from `benchmarks/cnn_vs_pytorch.py`). Pooling is a reshape and a max over
-the 2×2 windows, which XLA fuses with the bias and activation before it.
+(`CPU_FASTEST`, from `benchmarks/cnn_vs_pytorch.py`).
+
+Pooling is a reshape and a max over the 2×2 windows, which XLA fuses with what comes
+before and after it. A written-out VJP for it (each window's gradient to its first maximum
+by four masked selects, instead of autodiff's even split among tied maxima) made the step
+about 1.1 times slower, so pooling is left to autodiff.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -35,33 +48,74 @@ from jax import lax
 _DIMS = ("NHWC", "HWIO", "NHWC")
 
 
-def conv_xla(x: jax.Array, w: jax.Array) -> jax.Array:
-    """XLA's native convolution. x (B, H, W, C), w (k, k, C, O) -> (B, H, W, O)."""
-    return lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=_DIMS)
+PADDINGS = ("same", "valid")
 
 
-def shifted_views(x: jax.Array, k: int) -> list[jax.Array]:
-    """The k² views x[:, i:i+H, j:j+W] of x zero-padded by k // 2, row-major over (i, j)."""
-    p = k // 2
+def conv_xla(x: jax.Array, w: jax.Array, padding: str = "same") -> jax.Array:
+    """XLA's native convolution. x (B, H, W, C), w (k, k, C, O) -> (B, H', W', O)."""
+    return lax.conv_general_dilated(x, w, (1, 1), padding.upper(), dimension_numbers=_DIMS)
+
+
+def shifted_views(x: jax.Array, k: int, padding: str = "same") -> list[jax.Array]:
+    """The k² views x[:, i:i+H', j:j+W'] of x (zero-padded by k // 2 for "same"),
+    row-major over (i, j)."""
+    if padding == "same":
+        p = k // 2
+        x = jnp.pad(x, ((0, 0), (p, p), (p, p), (0, 0)))
     _, h, w, _ = x.shape
-    xp = jnp.pad(x, ((0, 0), (p, p), (p, p), (0, 0)))
-    return [xp[:, i : i + h, j : j + w, :] for i in range(k) for j in range(k)]
+    ho, wo = h - k + 1, w - k + 1
+    return [x[:, i : i + ho, j : j + wo, :] for i in range(k) for j in range(k)]
 
 
-def conv_im2col(x: jax.Array, w: jax.Array) -> jax.Array:
-    """im2col by shifted slices + one matmul. x (B, H, W, C), w (k, k, C, O) -> (B, H, W, O).
+def _patches(x: jax.Array, k: int, padding: str) -> jax.Array:
+    """(B, H', W', k²·C): patch channel order (i, j, c), matching the row-major reshape
+    of HWIO weights."""
+    return jnp.concatenate(shifted_views(x, k, padding), axis=-1)
 
-    Patch channel order is (i, j, c), matching the row-major reshape of HWIO weights.
-    """
+
+def im2col_autodiff(x: jax.Array, w: jax.Array, padding: str = "same") -> jax.Array:
+    """im2col by shifted slices + one matmul, differentiated by autodiff.
+    x (B, H, W, C), w (k, k, C, O) -> (B, H', W', O)."""
     k, _, c, o = w.shape
-    patches = jnp.concatenate(shifted_views(x, k), axis=-1)  # (B, H, W, k*k*C)
-    return patches @ w.reshape(k * k * c, o)
+    return _patches(x, k, padding) @ w.reshape(k * k * c, o)
 
 
-def conv_patches(x: jax.Array, w: jax.Array) -> jax.Array:
+@partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _im2col(x: jax.Array, w: jax.Array, padding: str) -> jax.Array:
+    return im2col_autodiff(x, w, padding)
+
+
+def _im2col_fwd(x, w, padding):
+    k, _, c, o = w.shape
+    patches = _patches(x, k, padding)
+    return patches @ w.reshape(k * k * c, o), (x, w, patches)
+
+
+def _im2col_bwd(padding, residuals, g):
+    x, w, patches = residuals
+    k, _, c, o = w.shape
+    rows = k * k * c
+    dw = patches.reshape(-1, rows).T @ g.reshape(-1, o)
+    extract = jax.linear_transpose(lambda v: _patches(v, k, padding), x)
+    (dx,) = extract(g @ w.reshape(rows, o).T)
+    return dx, dw.reshape(w.shape)
+
+
+_im2col.defvjp(_im2col_fwd, _im2col_bwd)
+
+
+def conv_im2col(x: jax.Array, w: jax.Array, padding: str = "same") -> jax.Array:
+    """im2col by shifted slices + one matmul, with the VJP written out (module docstring).
+    x (B, H, W, C), w (k, k, C, O) -> (B, H', W', O)."""
+    return _im2col(x, w, padding)
+
+
+def conv_patches(x: jax.Array, w: jax.Array, padding: str = "same") -> jax.Array:
     """`conv_general_dilated_patches` + one matmul. x (B, H, W, C), w (k, k, C, O)."""
     k, _, c, o = w.shape
-    patches = lax.conv_general_dilated_patches(x, (k, k), (1, 1), "SAME", dimension_numbers=_DIMS)
+    patches = lax.conv_general_dilated_patches(
+        x, (k, k), (1, 1), padding.upper(), dimension_numbers=_DIMS
+    )
     # Its patch features are ordered (c, i, j): channel-major, unlike the slices above.
     return patches @ jnp.transpose(w, (2, 0, 1, 3)).reshape(c * k * k, o)
 
@@ -80,9 +134,10 @@ def resolve(impl: str, backend: str | None = None) -> str:
     return CPU_FASTEST if backend == "cpu" else "xla"
 
 
-def conv2d(x: jax.Array, w: jax.Array, impl: str = "auto") -> jax.Array:
-    """SAME, stride-1 convolution by formulation `impl` (auto, xla, im2col, patches)."""
-    return CONV_IMPLS[resolve(impl)](x, w)
+def conv2d(x: jax.Array, w: jax.Array, impl: str = "auto", padding: str = "same") -> jax.Array:
+    """Stride-1 convolution by formulation `impl` (auto, xla, im2col, patches), with
+    "same" or "valid" padding."""
+    return CONV_IMPLS[resolve(impl)](x, w, padding)
 
 
 def max_pool(x: jax.Array, size: int = 2) -> jax.Array:

@@ -1,0 +1,103 @@
+"""What the im2col convolution's written-out backward pass saves on this machine.
+
+`conv.conv_im2col` has a hand-written VJP; `conv.im2col_autodiff` is the same forward pass
+left to JAX's autodiff. This times one training step (forward, backward, Adam) of a
+network with each, side by side with the windows interleaved (A B A B ...), for the
+reference CNN (`cnn` preset: 3×3 same convolutions, 16/32 channels, dense 128) and the
+`speedrun` preset's network (5×5 then 3×3 valid convolutions, 24/32 channels, dense 256),
+both at batch 256.
+
+Usage: python benchmarks/conv_backward.py [--windows 8]
+Prints a table and writes JSON (`--out`, default benchmarks/results/conv_backward.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import statistics
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jaxmnist import config as config_lib
+from jaxmnist import runtime
+from jaxmnist.bench.timing import Timed, time_interleaved
+from jaxmnist.models import cnn, conv
+
+HERE = Path(__file__).resolve().parent
+BATCH = 256
+STEPS_PER_WINDOW = 10
+
+VARIANTS = {"autodiff": conv.im2col_autodiff, "written-out VJP": conv.conv_im2col}
+
+
+def _with(conv_fn):
+    """cnn.apply with its im2col convolution swapped for `conv_fn`."""
+
+    def apply(params, images, cfg):
+        saved = conv.CONV_IMPLS["im2col"]
+        conv.CONV_IMPLS["im2col"] = conv_fn
+        try:  # read at trace time only: the jitted step keeps what it traced
+            return cnn.apply(params, images, dataclasses.replace(cfg, conv_impl="im2col"))
+        finally:
+            conv.CONV_IMPLS["im2col"] = saved
+
+    return apply
+
+
+def step_ms(model_cfg, windows: int) -> dict[str, float]:
+    rng = np.random.default_rng(0)
+    images = jnp.asarray(rng.uniform(size=(BATCH, 28, 28)), jnp.float32)
+    labels = jnp.asarray(rng.integers(0, 10, BATCH))
+    params = cnn.init(jax.random.key(0), model_cfg, (28, 28), 10)
+    opt = optax.adam(1e-3)
+    timed = []
+    for label, conv_fn in VARIANTS.items():
+        apply = _with(conv_fn)
+
+        def loss(p, apply=apply):
+            logits = apply(p, images, model_cfg)
+            return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+        @jax.jit
+        def steps(p, s, loss=loss):
+            def body(carry, _):
+                p, s = carry
+                updates, s = opt.update(jax.grad(loss)(p), s, p)
+                return (optax.apply_updates(p, updates), s), None
+
+            return jax.lax.scan(body, (p, s), None, length=STEPS_PER_WINDOW)[0]
+
+        state = opt.init(params)
+        timed.append(Timed(lambda steps=steps, state=state: steps(params, state), label))
+    results = time_interleaved(timed, windows=windows, warmup=1)
+    return {
+        m.label: statistics.median(s) / STEPS_PER_WINDOW * 1e3 for m, (s, _) in zip(timed, results)
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--windows", type=int, default=8)
+    p.add_argument("--out", type=Path, default=HERE / "results" / "conv_backward.json")
+    args = p.parse_args()
+    load_before = os.getloadavg()
+    figures = {"batch": BATCH}
+    for preset in ("cnn", "speedrun"):
+        model_cfg = config_lib.get_preset(preset).model
+        ms = step_ms(model_cfg, args.windows)
+        base = ms["autodiff"]
+        print(f"{preset} network, one training step at batch {BATCH} (median ms):")
+        for label, value in ms.items():
+            print(f"  {label:16s} {value:7.1f} ms  {base / value:5.2f}x as fast")
+        figures[preset] = {"ms_per_step": ms, "speedup": base / ms["written-out VJP"]}
+    print(runtime.save_benchmark(args.out, figures, load_before))
+
+
+if __name__ == "__main__":
+    main()
