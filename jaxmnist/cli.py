@@ -775,6 +775,9 @@ def _add_use_parsers(sub) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from jaxmnist import hostmem
+
+    hostmem.keep_freed_memory()  # before XLA starts its threads
     parser = build_parser()
     # Overrides may come between options too (`--epochs 3 a=1 --seed 2 b=2`), which
     # argparse's subparsers cannot parse in one pass: what is left must be KEY=VALUE.

@@ -16,6 +16,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from jaxmnist import hostmem
 from jaxmnist.data.locate import default_cache_dir
 
 
@@ -65,6 +66,7 @@ def environment() -> dict:
         "cpu_model": _cpu_model(),
         "cpu_count": os.cpu_count(),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "host_allocator": hostmem.describe(),
     }
 
 
