@@ -9,7 +9,8 @@ and `torch.optim.lr_scheduler.OneCycleLR` with the same shape, momentum not cycl
 jaxmnist: the model from the registry (`jaxmnist.models`, `model.conv_impl`) and Optax,
 one jitted `lax.scan` epoch over device-resident uint8 images, compiled ahead of time.
 PyTorch: eager, the uint8 images in one tensor, batches indexed from it (no DataLoader),
-its default threads; bfloat16 by `torch.autocast`.
+its default threads; bfloat16 by `torch.autocast`. Both workers set glibc to keep freed
+memory (`jaxmnist.hostmem`), as the jaxmnist CLI does.
 
 Each variant runs in its own process (XLA flags must be set before JAX starts; the two
 frameworks' thread pools must not compete), the variants one after another, and the whole
@@ -265,6 +266,9 @@ def worker(argv: list[str]) -> None:
     p.add_argument("--xla-flags", default="")
     p.add_argument("--threads", type=int)
     a = p.parse_args(argv)
+    from jaxmnist import hostmem
+
+    hostmem.keep_freed_memory()  # as the CLI does; the same glibc settings for both frameworks
     if a.framework == "peak":
         result = run_peaks()
     elif a.framework == "jax":
