@@ -49,9 +49,14 @@ from jaxmnist.models import conv
 from jaxmnist.models.layers import ACTIVATIONS, STATS, dropout
 
 
+def _given_kernel_sizes(cfg) -> tuple[int, ...]:
+    """`kernel_size` as a tuple (a plain int from Python code counts as one size)."""
+    return (cfg.kernel_size,) if isinstance(cfg.kernel_size, int) else tuple(cfg.kernel_size)
+
+
 def kernel_sizes(cfg) -> tuple[int, ...]:
     """One kernel size per conv block: `kernel_size` as given, or its one value repeated."""
-    ks = (cfg.kernel_size,) if isinstance(cfg.kernel_size, int) else tuple(cfg.kernel_size)
+    ks = _given_kernel_sizes(cfg)
     return ks * len(cfg.channels) if len(ks) == 1 else ks
 
 
@@ -237,7 +242,7 @@ def validate(cfg) -> None:
         raise ConfigError(
             f"unknown model.padding {cfg.padding!r}; choose from: {', '.join(conv.PADDINGS)}"
         )
-    ks = (cfg.kernel_size,) if isinstance(cfg.kernel_size, int) else tuple(cfg.kernel_size)
+    ks = _given_kernel_sizes(cfg)
     if len(ks) not in (1, len(cfg.channels)):
         raise ConfigError(
             f"model.kernel_size: one size, or one per conv block ({len(cfg.channels)}), got {ks}"
