@@ -218,14 +218,13 @@ def flops_per_example(cfg, input_shape=(28, 28), num_classes=10) -> int:
     """Multiply-add FLOPs (2 per MAC) of one training example: forward, weight gradients,
     and input gradients of every layer but the first (the images need none). Bias,
     activation and pooling work is left out (a few percent for these shapes)."""
-    maps = _map_sizes(cfg, input_shape)
+    *conv_maps, (h, w) = _map_sizes(cfg, input_shape)  # each conv's output; the last pool's
     macs = [
-        h * w * k**2 * cin * cout
-        for (h, w), k, (cin, cout) in zip(
-            maps, kernel_sizes(cfg), itertools.pairwise((1, *cfg.channels)), strict=False
+        ho * wo * k**2 * cin * cout
+        for (ho, wo), k, (cin, cout) in zip(
+            conv_maps, kernel_sizes(cfg), itertools.pairwise((1, *cfg.channels)), strict=True
         )
     ]
-    h, w = maps[-1]
     sizes = [h * w * cfg.channels[-1], *cfg.hidden, num_classes]
     macs += [a * b for a, b in itertools.pairwise(sizes)]
     return 2 * sum(macs) + 2 * sum(macs) + 2 * sum(macs[1:])
