@@ -13,7 +13,7 @@ from jaxmnist import config as config_lib
 from jaxmnist import models, optim
 from jaxmnist.errors import ConfigError
 from jaxmnist.models import cnn
-from jaxmnist.models.layers import ACTIVATIONS
+from jaxmnist.models.layers import ACTIVATIONS, matmul
 
 REFERENCE = config_lib.ModelConfig(name="cnn", channels=(16, 32), kernel_size=(3,), hidden=(128,))
 
@@ -246,3 +246,25 @@ def test_cnn_presets_validate_and_have_pinned_parameter_counts(preset, num_param
     assert cfg.model.name == "cnn" and cfg.data.augment == augment
     params = jax.eval_shape(lambda: cnn.init(jax.random.key(0), cfg.model, (28, 28), 10))
     assert models.count_params(params) == num_params
+
+
+def test_matmul_is_exact_in_float32_and_accumulates_bfloat16_in_float32():
+    rng = np.random.default_rng(0)
+    a = jnp.asarray(rng.normal(size=(2, 5, 64)), jnp.float32)  # (..., K): leading axes kept
+    b = jnp.asarray(rng.normal(size=(64, 3)), jnp.float32)
+    g = jnp.asarray(rng.normal(size=(2, 5, 3)), jnp.float32)
+    np.testing.assert_array_equal(jax.jit(matmul)(a, b), a @ b)
+
+    low = [x.astype(jnp.bfloat16) for x in (a, b, g)]
+    out, vjp = jax.vjp(jax.jit(matmul), *low[:2])
+    assert out.dtype == jnp.bfloat16 and out.shape == (2, 5, 3)
+    # The float32 product of the bfloat16 inputs, rounded once to bfloat16 (half an ulp;
+    # one ulp allowed, for a kernel that sums in another order).
+    wide = low[0].astype(jnp.float32) @ low[1].astype(jnp.float32)
+    np.testing.assert_allclose(np.asarray(out, np.float32), wide, rtol=2**-7, atol=1e-6)
+    da, db = vjp(low[2])
+    assert (da.dtype, db.dtype) == (jnp.bfloat16, jnp.bfloat16)
+    _, vjp32 = jax.vjp(lambda a, b: a @ b, a, b)
+    for got, want in zip((da, db), vjp32(g)):
+        scale = float(jnp.abs(want).max())
+        np.testing.assert_allclose(np.asarray(got, np.float32), want, atol=0.02 * scale)

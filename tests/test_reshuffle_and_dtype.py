@@ -2,8 +2,9 @@
 
 Every epoch draws a fresh shuffle from its own key (seed s: `init_key, shuffle_key =
 split(key(s))`, epoch e uses `split(shuffle_key, epochs)[e]`), for one model and for a
-vmapped population; and `model.dtype=bfloat16` really runs the matmuls in bfloat16.
-The reference runs below write the key scheme out by hand rather than importing it.
+vmapped population; and `model.dtype=bfloat16` really runs the matmuls in bfloat16
+(accumulating in float32). The reference runs below write the key scheme out by hand
+rather than importing it.
 """
 
 import dataclasses
@@ -140,17 +141,21 @@ def test_frozen_model_sees_every_example_each_epoch_in_a_new_order(tiny_dataset,
 # --- the compute dtype -------------------------------------------------------------
 
 
-def dot_operand_dtypes(fn, *args) -> list:
-    """The dtype of every dot_general operand in `fn`'s jaxpr, nested jaxprs included."""
+def dot_dtypes(fn, *args) -> tuple[list, set]:
+    """The dtype of every dot_general operand in `fn`'s jaxpr, nested jaxprs included,
+    and the set of the dots' result dtypes."""
+    dots = []
 
     def walk(jaxpr):
         for eqn in jaxpr.eqns:
             if eqn.primitive.name == "dot_general":
-                yield from (v.aval.dtype for v in eqn.invars)
+                dots.append(eqn)
             for sub in jaxprs_in_params(eqn.params):
-                yield from walk(sub)
+                walk(sub)
 
-    return list(walk(jax.make_jaxpr(fn)(*args).jaxpr))
+    walk(jax.make_jaxpr(fn)(*args).jaxpr)
+    operands = [v.aval.dtype for eqn in dots for v in eqn.invars]
+    return operands, {eqn.outvars[0].aval.dtype for eqn in dots}
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -161,13 +166,15 @@ def test_matmuls_run_in_the_configured_dtype(dtype):
     images = jnp.zeros((8, 784), jnp.uint8)
     labels = jnp.zeros((8,), jnp.int32)
 
-    forward = dot_operand_dtypes(lambda p, x: apply_uint8(p, x, cfg.model), state.params, images)
+    forward, results = dot_dtypes(lambda p, x: apply_uint8(p, x, cfg.model), state.params, images)
     assert len(forward) == 2 * 2  # two layers, two operands each
     assert set(forward) == {jnp.dtype(dtype)}
+    assert results == {jnp.dtype(jnp.float32)}  # bfloat16 accumulates in float32
 
-    step = dot_operand_dtypes(core.make_train_step(cfg, optimizer), state, images, labels)
+    step, results = dot_dtypes(core.make_train_step(cfg, optimizer), state, images, labels)
     assert len(step) > len(forward)  # the backward pass's matmuls are there too
     assert set(step) == {jnp.dtype(dtype)}
+    assert results == {jnp.dtype(jnp.float32)}
 
 
 def test_bfloat16_logits_are_close_to_float32_but_not_equal(tiny_dataset):

@@ -3,7 +3,8 @@
 MFU is the achieved FLOP/s of training divided by a peak. A datasheet peak is
 unknown for most CPUs and rarely reached even on accelerators, so the peak is
 measured in the same run, on the same device and in the same dtype as the
-training step: `C = A @ B` with A, B (n, n) in that dtype, 2 n^3 FLOPs per
+training step: `C = A @ B` with A, B (n, n) in that dtype, by the models' own
+matmul (`layers.matmul`, which accumulates bfloat16 in float32), 2 n^3 FLOPs per
 product. Each timed window runs enough chained products to last about
 `min_window_seconds`; the figure is the median over the windows, like every
 other figure in the benchmark.
@@ -19,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmnist.bench import timing
+from jaxmnist.models.layers import matmul
 
 # A side long enough to be compute-bound on each backend yet quick to run:
 # 2048^3 is 17 GFLOP (about 0.1 s on a 2-core AVX2 CPU); accelerators need more.
@@ -58,7 +60,7 @@ def measure_matmul_peak(
     x, q = jax.block_until_ready(setup(kx, kq))
 
     def chain(x, q, reps):
-        return jax.lax.fori_loop(0, reps, lambda _, x: x @ q, x)
+        return jax.lax.fori_loop(0, reps, lambda _, x: matmul(x, q), x)
 
     one = jax.device_put(np.int32(1))
     start = time.perf_counter()

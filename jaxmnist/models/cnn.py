@@ -46,7 +46,7 @@ from jax import lax
 
 from jaxmnist.errors import ConfigError
 from jaxmnist.models import conv
-from jaxmnist.models.layers import ACTIVATIONS, STATS, dropout
+from jaxmnist.models.layers import ACTIVATIONS, STATS, dropout, matmul
 
 
 def _given_kernel_sizes(cfg) -> tuple[int, ...]:
@@ -205,7 +205,7 @@ def apply(params: dict, images: jax.Array, cfg, key: jax.Array | None = None, tr
     drop_key = key if train else None
     for i, layer in enumerate(params["dense"]):
         x = dropout(drop_key, x, cfg.dropout, i)
-        x = x @ layer["w"].astype(dtype) + layer["b"].astype(dtype)
+        x = matmul(x, layer["w"].astype(dtype)) + layer["b"].astype(dtype)
         if i < len(params["dense"]) - 1:
             x = activation(x)
     logits = x.astype(jnp.float32)

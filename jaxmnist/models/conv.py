@@ -25,8 +25,11 @@ Every convolution here is the same function: stride 1, a square kernel, NHWC act
   XLA's own patch extraction, which it lowers as a convolution with a one-hot kernel
   (about twice as slow as the slices on CPU; kept as a measured alternative).
 
-XLA's CPU backend converts bfloat16 matmul operands to float32 before its GEMM, so on CPU
-bfloat16 saves memory traffic but no arithmetic (no AVX512-BF16 or AMX instructions).
+In bfloat16 every im2col matmul reads bfloat16 and accumulates in float32
+(`layers.wide_dot`), and the patches' gradient is folded back in float32. On CPU only the
+forward matmul gains from it: XLA widens to float32 the backward matmuls (each has a
+transposed operand) and the concatenations, pads and pooling around them, so a bfloat16
+CNN step is slower there than a float32 one (`benchmarks/bf16_matmul.py`).
 
 `auto` is XLA's convolution on accelerators and the fastest measured formulation on CPU
 (`CPU_FASTEST`, from `benchmarks/cnn_vs_pytorch.py`).
@@ -44,6 +47,8 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 from jax import lax
+
+from jaxmnist.models.layers import wide_dot
 
 _DIMS = ("NHWC", "HWIO", "NHWC")
 
@@ -82,23 +87,28 @@ def im2col_autodiff(x: jax.Array, w: jax.Array, padding: str = "same") -> jax.Ar
 
 @partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _im2col(x: jax.Array, w: jax.Array, padding: str) -> jax.Array:
-    return im2col_autodiff(x, w, padding)
+    return _im2col_fwd(x, w, padding)[0]
 
 
 def _im2col_fwd(x, w, padding):
     k, _, c, o = w.shape
     patches = _patches(x, k, padding)
-    return patches @ w.reshape(k * k * c, o), (x, w, patches)
+    rows = patches.reshape(-1, k * k * c)
+    y = wide_dot(rows, w.reshape(k * k * c, o)).astype(x.dtype)
+    return y.reshape(*patches.shape[:-1], o), (x, w, patches)
 
 
 def _im2col_bwd(padding, residuals, g):
     x, w, patches = residuals
     k, _, c, o = w.shape
-    rows = k * k * c
-    dw = patches.reshape(-1, rows).T @ g.reshape(-1, o)
-    extract = jax.linear_transpose(lambda v: _patches(v, k, padding), x)
-    (dx,) = extract(g @ w.reshape(rows, o).T)
-    return dx, dw.reshape(w.shape)
+    g = g.reshape(-1, o)
+    dw = wide_dot(patches.reshape(-1, k * k * c).T, g).astype(w.dtype)
+    # The patches' gradient in the compute dtype, folded back in float32.
+    dpatches = wide_dot(g, w.reshape(k * k * c, o).T).astype(x.dtype)
+    wide = jax.ShapeDtypeStruct(x.shape, jnp.float32)
+    extract = jax.linear_transpose(lambda v: _patches(v, k, padding), wide)
+    (dx,) = extract(dpatches.reshape(patches.shape).astype(jnp.float32))
+    return dx.astype(x.dtype), dw.reshape(w.shape)
 
 
 _im2col.defvjp(_im2col_fwd, _im2col_bwd)

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxmnist.errors import ConfigError
-from jaxmnist.models.layers import ACTIVATIONS, dropout
+from jaxmnist.models.layers import ACTIVATIONS, dropout, matmul
 
 
 def init(key, cfg, input_shape=(28, 28), num_classes=10) -> list[dict]:
@@ -46,7 +46,7 @@ def apply(params: list[dict], images: jax.Array, cfg, key: jax.Array | None = No
     for i, layer in enumerate(params):
         if i > 0:
             x = dropout(drop_key, x, cfg.dropout, i)
-        x = x @ layer["w"].astype(dtype) + layer["b"].astype(dtype)
+        x = matmul(x, layer["w"].astype(dtype)) + layer["b"].astype(dtype)
         if i < len(params) - 1:
             x = activation(x)
     logits = x.astype(jnp.float32)
