@@ -14,9 +14,10 @@ Prints a table and writes JSON (`--out`, default benchmarks/results/conv_backwar
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
-import statistics
+from functools import partial
 from pathlib import Path
 
 import jax
@@ -26,59 +27,39 @@ import optax
 
 from jaxmnist import config as config_lib
 from jaxmnist import runtime
-from jaxmnist.bench.timing import Timed, time_interleaved
+from jaxmnist.bench.steps import Case, median_step_ms
 from jaxmnist.models import cnn, conv
 
 HERE = Path(__file__).resolve().parent
 BATCH = 256
-STEPS_PER_WINDOW = 10
 
 VARIANTS = {"autodiff": conv.im2col_autodiff, "written-out VJP": conv.conv_im2col}
 
 
-def _with(conv_fn):
-    """cnn.apply with its im2col convolution swapped for `conv_fn`."""
-
-    def apply(params, images, cfg):
-        saved = conv.CONV_IMPLS["im2col"]
-        conv.CONV_IMPLS["im2col"] = conv_fn
-        try:  # read at trace time only: the jitted step keeps what it traced
-            return cnn.apply(params, images, dataclasses.replace(cfg, conv_impl="im2col"))
-        finally:
-            conv.CONV_IMPLS["im2col"] = saved
-
-    return apply
+@contextlib.contextmanager
+def _swapped(conv_fn):
+    """cnn.apply's im2col convolution is `conv_fn` while a step is traced."""
+    saved = conv.CONV_IMPLS["im2col"]
+    conv.CONV_IMPLS["im2col"] = conv_fn
+    try:
+        yield
+    finally:
+        conv.CONV_IMPLS["im2col"] = saved
 
 
 def step_ms(model_cfg, windows: int) -> dict[str, float]:
     rng = np.random.default_rng(0)
     images = jnp.asarray(rng.uniform(size=(BATCH, 28, 28)), jnp.float32)
     labels = jnp.asarray(rng.integers(0, 10, BATCH))
+    model_cfg = dataclasses.replace(model_cfg, conv_impl="im2col")
     params = cnn.init(jax.random.key(0), model_cfg, (28, 28), 10)
-    opt = optax.adam(1e-3)
-    timed = []
-    for label, conv_fn in VARIANTS.items():
-        apply = _with(conv_fn)
 
-        def loss(p, apply=apply):
-            logits = apply(p, images, model_cfg)
-            return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+    def loss(p, x, y):
+        logits = cnn.apply(p, x, model_cfg)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
 
-        @jax.jit
-        def steps(p, s, loss=loss):
-            def body(carry, _):
-                p, s = carry
-                updates, s = opt.update(jax.grad(loss)(p), s, p)
-                return (optax.apply_updates(p, updates), s), None
-
-            return jax.lax.scan(body, (p, s), None, length=STEPS_PER_WINDOW)[0]
-
-        state = opt.init(params)
-        timed.append(Timed(lambda steps=steps, state=state: steps(params, state), label))
-    results = time_interleaved(timed, windows=windows, warmup=1)
-    return {
-        m.label: statistics.median(s) / STEPS_PER_WINDOW * 1e3 for m, (s, _) in zip(timed, results)
-    }
+    cases = [Case(label, loss, params, partial(_swapped, fn)) for label, fn in VARIANTS.items()]
+    return median_step_ms(cases, images, labels, windows=windows)
 
 
 def main() -> None:
