@@ -18,7 +18,7 @@ Every convolution here is the same function: stride 1, a square kernel, NHWC act
   the patch extraction (pads and one fused sum). Left to autodiff, XLA's CPU backend
   wrote the output gradient out transposed, channel-major, before the weight gradient's
   matmul, and that copy alone took about a third of a training step; the written-out VJP
-  makes a training step 1.3 (reference network) to 1.6 (`speedrun`) times as fast
+  makes a training step about 1.3 (reference network) to 1.5 (`speedrun`) times as fast
   (`benchmarks/conv_backward.py`). `im2col_autodiff` is the same forward pass left to
   autodiff, kept for that comparison.
 - `patches`: `lax.conv_general_dilated_patches` + one matmul: the same algorithm with
