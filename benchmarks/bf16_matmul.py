@@ -1,0 +1,121 @@
+"""What accumulating bfloat16 matmuls in float32 gains on this machine.
+
+jaxmnist's bfloat16 matmuls (`layers.matmul`, the im2col convolution's `layers.wide_dot`)
+read bfloat16 operands and ask XLA for a float32 result (`preferred_element_type`), then
+round it to bfloat16. Asking for a bfloat16 result instead (plain `a @ b`) is the same
+arithmetic on most backends, but on CPU XLA widens such a dot's operands to float32 and
+runs it at float32's rate, while it hands the mixed one to YNNPACK's bfloat16 kernels
+where the CPU has them (AVX512-BF16, AMX). This measures, side by side in one process:
+
+- the 2048³ matmul rate: float32, bfloat16 -> bfloat16, bfloat16 -> float32;
+- one training step (forward, backward, Adam; windows interleaved) of the `codelab`
+  and `tpu101` MLPs and the reference CNN (`cnn` preset), each at its preset's batch
+  size: float32, bfloat16 with bfloat16-result dots, bfloat16 as jaxmnist runs it.
+
+Usage: python benchmarks/bf16_matmul.py [--windows 12]
+Prints a table and writes JSON (`--out`, default benchmarks/results/bf16_matmul.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import os
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jaxmnist import config as config_lib
+from jaxmnist import runtime
+from jaxmnist.bench import peak
+from jaxmnist.bench.steps import Case, median_step_ms
+from jaxmnist.models import cnn, conv, get_model, mlp
+
+HERE = Path(__file__).resolve().parent
+# Steps per timed window: about a quarter of a second each on a 2-core CPU.
+PRESETS = {"codelab": 60, "tpu101": 200, "cnn": 8}
+PEAK_SIZE = 2048
+
+
+def _plain(a, b):
+    return a @ b
+
+
+@contextlib.contextmanager
+def bf16_results():
+    """Every model matmul as a plain `a @ b` (a bfloat16 result in bfloat16) while a
+    program is traced."""
+    targets = [(mlp, "matmul"), (cnn, "matmul"), (conv, "wide_dot"), (peak, "matmul")]
+    saved = [getattr(m, name) for m, name in targets]
+    for m, name in targets:
+        setattr(m, name, _plain)
+    try:
+        yield
+    finally:
+        for (m, name), fn in zip(targets, saved):
+            setattr(m, name, fn)
+
+
+def peaks() -> dict[str, float]:
+    """GFLOP/s of chained 2048³ products."""
+
+    def rate(dtype):
+        return peak.measure_matmul_peak(dtype, PEAK_SIZE)["flops_per_second"]["median"] / 1e9
+
+    out = {"float32": rate("float32"), "bfloat16 -> float32 (jaxmnist)": rate("bfloat16")}
+    with bf16_results():
+        out["bfloat16 -> bfloat16"] = rate("bfloat16")
+    return out
+
+
+def step_ms(preset: str, windows: int, steps_per_window: int) -> dict[str, float]:
+    cfg = config_lib.get_preset(preset)
+    batch = cfg.train.batch_size
+    rng = np.random.default_rng(0)
+    images = jnp.asarray(rng.uniform(size=(batch, 28, 28)), jnp.float32)
+    labels = jnp.asarray(rng.integers(0, 10, batch))
+    model = get_model(cfg.model.name)
+    cases = []
+    for label, dtype, tracing in (
+        ("float32", "float32", contextlib.nullcontext),
+        ("bfloat16, bfloat16-result dots", "bfloat16", bf16_results),
+        ("bfloat16, float32 accumulation", "bfloat16", contextlib.nullcontext),
+    ):
+        model_cfg = dataclasses.replace(cfg.model, dtype=dtype)
+
+        def loss(p, x, y, model_cfg=model_cfg):
+            logits = model.apply(p, x, model_cfg)
+            return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+        params = model.init(jax.random.key(0), model_cfg, (28, 28), 10)
+        cases.append(Case(label, loss, params, tracing))
+    ms = median_step_ms(cases, images, labels, windows=windows, steps_per_window=steps_per_window)
+    return {"batch": batch, "steps_per_window": steps_per_window, "ms_per_step": ms}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--windows", type=int, default=12)
+    p.add_argument("--out", type=Path, default=HERE / "results" / "bf16_matmul.json")
+    args = p.parse_args()
+    load_before = os.getloadavg()
+    figures = {"matmul_gflops": peaks()}
+    print(f"{PEAK_SIZE}³ matmul (median GFLOP/s):")
+    for label, value in figures["matmul_gflops"].items():
+        print(f"  {label:32s} {value:7.1f}")
+    for preset, steps in PRESETS.items():
+        figures[preset] = step_ms(preset, args.windows, steps)
+        ms = figures[preset]["ms_per_step"]
+        base = ms["float32"]
+        print(f"{preset}, one training step at batch {figures[preset]['batch']} (median ms):")
+        for label, value in ms.items():
+            print(f"  {label:32s} {value:7.2f} ms  {base / value:5.2f}x float32's rate")
+    print(runtime.save_benchmark(args.out, figures, load_before))
+
+
+if __name__ == "__main__":
+    main()
