@@ -19,10 +19,14 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# Test processes: one per core, at most 4. XLA compiles on one thread, so a second
+# process keeps a second core busy (1.4x as fast a run on 2 cores); each process also
+# holds its own JAX runtime, hence the cap.
 # The multi-device tests need 8 fake CPU devices, which must be set before JAX starts.
+PYTEST := $(BIN)/python -m pytest -q -n auto --maxprocesses 4
 test: lint
-	$(BIN)/python -m pytest -q
-	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/python -m pytest -q tests/multidevice
+	$(PYTEST)
+	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PYTEST) tests/multidevice
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/epoch_vs_tutorial.py
