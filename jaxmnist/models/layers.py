@@ -13,8 +13,8 @@ operands and accumulates and returns float32 (`preferred_element_type`), and the
 is rounded to bfloat16 (its VJP is written out so that the backward dots also take the
 cotangent in bfloat16, as tensor cores and the TPU's MXU need). On CPU that form is
 what makes bfloat16 fast: XLA hands a bfloat16 x bfloat16 -> float32 dot of row-major
-operands to YNNPACK's bfloat16 kernels (AVX512-BF16, or AMX where the CPU has it),
-while it widens to float32 the operands of a bfloat16 -> bfloat16 dot, and of any dot
+operands to YNNPACK's bfloat16 kernels (AVX512-BF16 where the CPU has it; AMX was
+not measured), while it widens to float32 the operands of a bfloat16 -> bfloat16 dot, and of any dot
 with a transposed operand (each backward matmul has one), and runs those at float32's
 rate (`benchmarks/bf16_matmul.py`).
 """
