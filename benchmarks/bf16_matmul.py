@@ -5,9 +5,11 @@ read bfloat16 operands and ask XLA for a float32 result (`preferred_element_type
 round it to bfloat16. Asking for a bfloat16 result instead (plain `a @ b`) is the same
 arithmetic on most backends, but on CPU XLA widens such a dot's operands to float32 and
 runs it at float32's rate, while it hands the mixed one to YNNPACK's bfloat16 kernels
-where the CPU has them (AVX512-BF16, AMX). This measures, side by side in one process:
+where the CPU has them (AVX512-BF16 on the development CPU). This measures, side by
+side in one process:
 
-- the 2048³ matmul rate: float32, bfloat16 -> bfloat16, bfloat16 -> float32;
+- the rate of chained n³ matmuls (n = 2048 on CPU; larger on accelerators, as for
+  `jaxmnist bench`'s peak): float32, bfloat16 -> bfloat16, bfloat16 -> float32;
 - one training step (forward, backward, Adam; windows interleaved) of the `codelab`
   and `tpu101` MLPs and the reference CNN (`cnn` preset), each at its preset's batch
   size: float32, bfloat16 with bfloat16-result dots, bfloat16 as jaxmnist runs it.
@@ -38,7 +40,6 @@ from jaxmnist.models import cnn, conv, get_model, mlp
 HERE = Path(__file__).resolve().parent
 # Steps per timed window: about a quarter of a second each on a 2-core CPU.
 PRESETS = {"codelab": 60, "tpu101": 200, "cnn": 8}
-PEAK_SIZE = 2048
 
 
 def _plain(a, b):
@@ -60,11 +61,11 @@ def bf16_results():
             setattr(m, name, fn)
 
 
-def peaks() -> dict[str, float]:
-    """GFLOP/s of chained 2048³ products."""
+def peaks(n: int) -> dict[str, float]:
+    """GFLOP/s of chained n³ products."""
 
     def rate(dtype):
-        return peak.measure_matmul_peak(dtype, PEAK_SIZE)["flops_per_second"]["median"] / 1e9
+        return peak.measure_matmul_peak(dtype, n)["flops_per_second"]["median"] / 1e9
 
     out = {"float32": rate("float32"), "bfloat16 -> float32 (jaxmnist)": rate("bfloat16")}
     with bf16_results():
@@ -103,8 +104,9 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=HERE / "results" / "bf16_matmul.json")
     args = p.parse_args()
     load_before = os.getloadavg()
-    figures = {"matmul_gflops": peaks()}
-    print(f"{PEAK_SIZE}³ matmul (median GFLOP/s):")
+    n = peak.default_size(jax.default_backend())  # 2048 on CPU
+    figures = {"matmul_size": n, "matmul_gflops": peaks(n)}
+    print(f"{n}³ matmul (median GFLOP/s):")
     for label, value in figures["matmul_gflops"].items():
         print(f"  {label:32s} {value:7.1f}")
     for preset, steps in PRESETS.items():

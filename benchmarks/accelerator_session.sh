@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The figures that need an accelerator, in one bounded run on a machine with a GPU
+# (or TPU): the `speedrun` preset's time per model (8 seeds in one program, and one
+# alone), what batch norm costs the CNN step there, bfloat16 against float32, and
+# `jaxmnist bench --quick`. Run from anywhere; results go to $OUT if set, else to
+# benchmarks/results/<backend>/, as at most 7 files (a log, three benchmark JSONs, and
+# bench.json/.png/.html):
+#
+#   bash benchmarks/accelerator_session.sh
+#
+# The machine needs Python with JAX for its accelerator, Optax, Orbax and the rest of
+# jaxmnist's dependencies. Pure-Python ones it lacks can travel as wheels in .whl/
+# (installed with --no-deps into a scratch folder). Real MNIST comes from
+# $JAXMNIST_DATA_DIR, else from .data/ (a folder holding mnist/). On a machine with pip,
+# with both folders ignored by git:
+#
+#   pip download --no-deps -d .whl pooch platformdirs tensorboardX
+#   mkdir -p .data && cp -r ../shared/datasets/mnist .data/
+#
+# Each step has its own time limit (STEP_LIMIT seconds, default 240); a failed step is
+# logged and the next one runs.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/jaxmnist-site .whl/*.whl
+  export PYTHONPATH="/tmp/jaxmnist-site"
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export JAXMNIST_DATA_DIR="${JAXMNIST_DATA_DIR:-$PWD/.data}"
+py=${PYTHON:-python3}
+backend=$("$py" -c 'import jax; print(jax.default_backend())') || exit 1
+out=${OUT:-benchmarks/results/$backend}
+mkdir -p "$out"
+log="$out/log.txt"
+{
+  date -u
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null
+  "$py" -c 'import json; from jaxmnist import runtime; print(json.dumps(runtime.environment()))'
+} >"$log" 2>&1
+
+step() {
+  local name=$1
+  shift
+  echo "== $name: $*" | tee -a "$log"
+  timeout "${STEP_LIMIT:-240}" "$@" >>"$log" 2>&1
+  local rc=$?
+  [ "$rc" -eq 0 ] || echo "== $name failed (exit $rc)" | tee -a "$log"
+}
+
+step speedrun "$py" benchmarks/cnn_presets.py --presets speedrun --seeds 8 --out "$out/cnn_presets.json"
+step batch-norm "$py" benchmarks/batch_norm_cost.py --out "$out/batch_norm_cost.json"
+step bfloat16 "$py" benchmarks/bf16_matmul.py --out "$out/bf16_matmul.json"
+step bench "$py" -m jaxmnist bench --preset tpu101 --quick --out "$out/bench-tpu101"
+echo "== done: $out" | tee -a "$log"
