@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 import os
 from pathlib import Path
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -50,15 +51,15 @@ def _plain(a, b):
 def bf16_results():
     """Every model matmul as a plain `a @ b` (a bfloat16 result in bfloat16) while a
     program is traced."""
-    targets = [(mlp, "matmul"), (cnn, "matmul"), (conv, "wide_dot"), (peak, "matmul")]
-    saved = [getattr(m, name) for m, name in targets]
-    for m, name in targets:
-        setattr(m, name, _plain)
-    try:
+    with contextlib.ExitStack() as stack:
+        for module, name in (
+            (mlp, "matmul"),
+            (cnn, "matmul"),
+            (conv, "wide_dot"),
+            (peak, "matmul"),
+        ):
+            stack.enter_context(mock.patch.object(module, name, _plain))
         yield
-    finally:
-        for (m, name), fn in zip(targets, saved):
-            setattr(m, name, fn)
 
 
 def peaks(n: int) -> dict[str, float]:

@@ -14,11 +14,11 @@ Prints a table and writes JSON (`--out`, default benchmarks/results/conv_backwar
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import os
 from functools import partial
 from pathlib import Path
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -36,17 +36,6 @@ BATCH = 256
 VARIANTS = {"autodiff": conv.im2col_autodiff, "written-out VJP": conv.conv_im2col}
 
 
-@contextlib.contextmanager
-def _swapped(conv_fn):
-    """cnn.apply's im2col convolution is `conv_fn` while a step is traced."""
-    saved = conv.CONV_IMPLS["im2col"]
-    conv.CONV_IMPLS["im2col"] = conv_fn
-    try:
-        yield
-    finally:
-        conv.CONV_IMPLS["im2col"] = saved
-
-
 def step_ms(model_cfg, windows: int) -> dict[str, float]:
     rng = np.random.default_rng(0)
     images = jnp.asarray(rng.uniform(size=(BATCH, 28, 28)), jnp.float32)
@@ -58,7 +47,10 @@ def step_ms(model_cfg, windows: int) -> dict[str, float]:
         logits = cnn.apply(p, x, model_cfg)
         return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
 
-    cases = [Case(label, loss, params, partial(_swapped, fn)) for label, fn in VARIANTS.items()]
+    cases = [
+        Case(label, loss, params, partial(mock.patch.dict, conv.CONV_IMPLS, im2col=fn))
+        for label, fn in VARIANTS.items()
+    ]
     return median_step_ms(cases, images, labels, windows=windows)
 
 
