@@ -18,9 +18,9 @@ TARGET_SECONDS = 0.5  # per call: a stop is honoured within about two of these
 class Pacer:
     """`next_stop` chooses a call's last step; `record` says how long it took."""
 
-    def __init__(self, every: tuple[int, ...] = (), target_seconds: float = TARGET_SECONDS):
+    def __init__(self, every: tuple[int, ...] = (), target_seconds: float | None = None):
         self.every = tuple(k for k in every if k)
-        self.target = target_seconds
+        self.target = TARGET_SECONDS if target_seconds is None else target_seconds
         self.seconds_per_step: float | None = None
 
     def next_stop(self, epoch_step: int, num_steps: int, global_step: int) -> int:

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from jaxmnist import pacing
 from jaxmnist.data import registry, synthetic
 from jaxmnist.data.dataset import Dataset
 
@@ -68,6 +69,14 @@ def tiny_dataset(tiny_arrays, tiny_spec) -> Dataset:
         a["test_labels"],
         "memory",
     )
+
+
+@pytest.fixture
+def paced_by_steps(monkeypatch):
+    """Calls of the run loop end only where steps say (the first call's one step,
+    `progress_every`, checkpoints, epoch ends), never because the machine is slow:
+    for tests that count calls, on a machine other tests may be loading."""
+    monkeypatch.setattr(pacing, "TARGET_SECONDS", 1e9)
 
 
 @pytest.fixture

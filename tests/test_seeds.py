@@ -75,7 +75,7 @@ class CountingReporter(Reporter):
         self.seen.append((end.step, end.epoch_step))
 
 
-def test_memory_chunks_give_the_same_result(tiny_dataset, four_seeds):
+def test_memory_chunks_give_the_same_result(tiny_dataset, four_seeds, paced_by_steps):
     cfg = four_seeds.population.cfg
     est = memory.estimate_memory(cfg, four_seeds.population.state_shapes(), (28, 28), 10, 640, 150)
     budget_mb = (
@@ -259,7 +259,7 @@ class EstimateWatch(Reporter):
         self.events.append(("steps", end.step))
 
 
-def test_the_epoch_estimate_comes_once_after_the_second_call(tiny_dataset):
+def test_the_epoch_estimate_comes_once_after_the_second_call(tiny_dataset, paced_by_steps):
     """The first call (one step) still warms up, so the estimate waits for the second;
     it is the full epoch's steps at the speed measured so far."""
     cfg = small_cfg(epochs=2, progress_every=7)

@@ -26,7 +26,7 @@ def stop_at_poll(n: int) -> property:
     return property(requested)
 
 
-def test_four_devices_resume_on_one(train_argv, tmp_path, monkeypatch):
+def test_four_devices_resume_on_one(train_argv, tmp_path, monkeypatch, paced_by_steps):
     args = ("--seeds", "4", "--epochs", "4", "--quiet", "--no-report")
     stopped = tmp_path / "stopped"
     with monkeypatch.context() as m:
