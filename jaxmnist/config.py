@@ -46,7 +46,7 @@ class ModelConfig:
     channels: tuple[int, ...] = (16, 32)  # cnn: output channels of each conv + pool block
     kernel_size: tuple[int, ...] = (3,)  # cnn: square kernels, one for all blocks or one each
     padding: str = "same"  # cnn: "same" (zero padding, odd kernels) or "valid" (none)
-    conv_impl: str = "auto"  # cnn: auto (XLA on GPU/TPU, fastest on CPU), xla, im2col, patches
+    conv_impl: str = "auto"  # cnn: auto, xla, im2col, patches, onednn (see models/conv.py)
     batch_norm: bool = False  # cnn: batch normalisation after each convolution
     dropout: float = 0.0  # training only: rate on each dense layer's input but the pixels
 

@@ -18,6 +18,7 @@ export never leaves a file that looks complete.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tempfile
@@ -28,6 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxmnist.errors import ConfigError, JaxmnistError
+from jaxmnist.models import conv
 from jaxmnist.predict import TrainedModel, probabilities_fn
 
 FORMAT = "jaxmnist-export/1"
@@ -87,7 +89,10 @@ def export_model(model: TrainedModel, out, platforms=("cpu", "cuda", "tpu")) -> 
         )
     path = check_output(out)
     params = jax.device_get(model.params)  # host arrays: embedded in the module as constants
-    probabilities = probabilities_fn(model.config.model)
+    # A convolution that is a custom call of this process (oneDNN) cannot travel.
+    model_cfg = model.config.model
+    model_cfg = dataclasses.replace(model_cfg, conv_impl=conv.portable(model_cfg.conv_impl))
+    probabilities = probabilities_fn(model_cfg)
     (batch,) = jax.export.symbolic_shape("batch")
     spec = jax.ShapeDtypeStruct((batch, *model.image_shape), jnp.uint8)
     try:

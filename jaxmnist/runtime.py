@@ -18,6 +18,7 @@ import numpy as np
 
 from jaxmnist import hostmem
 from jaxmnist.data.locate import default_cache_dir
+from jaxmnist.models import onednn
 
 
 def enable_compilation_cache(directory: str | os.PathLike | None = None) -> Path | None:
@@ -67,6 +68,7 @@ def environment() -> dict:
         "cpu_count": os.cpu_count(),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "host_allocator": hostmem.describe(),
+        "onednn": onednn.describe(),
     }
 
 

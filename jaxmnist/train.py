@@ -35,7 +35,7 @@ from jaxmnist import config as config_lib
 from jaxmnist import evaluate as evaluate_lib
 from jaxmnist import memory, optim, pacing, parallel, rundir, runtime
 from jaxmnist.errors import TrainingError
-from jaxmnist.models import count_params
+from jaxmnist.models import conv, count_params
 from jaxmnist.population import Evaluation, Population, seed_members
 from jaxmnist.step import TrainData, init_state
 
@@ -221,6 +221,8 @@ def setup_run(cfg, members, dataset, layout: parallel.Layout | None = None) -> S
         "device": str(layout.mesh.devices.flat[0]),
         **layout.describe(),
     }
+    if cfg.model.name == "cnn":  # the convolution's formulation, as `auto` (or the user) chose
+        info["conv_impl"] = conv.resolve(cfg.model.conv_impl)
     # Estimated before anything is allocated: chunks that fit, or one clear line.
     chunks, about = memory.chunks_for(cfg, shapes, dataset, len(members), layout.members)
     if len(members) > 1:

@@ -65,5 +65,7 @@ def test_a_cnn_with_augmentation_trains_and_evaluates_end_to_end(train_argv, tmp
     assert main([*argv, "model.channels=8,16", "data.augment=true"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["test_accuracy"] > 0.5 and summary["num_params"] > 0
+    # The formulation `auto` chose is on record: oneDNN's, on this one-device CPU.
+    assert json.loads((run / "environment.json").read_text())["conv_impl"] == "onednn"
     assert main(["eval", str(run), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["test_accuracy"] == summary["test_accuracy"]

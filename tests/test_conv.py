@@ -1,12 +1,17 @@
 """Every convolution formulation against `lax.conv_general_dilated`; pooling; auto choice."""
 
+import dataclasses
+from importlib import metadata
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
 
-from jaxmnist.models import conv
+from jaxmnist import config
+from jaxmnist.errors import ConfigError
+from jaxmnist.models import cnn, conv, onednn
 
 # (B, H, W, C_in, C_out, k): a first layer (one channel), a deeper one, odd sizes, k = 5.
 SHAPES = [(3, 8, 8, 1, 4, 3), (2, 7, 9, 5, 6, 3), (2, 6, 5, 3, 2, 5)]
@@ -60,9 +65,76 @@ def test_conv2d_dispatches_every_choice(impl):
 def test_auto_is_xla_on_accelerators_and_the_fastest_measured_on_cpu():
     assert conv.resolve("auto", "gpu") == "xla"
     assert conv.resolve("auto", "tpu") == "xla"
-    assert conv.resolve("auto", "cpu") == conv.CPU_FASTEST == "im2col"
+    assert jax.device_count() == 1  # the multi-device suite checks the mesh's choice
+    assert conv.resolve("auto", "cpu") == conv.CPU_FASTEST == "onednn"
     assert conv.resolve("patches", "gpu") == "patches"  # a forced choice is kept
-    assert set(conv.CHOICES) == {"auto", "xla", "im2col", "patches"}
+    assert set(conv.CHOICES) == {"auto", "xla", "im2col", "patches", "onednn"}
+
+
+def test_auto_falls_back_to_plain_xla_without_onednn(monkeypatch):
+    monkeypatch.setattr(onednn, "available", lambda: False)
+    assert conv.resolve("auto", "cpu") == conv.CPU_FASTEST_XLA == "im2col"
+
+
+def test_portable_never_names_a_custom_call():
+    assert conv.portable("onednn") == conv.portable("auto", "cpu") == "im2col"
+    assert conv.portable("auto", "gpu") == "xla"
+    assert conv.portable("patches") == "patches"
+
+
+def test_onednn_is_available_where_its_extra_is_installed():
+    """The test extra installs oneDNN, so a failed build here fails (not skips) the
+    parametrized tests above."""
+    metadata.version("onednn-devel-cpu-gomp")  # PackageNotFoundError if the extra is missing
+    assert onednn.unavailable_reason() is None
+
+
+def test_onednn_loops_over_vmap_dimensions_and_broadcasts_unbatched_operands():
+    """A population's vmap reaches the custom calls as leading dimensions: shared images
+    with per-member weights, nested vmaps, and the backward calls of both."""
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(3, 6, 6, 2)), jnp.float32)
+    ws = jnp.asarray(rng.normal(size=(4, 3, 3, 2, 5)), jnp.float32)
+    gs = jnp.asarray(rng.normal(size=(4, 3, 6, 6, 5)), jnp.float32)
+    xs = jnp.asarray(rng.normal(size=(2, 4, 3, 6, 6, 2)), jnp.float32)
+
+    def population(fn):
+        shared = jax.vmap(lambda w, g: jax.vjp(fn, x, w)[1](g))(ws, gs)
+        nested = jax.vmap(jax.vmap(fn))(xs, jnp.broadcast_to(ws, (2, *ws.shape)))
+        crossed = jax.vmap(jax.vmap(fn, (0, None)), (None, 0))(xs[0], ws)
+        return shared, nested, crossed
+
+    got, want = jax.jit(population, static_argnums=0)(onednn.conv_onednn), population(reference)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        _close(a, b, "float32")
+
+
+def test_a_failed_onednn_build_says_why_and_leaves_no_library(tmp_path, monkeypatch):
+    monkeypatch.setenv("CXX", "false")
+    with pytest.raises(onednn.Unavailable, match="building the oneDNN convolution failed"):
+        onednn.build(onednn.find_onednn(), tmp_path)
+    assert not list(tmp_path.rglob("*.so*"))
+
+
+def test_onednn_builds_once_per_cache_and_reuses_the_library(tmp_path, monkeypatch):
+    log = tmp_path / "compiles"
+    cxx = tmp_path / "cxx"
+    cxx.write_text(f'#!/bin/sh\necho x >> {log}\nexec c++ "$@"\n')
+    cxx.chmod(0o755)
+    monkeypatch.setenv("CXX", str(cxx))
+    first = onednn.build(onednn.find_onednn(), tmp_path / "cache")
+    again = onednn.build(onednn.find_onednn(), tmp_path / "cache")
+    assert first == again and first.is_file()
+    assert log.read_text().count("x") == 1
+    assert [p.name for p in first.parent.iterdir() if p.suffix == ".tmp"] == []
+
+
+def test_without_onednn_its_explicit_choice_is_a_one_line_config_error(monkeypatch):
+    monkeypatch.setattr(onednn, "unavailable_reason", lambda: "no oneDNN 3 here")
+    cfg = config.get_preset("cnn").model
+    with pytest.raises(ConfigError, match="^model.conv_impl=onednn: no oneDNN 3 here$"):
+        cnn.validate(dataclasses.replace(cfg, conv_impl="onednn"))
+    cnn.validate(dataclasses.replace(cfg, conv_impl="im2col"))  # the others are untouched
 
 
 def test_max_pool_matches_reduce_window_and_drops_odd_edges():

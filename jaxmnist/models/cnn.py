@@ -45,7 +45,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxmnist.errors import ConfigError
-from jaxmnist.models import conv
+from jaxmnist.models import conv, onednn
 from jaxmnist.models.layers import ACTIVATIONS, STATS, dropout, matmul
 
 
@@ -253,5 +253,11 @@ def validate(cfg) -> None:
         raise ConfigError(
             f"unknown model.conv_impl {cfg.conv_impl!r}; choose from: {', '.join(conv.CHOICES)}"
         )
+    if cfg.conv_impl == "onednn":
+        reason = onednn.unavailable_reason()
+        if reason is None and jax.default_backend() != "cpu":
+            reason = f"it runs on the CPU only, and JAX's backend is {jax.default_backend()}"
+        if reason is not None:
+            raise ConfigError(f"model.conv_impl=onednn: {reason}")
     if any(h <= 0 for h in cfg.hidden):
         raise ConfigError(f"model.hidden: sizes must be positive, got {cfg.hidden}")

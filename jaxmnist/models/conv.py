@@ -31,8 +31,15 @@ forward matmul gains from it: XLA widens to float32 the backward matmuls (each h
 transposed operand) and the concatenations, pads and pooling around them, so a bfloat16
 CNN step is slower there than a float32 one (`benchmarks/bf16_matmul.py`).
 
-`auto` is XLA's convolution on accelerators and the fastest measured formulation on CPU
-(`CPU_FASTEST`, from `benchmarks/cnn_vs_pytorch.py`).
+- `onednn`: oneDNN's direct convolution kernels (PyTorch's on CPU), called from XLA as FFI
+  custom calls (`jaxmnist.models.onednn`); CPU only, needs the `onednn` extra and a C++
+  compiler. It trains the reference CNN about twice as fast as `im2col` (an epoch 2.0×,
+  `benchmarks/cnn_vs_pytorch.py`; a step 1.94×, `jaxmnist bench --variants`).
+
+`auto` is XLA's convolution on accelerators; on CPU it is `onednn` where that is
+available and the process has one device (a custom call is opaque to the partitioner, so
+on a mesh `im2col`, which XLA can shard, is the faster), else `im2col`, the fastest
+formulation in plain XLA (`benchmarks/cnn_vs_pytorch.py`).
 
 Pooling is a reshape and a max over the 2×2 windows, which XLA fuses with what comes
 before and after it. A written-out VJP for it (each window's gradient to its first maximum
@@ -48,6 +55,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxmnist.models import onednn
 from jaxmnist.models.layers import wide_dot
 
 _DIMS = ("NHWC", "HWIO", "NHWC")
@@ -130,10 +138,17 @@ def conv_patches(x: jax.Array, w: jax.Array, padding: str = "same") -> jax.Array
     return patches @ jnp.transpose(w, (2, 0, 1, 3)).reshape(c * k * k, o)
 
 
-CONV_IMPLS = {"xla": conv_xla, "im2col": conv_im2col, "patches": conv_patches}
+CONV_IMPLS = {
+    "xla": conv_xla,
+    "im2col": conv_im2col,
+    "patches": conv_patches,
+    "onednn": onednn.conv_onednn,
+}
 CHOICES = ("auto", *CONV_IMPLS)
-# The fastest formulation measured on CPU (see the module docstring).
-CPU_FASTEST = "im2col"
+# The fastest formulations measured on CPU: with oneDNN, and in plain XLA.
+CPU_FASTEST, CPU_FASTEST_XLA = "onednn", "im2col"
+# Formulations that are plain XLA operations: exportable, and shardable by the compiler.
+PORTABLE = ("xla", "im2col", "patches")
 
 
 def resolve(impl: str, backend: str | None = None) -> str:
@@ -141,7 +156,18 @@ def resolve(impl: str, backend: str | None = None) -> str:
     if impl != "auto":
         return impl
     backend = backend or jax.default_backend()
-    return CPU_FASTEST if backend == "cpu" else "xla"
+    if backend != "cpu":
+        return "xla"
+    if jax.device_count() == 1 and onednn.available():
+        return CPU_FASTEST
+    return CPU_FASTEST_XLA
+
+
+def portable(impl: str, backend: str | None = None) -> str:
+    """`impl`, or where it resolves to a custom call (oneDNN), the fastest plain-XLA
+    formulation: for programs that leave this process (`jaxmnist export`)."""
+    resolved = resolve(impl, backend)
+    return resolved if resolved in PORTABLE else CPU_FASTEST_XLA
 
 
 def conv2d(x: jax.Array, w: jax.Array, impl: str = "auto", padding: str = "same") -> jax.Array:

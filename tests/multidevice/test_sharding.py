@@ -246,3 +246,12 @@ def test_bench_scaling_table_over_devices(tmp_path, capsys):
     assert first["allreduce_bytes_per_step"] == 0
     assert all(r["allreduce_bytes_per_step"] == 4 * 203_530 for r in rest)
     assert "cost of splitting" in capsys.readouterr().out
+
+
+def test_auto_convolution_on_a_cpu_mesh_is_plain_xla():
+    """oneDNN's custom calls are opaque to the partitioner (it would gather a sharded
+    batch before each), so with several devices `auto` keeps the shardable im2col."""
+    from jaxmnist.models import conv
+
+    assert jax.device_count() > 1
+    assert conv.resolve("auto", "cpu") == conv.CPU_FASTEST_XLA == "im2col"

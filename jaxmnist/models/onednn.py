@@ -1,0 +1,209 @@
+"""The convolution as oneDNN's kernels, called from XLA on the CPU (`model.conv_impl=onednn`).
+
+oneDNN (the library behind PyTorch's CPU convolutions) computes a convolution directly,
+with kernels that build each patch in registers and never write an im2col buffer; its
+forward, input-gradient and weight-gradient primitives run here as three XLA FFI custom
+calls (`onednn_conv.cc`, beside this file), with the VJP written out in terms of them.
+Activations stay NHWC in place; weights go into the kernel's preferred layout by a
+reorder (the weight gradient comes back through one). A population's vmap reaches the
+handlers as leading dimensions (`vmap_method="expand_dims"`), which they loop over.
+
+The library is not a runtime dependency: the `onednn` extra installs Intel's oneDNN
+wheels (the OpenMP CPU build, headers included) into the environment, and the first use
+compiles `onednn_conv.cc` against them and JAX's FFI headers with the C++ compiler
+(`$CXX`, else `c++`), into `<cache>/native/<hash>/` (`data.default_cache_dir()`), which
+later processes load directly. `$DNNLROOT` (oneDNN's own convention) points at another
+oneDNN 3 install. `available()` says whether this worked and `unavailable_reason()` why
+not; `conv.resolve("auto")` picks oneDNN on a one-device CPU only when it is available.
+
+Not for export: the custom calls exist only in a process that registered them, so
+`jaxmnist export` traces with a portable formulation instead (`conv.portable`). Not for a
+multi-device mesh either: XLA's partitioner cannot see into a custom call and would
+gather a sharded batch onto every device before it, so `auto` keeps im2col there.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from functools import partial
+from pathlib import Path
+
+import filelock
+import jax
+import jax.numpy as jnp
+
+SOURCE = Path(__file__).with_name("onednn_conv.cc")
+LIBRARY = "libjaxmnist_onednn.so"
+# FFI target name -> the handler symbol in the library.
+TARGETS = {
+    "jaxmnist_onednn_conv_forward": "JaxmnistOnednnConvForward",
+    "jaxmnist_onednn_conv_backward_data": "JaxmnistOnednnConvBackwardData",
+    "jaxmnist_onednn_conv_backward_weights": "JaxmnistOnednnConvBackwardWeights",
+}
+DTYPES = (jnp.float32, jnp.bfloat16)
+VERSION_PARTS = ("MAJOR", "MINOR", "PATCH")
+
+
+class Unavailable(Exception):
+    """oneDNN cannot be used in this process; the message says why, in one line."""
+
+
+def find_onednn() -> Path:
+    """The prefix of a oneDNN 3 install: `$DNNLROOT`, else this environment's."""
+    roots = [Path(os.environ["DNNLROOT"])] if os.environ.get("DNNLROOT") else []
+    roots.append(Path(sys.prefix))
+    for root in roots:
+        header = root / "include" / "oneapi" / "dnnl" / "dnnl_version.h"
+        if header.is_file() and any((root / "lib").glob("libdnnl.so*")):
+            major = re.search(r"#define DNNL_VERSION_MAJOR (\d+)", header.read_text())
+            if major and int(major.group(1)) >= 3:
+                return root
+    where = " or ".join(str(r) for r in roots)
+    raise Unavailable(
+        f"no oneDNN 3 (headers and libdnnl) in {where}: pip install 'jaxmnist[onednn]'"
+    )
+
+
+def _cache_root() -> Path:
+    from jaxmnist.data.locate import default_cache_dir
+
+    return default_cache_dir() / "native"
+
+
+def build(root: Path, cache: Path | None = None) -> Path:
+    """The compiled handlers for oneDNN at `root`: compiled once per source, JAX and
+    oneDNN version and compiler, into a folder named by their hash, then reused."""
+    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if not cxx:
+        raise Unavailable("no C++ compiler to build the oneDNN convolution (set $CXX)")
+    version = (root / "include" / "oneapi" / "dnnl" / "dnnl_version.h").read_bytes()
+    key = hashlib.sha256(
+        b"\0".join([SOURCE.read_bytes(), jax.__version__.encode(), str(root).encode(), version])
+        + cxx.encode()
+    ).hexdigest()[:16]
+    folder = (cache or _cache_root()) / key
+    library = folder / LIBRARY
+    if library.is_file():
+        return library
+    folder.mkdir(parents=True, exist_ok=True)
+    # One build at a time (parallel test processes, several runs starting at once); each
+    # compiles under a temporary name and renames, so a killed build never leaves a
+    # library that looks complete.
+    with filelock.FileLock(folder / ".build.lock", timeout=600):
+        if library.is_file():
+            return library
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{LIBRARY}.", suffix=".tmp")
+        os.close(fd)
+        lib_dir = root / "lib"
+        command = [
+            cxx, "-O2", "-std=c++17", "-shared", "-fPIC", str(SOURCE), "-o", tmp,
+            "-isystem", jax.ffi.include_dir(), "-isystem", str(root / "include"),
+            f"-L{lib_dir}", "-ldnnl", f"-Wl,-rpath,{lib_dir}",
+        ]  # fmt: skip
+        try:
+            done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=300)
+            if done.returncode != 0:
+                lines = done.stderr.splitlines() or [f"{cxx} exited {done.returncode}"]
+                first = next((ln for ln in lines if "error" in ln), lines[0])
+                raise Unavailable(f"building the oneDNN convolution failed: {first.strip()[:300]}")
+            os.replace(tmp, library)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+    return library
+
+
+@functools.cache
+def _load() -> str | None:
+    """Builds, loads and registers the handlers once per process; the reason it could
+    not, or None."""
+    if sys.platform != "linux":
+        return "the oneDNN convolution is built for Linux only"
+    try:
+        library = ctypes.CDLL(str(build(find_onednn())))
+    except Unavailable as e:
+        return str(e)
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"the oneDNN convolution could not be built or loaded: {e}"
+    for target, symbol in TARGETS.items():
+        capsule = jax.ffi.pycapsule(getattr(library, symbol))
+        jax.ffi.register_ffi_target(target, capsule, platform="cpu")
+    return None
+
+
+def describe() -> dict:
+    """For environment.json: the oneDNN install found (prefix and version), without
+    building or loading anything."""
+    try:
+        root = find_onednn()
+    except Unavailable as e:
+        return {"found": None, "reason": str(e)}
+    header = (root / "include" / "oneapi" / "dnnl" / "dnnl_version.h").read_text()
+    parts = [re.search(rf"#define DNNL_VERSION_{p} (\d+)", header) for p in VERSION_PARTS]
+    return {"found": str(root), "version": ".".join(m.group(1) for m in parts if m)}
+
+
+def available() -> bool:
+    """Whether `conv_onednn` works in this process (building it on first call)."""
+    return _load() is None
+
+
+def unavailable_reason() -> str | None:
+    """Why `conv_onednn` cannot run here, in one line; None when it can."""
+    return _load()
+
+
+def _call(target: str, result: jax.ShapeDtypeStruct, a, b, pad: int) -> jax.Array:
+    reason = _load()
+    if reason is not None:
+        raise Unavailable(reason)
+    if jax.default_backend() != "cpu":
+        raise Unavailable("the oneDNN convolution runs on the CPU backend only")
+    call = jax.ffi.ffi_call(target, result, vmap_method="expand_dims")
+    return call(a, b, pad=pad)
+
+
+def _pad(w: jax.Array, padding: str) -> int:
+    return w.shape[0] // 2 if padding == "same" else 0
+
+
+def _forward(x, w, padding):
+    if x.dtype != w.dtype or x.dtype not in DTYPES:
+        raise TypeError(f"oneDNN conv takes float32 or bfloat16, got {x.dtype} and {w.dtype}")
+    k, p = w.shape[0], _pad(w, padding)
+    b, h, wd, _ = x.shape
+    out = jax.ShapeDtypeStruct((b, h + 2 * p - k + 1, wd + 2 * p - k + 1, w.shape[3]), x.dtype)
+    return _call("jaxmnist_onednn_conv_forward", out, x, w, p)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _conv(x, w, padding):
+    return _forward(x, w, padding)
+
+
+def _conv_fwd(x, w, padding):
+    return _forward(x, w, padding), (x, w)
+
+
+def _conv_bwd(padding, residuals, g):
+    x, w = residuals
+    p = _pad(w, padding)
+    dx = _call("jaxmnist_onednn_conv_backward_data", jax.typeof(x), g, w, p)
+    dw = _call("jaxmnist_onednn_conv_backward_weights", jax.typeof(w), x, g, p)
+    return dx, dw
+
+
+_conv.defvjp(_conv_fwd, _conv_bwd)
+
+
+def conv_onednn(x: jax.Array, w: jax.Array, padding: str = "same") -> jax.Array:
+    """oneDNN's direct convolution (module docstring). x (B, H, W, C), w (k, k, C, O),
+    one dtype, float32 or bfloat16 -> (B, H', W', O)."""
+    return _conv(x, w, padding)
