@@ -169,3 +169,15 @@ def test_written_out_backward_pass_equals_autodiff_under_vmap(padding):
     want = loss(conv.im2col_autodiff)(x, w)
     for g, r in zip(got, want, strict=True):
         np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-5 * float(jnp.abs(r).max()))
+
+
+def test_environment_records_the_onednn_found_without_loading_it(monkeypatch):
+    found = onednn.describe()
+    assert found["found"] and found["version"].split(".")[0] == "3"
+    monkeypatch.setenv("DNNLROOT", "/nonexistent")
+    monkeypatch.setattr(onednn.sys, "prefix", "/nonexistent")
+    assert onednn.describe() == {
+        "found": None,
+        "reason": "no oneDNN 3 (headers and libdnnl) in /nonexistent or /nonexistent: "
+        "pip install 'jaxmnist[onednn]'",
+    }

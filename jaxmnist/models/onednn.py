@@ -56,12 +56,16 @@ class Unavailable(Exception):
     """oneDNN cannot be used in this process; the message says why, in one line."""
 
 
+def _version_header(root: Path) -> Path:
+    return root / "include" / "oneapi" / "dnnl" / "dnnl_version.h"
+
+
 def find_onednn() -> Path:
     """The prefix of a oneDNN 3 install: `$DNNLROOT`, else this environment's."""
     roots = [Path(os.environ["DNNLROOT"])] if os.environ.get("DNNLROOT") else []
     roots.append(Path(sys.prefix))
     for root in roots:
-        header = root / "include" / "oneapi" / "dnnl" / "dnnl_version.h"
+        header = _version_header(root)
         if header.is_file() and any((root / "lib").glob("libdnnl.so*")):
             major = re.search(r"#define DNNL_VERSION_MAJOR (\d+)", header.read_text())
             if major and int(major.group(1)) >= 3:
@@ -84,7 +88,7 @@ def build(root: Path, cache: Path | None = None) -> Path:
     cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
     if not cxx:
         raise Unavailable("no C++ compiler to build the oneDNN convolution (set $CXX)")
-    version = (root / "include" / "oneapi" / "dnnl" / "dnnl_version.h").read_bytes()
+    version = _version_header(root).read_bytes()
     key = hashlib.sha256(
         b"\0".join([SOURCE.read_bytes(), jax.__version__.encode(), str(root).encode(), version])
         + cxx.encode()
@@ -145,7 +149,7 @@ def describe() -> dict:
         root = find_onednn()
     except Unavailable as e:
         return {"found": None, "reason": str(e)}
-    header = (root / "include" / "oneapi" / "dnnl" / "dnnl_version.h").read_text()
+    header = _version_header(root).read_text()
     parts = [re.search(rf"#define DNNL_VERSION_{p} (\d+)", header) for p in VERSION_PARTS]
     return {"found": str(root), "version": ".".join(m.group(1) for m in parts if m)}
 
