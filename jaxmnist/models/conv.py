@@ -171,7 +171,7 @@ def portable(impl: str, backend: str | None = None) -> str:
 
 
 def conv2d(x: jax.Array, w: jax.Array, impl: str = "auto", padding: str = "same") -> jax.Array:
-    """Stride-1 convolution by formulation `impl` (auto, xla, im2col, patches), with
+    """Stride-1 convolution by formulation `impl` (auto, xla, im2col, patches, onednn), with
     "same" or "valid" padding."""
     return CONV_IMPLS[resolve(impl)](x, w, padding)
 
