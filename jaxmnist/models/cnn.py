@@ -255,8 +255,6 @@ def validate(cfg) -> None:
         )
     if cfg.conv_impl == "onednn":
         reason = onednn.unavailable_reason()
-        if reason is None and jax.default_backend() != "cpu":
-            reason = f"it runs on the CPU only, and JAX's backend is {jax.default_backend()}"
         if reason is not None:
             raise ConfigError(f"model.conv_impl=onednn: {reason}")
     if any(h <= 0 for h in cfg.hidden):

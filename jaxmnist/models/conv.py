@@ -38,7 +38,7 @@ CNN step is slower there than a float32 one (`benchmarks/bf16_matmul.py`).
 
 `auto` is XLA's convolution on accelerators; on CPU it is `onednn` where that is
 available and the process has one device (a custom call is opaque to the partitioner, so
-on a mesh `im2col`, which XLA can shard, is the faster), else `im2col`, the fastest
+on a mesh it keeps `im2col`, which XLA can shard), else `im2col`, the fastest
 formulation in plain XLA (`benchmarks/cnn_vs_pytorch.py`).
 
 Pooling is a reshape and a max over the 2×2 windows, which XLA fuses with what comes

@@ -60,16 +60,23 @@ def _version_header(root: Path) -> Path:
     return root / "include" / "oneapi" / "dnnl" / "dnnl_version.h"
 
 
+def _version(root: Path) -> tuple[int, ...]:
+    """(major, minor, patch) from the install's header; () where it has none."""
+    header = _version_header(root)
+    if not header.is_file():
+        return ()
+    text = header.read_text()
+    parts = [re.search(rf"#define DNNL_VERSION_{p} (\d+)", text) for p in VERSION_PARTS]
+    return tuple(int(m.group(1)) for m in parts if m)
+
+
 def find_onednn() -> Path:
     """The prefix of a oneDNN 3 install: `$DNNLROOT`, else this environment's."""
     roots = [Path(os.environ["DNNLROOT"])] if os.environ.get("DNNLROOT") else []
     roots.append(Path(sys.prefix))
     for root in roots:
-        header = _version_header(root)
-        if header.is_file() and any((root / "lib").glob("libdnnl.so*")):
-            major = re.search(r"#define DNNL_VERSION_MAJOR (\d+)", header.read_text())
-            if major and int(major.group(1)) >= 3:
-                return root
+        if _version(root)[:1] >= (3,) and any((root / "lib").glob("libdnnl.so*")):
+            return root
     where = " or ".join(str(r) for r in roots)
     raise Unavailable(
         f"no oneDNN 3 (headers and libdnnl) in {where}: pip install 'jaxmnist[onednn]'"
@@ -149,27 +156,26 @@ def describe() -> dict:
         root = find_onednn()
     except Unavailable as e:
         return {"found": None, "reason": str(e)}
-    header = _version_header(root).read_text()
-    parts = [re.search(rf"#define DNNL_VERSION_{p} (\d+)", header) for p in VERSION_PARTS]
-    return {"found": str(root), "version": ".".join(m.group(1) for m in parts if m)}
+    return {"found": str(root), "version": ".".join(map(str, _version(root)))}
 
 
 def available() -> bool:
     """Whether `conv_onednn` works in this process (building it on first call)."""
-    return _load() is None
+    return unavailable_reason() is None
 
 
 def unavailable_reason() -> str | None:
     """Why `conv_onednn` cannot run here, in one line; None when it can."""
+    backend = jax.default_backend()
+    if backend != "cpu":
+        return f"it runs on the CPU only, and JAX's backend is {backend}"
     return _load()
 
 
 def _call(target: str, result: jax.ShapeDtypeStruct, a, b, pad: int) -> jax.Array:
-    reason = _load()
+    reason = unavailable_reason()
     if reason is not None:
         raise Unavailable(reason)
-    if jax.default_backend() != "cpu":
-        raise Unavailable("the oneDNN convolution runs on the CPU backend only")
     call = jax.ffi.ffi_call(target, result, vmap_method="expand_dims")
     return call(a, b, pad=pad)
 
