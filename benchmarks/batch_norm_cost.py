@@ -32,7 +32,7 @@ from jaxmnist import optim, runtime
 from jaxmnist.bench.timing import Timed, time_interleaved
 from jaxmnist.errors import DataError
 from jaxmnist.models import cnn
-from jaxmnist.step import (
+from jaxmnist.training.step import (
     TrainData,
     empty_metrics,
     init_state,

@@ -41,7 +41,9 @@ STEPS_PER_EPOCH = 468  # tpu101: 60000 examples, batch 128
 
 def timed_run(argv: list[str]) -> dict:
     """Runs `jaxmnist <argv>` here; returns epoch-end timestamps and save-call seconds."""
-    from jaxmnist import checkpoint, cli, train
+    from jaxmnist import cli
+    from jaxmnist.runs import checkpoint
+    from jaxmnist.training import loop as train
 
     ends, saves = [], []
     on_epoch_end, save = train._RunFiles.on_epoch_end, checkpoint.Checkpointer.save
@@ -73,7 +75,8 @@ def same_params(a: Path, b: Path) -> bool:
 
 
 def kill_and_resume(base: list[str], out: Path, env: dict, reference: Path) -> dict:
-    from jaxmnist import cli, resume
+    from jaxmnist import cli
+    from jaxmnist.runs import resume
 
     run = out / "killed"
     proc = subprocess.Popen(

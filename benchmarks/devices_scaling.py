@@ -29,11 +29,12 @@ from pathlib import Path
 import jax
 
 from jaxmnist import config as config_lib
-from jaxmnist import parallel, runtime
+from jaxmnist import runtime
 from jaxmnist.bench.scaling import measure_scaling, scaling_lines
 from jaxmnist.data import load_dataset
-from jaxmnist.population import seed_members
-from jaxmnist.train import train_population
+from jaxmnist.training import parallel
+from jaxmnist.training.loop import train_population
+from jaxmnist.training.population import seed_members
 
 OUT = Path(__file__).parent / "results" / "devices_scaling.json"
 

@@ -44,8 +44,8 @@ from jaxmnist import optim, runtime
 from jaxmnist.bench.peak import default_size, measure_matmul_peak
 from jaxmnist.data import load_dataset
 from jaxmnist.models import mlp
-from jaxmnist.step import init_state, make_train_epoch
-from jaxmnist.train import place_train_data
+from jaxmnist.training.loop import place_train_data
+from jaxmnist.training.step import init_state, make_train_epoch
 
 TARGETS = {"epoch_ratio": 0.33, "peak_fraction": 0.75, "wall_ratio": 0.4, "peak_rss_mb": 600}
 

@@ -1,7 +1,7 @@
 """What cutting epochs into paced calls costs, against one call per epoch.
 
 The run loop runs each epoch as compiled calls of about half a second
-(`jaxmnist.pacing`), so that Ctrl-C, checkpoints and progress can come between
+(`jaxmnist.training.pacing`), so that Ctrl-C, checkpoints and progress can come between
 them; a short epoch stays one call. Here the same compiled program
 (`Population.train_steps`) trains the same population on the real data both
 ways, alternating which goes first, `--rounds` times: one call for the whole
@@ -27,9 +27,9 @@ import jax
 from jaxmnist import config as config_lib
 from jaxmnist import runtime
 from jaxmnist.data import load_dataset
-from jaxmnist.pacing import Pacer
-from jaxmnist.population import seed_members
-from jaxmnist.train import setup_run
+from jaxmnist.training.loop import setup_run
+from jaxmnist.training.pacing import Pacer
+from jaxmnist.training.population import seed_members
 
 HERE = Path(__file__).resolve().parent
 

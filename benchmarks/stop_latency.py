@@ -70,7 +70,7 @@ def one_stop(argv: list[str], run: Path, signum: int, delay: float, env: dict) -
     step = (
         int(last.split("stopped at step ")[1].split(";")[0]) if "stopped at step" in last else None
     )
-    from jaxmnist import checkpoint
+    from jaxmnist.runs import checkpoint
 
     saved = checkpoint.checkpoint_steps(run)
     env_json = json.loads((run / "environment.json").read_text())

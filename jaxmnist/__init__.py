@@ -9,8 +9,8 @@ from importlib import metadata as _metadata
 from jaxmnist.config import PRESETS, Config, apply_overrides, get_preset
 from jaxmnist.data import load_dataset
 from jaxmnist.errors import ConfigError, DataError, JaxmnistError, TrainingError
-from jaxmnist.step import TrainState, make_train_epoch
-from jaxmnist.train import train_and_evaluate
+from jaxmnist.training.loop import train_and_evaluate
+from jaxmnist.training.step import TrainState, make_train_epoch
 
 try:
     __version__ = _metadata.version("jaxmnist")  # one source of truth: pyproject.toml

@@ -143,8 +143,8 @@ def _add_process_args(p: argparse.ArgumentParser) -> None:
 def _start_processes(args, cfg) -> object:
     """Joins the other processes (if any) and builds the mesh: one line and exit 2 for
     an impossible request, before any data is read. Returns the `parallel.Layout`."""
-    from jaxmnist import parallel
-    from jaxmnist.train import layout_for
+    from jaxmnist.training import parallel
+    from jaxmnist.training.loop import layout_for
 
     parallel.check_process_args(args.coordinator, args.num_processes, args.process_id)
     if args.process_timeout < 1:
@@ -164,9 +164,10 @@ def _start_processes(args, cfg) -> object:
 
 
 def cmd_train(args) -> int:
-    from jaxmnist import parallel, rundir
-    from jaxmnist.preemption import Stopped
     from jaxmnist.reporting import TerminalReporter
+    from jaxmnist.runs import rundir
+    from jaxmnist.training import parallel
+    from jaxmnist.training.preemption import Stopped
 
     for flag, value in (
         ("--checkpoint-every", args.checkpoint_every),
@@ -245,7 +246,7 @@ def _explicit_overrides(args) -> dict:
 
 def _resume_config(args) -> tuple[config_lib.Config, Path, bool]:
     """--resume RUN_DIR: (the saved config with the allowed overrides, RUN_DIR, extended)."""
-    from jaxmnist import resume
+    from jaxmnist.runs import resume
 
     workdir = Path(args.resume)
     if args.run_dir and Path(args.run_dir).resolve() != workdir.resolve():
@@ -257,10 +258,10 @@ def _resume_config(args) -> tuple[config_lib.Config, Path, bool]:
 def _train_with_checkpoints(args, cfg, workdir: Path, reporter, layout) -> dict:
     """Trains with checkpoints (unless --no-checkpoint) and a clean stop on SIGTERM or
     Ctrl-C (`preemption.Stopped`); resumes RUN_DIR with --resume."""
-    from jaxmnist.checkpoint import CheckpointOptions
-    from jaxmnist.preemption import StopRequest
-    from jaxmnist.resume import Resumer
-    from jaxmnist.train import train_and_evaluate
+    from jaxmnist.runs.checkpoint import CheckpointOptions
+    from jaxmnist.runs.resume import Resumer
+    from jaxmnist.training.loop import train_and_evaluate
+    from jaxmnist.training.preemption import StopRequest
 
     options = None
     if not args.no_checkpoint:
@@ -336,7 +337,8 @@ def _check_target(summary: dict) -> None:
 def cmd_sweep(args) -> int:
     import shlex
 
-    from jaxmnist import rundir, sweep
+    from jaxmnist import sweep
+    from jaxmnist.runs import rundir
 
     cfg, preset = resolve_config(args)
     axes = sweep.parse_grid(args.grid or [], cfg)
@@ -406,8 +408,8 @@ def cmd_compare(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from jaxmnist.evaluate import evaluate_run
     from jaxmnist.reporting import print_eval
+    from jaxmnist.training.evaluate import evaluate_run
 
     result = evaluate_run(args.run_dir, data_dir=args.data_dir)
     if args.json:
@@ -484,7 +486,7 @@ def cmd_data(args) -> int:
 def _data_action(args) -> int:
     from jaxmnist import data
     from jaxmnist.reporting import print_data_info, print_verify
-    from jaxmnist.rundir import atomic_write
+    from jaxmnist.runs.rundir import atomic_write
 
     names = [args.dataset] if args.dataset else list(data.DATASETS)
     for name in names:
@@ -512,9 +514,9 @@ def _data_action(args) -> int:
 def cmd_bench(args) -> int:
     import shlex
 
-    from jaxmnist import rundir
     from jaxmnist.bench import make_options, run_bench
     from jaxmnist.bench.output import format_table, to_json, write_outputs
+    from jaxmnist.runs import rundir
 
     # Here --devices lists device counts for the scaling table; each run sets its own.
     devices, args.__dict__["parallel.devices"] = getattr(args, "parallel.devices"), None
@@ -679,7 +681,8 @@ def _silence_stdout() -> None:
 
 
 def cmd_predict(args) -> int:
-    from jaxmnist import predict, rundir
+    from jaxmnist.runs import rundir
+    from jaxmnist.use import predict
 
     model = predict.load_trained(args.run_dir)
     if not 1 <= args.k <= len(model.class_names):
@@ -703,7 +706,7 @@ def cmd_predict(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from jaxmnist import export, predict
+    from jaxmnist.use import export, predict
 
     out = export.check_output(args.out)
     model = predict.load_trained(args.run_dir)
@@ -715,7 +718,7 @@ def cmd_export(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    from jaxmnist.serve import serve
+    from jaxmnist.use.serve import serve
 
     return serve(args.run_dir, host=args.host, port=args.port)
 

@@ -311,7 +311,9 @@ def validate(cfg: Config, *, num_train_examples: int | None = None) -> None:
         raise ConfigError(
             f"target accuracy is a fraction in (0, 1], e.g. 0.973; got {t.target_accuracy:g}"
         )
-    from jaxmnist import parallel  # syntax only here; the devices are checked by build_layout
+    from jaxmnist.training import (
+        parallel,
+    )  # syntax only here; the devices are checked by build_layout
 
     parallel.parse_devices(cfg.parallel.devices)
     parallel.parse_mesh(cfg.parallel.mesh)

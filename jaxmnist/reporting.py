@@ -1,7 +1,7 @@
 """Terminal output: per-epoch lines, a progress bar, summaries and tables.
 
 The progress bar moves between the run loop's calls (about every half second,
-`jaxmnist.pacing`); it is shown only on an interactive terminal. When an epoch
+`jaxmnist.training.pacing`); it is shown only on an interactive terminal. When an epoch
 will be long, the time it will take is said once, as soon as the first steps
 have been timed.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from jaxmnist.train import EpochEnd, Reporter, StepsEnd
+from jaxmnist.training.loop import EpochEnd, Reporter, StepsEnd
 
 LONG_EPOCH_SECONDS = 30.0  # an epoch longer than this gets an estimate up front
 

@@ -33,9 +33,9 @@ import numpy as np
 from jaxmnist import config as config_lib
 from jaxmnist import stats
 from jaxmnist.errors import ConfigError
-from jaxmnist.population import TRACED_FIELDS, Member
-from jaxmnist.rundir import atomic_write, write_json
-from jaxmnist.train import EpochEnd, Reporter, layout_for, train_population
+from jaxmnist.runs.rundir import atomic_write, write_json
+from jaxmnist.training.loop import EpochEnd, Reporter, layout_for, train_population
+from jaxmnist.training.population import TRACED_FIELDS, Member
 
 FILES = {"json": "sweep.json", "csv": "sweep.csv", "png": "sweep.png", "html": "sweep.html"}
 

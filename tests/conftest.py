@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxmnist import pacing
 from jaxmnist.data import registry, synthetic
 from jaxmnist.data.dataset import Dataset
+from jaxmnist.training import pacing
 
 REAL_DATA_DIR = os.environ.get("JAXMNIST_DATA_DIR")
 
@@ -155,7 +155,7 @@ def tiny_model_run(tmp_path_factory, tiny_dataset) -> Path:
     import dataclasses
 
     from jaxmnist import config as config_lib
-    from jaxmnist.train import train_and_evaluate
+    from jaxmnist.training.loop import train_and_evaluate
 
     cfg = config_lib.get_preset("tpu101")
     cfg = dataclasses.replace(
@@ -177,7 +177,7 @@ def real_mnist_run(tmp_path_factory) -> Path:
     from jaxmnist import config as config_lib
     from jaxmnist.data import load_dataset
     from jaxmnist.errors import DataError
-    from jaxmnist.train import train_and_evaluate
+    from jaxmnist.training.loop import train_and_evaluate
 
     try:
         dataset = load_dataset("mnist", download=False)

@@ -8,8 +8,8 @@ import jax
 import numpy as np
 
 from jaxmnist import config as config_lib
-from jaxmnist.population import seed_members
-from jaxmnist.train import train_population
+from jaxmnist.training.loop import train_population
+from jaxmnist.training.population import seed_members
 
 
 def cfg_with(augment: bool, seeds: int = 1):

@@ -14,7 +14,7 @@ from jaxmnist import config as config_lib
 from jaxmnist import optim
 from jaxmnist.errors import ConfigError
 from jaxmnist.models import cnn, count_params
-from jaxmnist.step import init_state, make_train_step
+from jaxmnist.training.step import init_state, make_train_step
 
 BN = config_lib.ModelConfig(name="cnn", channels=(4, 8), hidden=(16,), batch_norm=True)
 
@@ -126,7 +126,7 @@ def test_the_written_out_gradient_equals_autodiff_of_the_formula():
 
 
 def test_the_memory_estimate_counts_the_training_pass_of_batch_norm():
-    from jaxmnist import memory
+    from jaxmnist.training import memory
 
     def per_example(batch_norm):
         cfg = config_lib.apply_overrides(

@@ -19,8 +19,8 @@ from jaxmnist.bench import options as options_lib
 from jaxmnist.bench import schema, timing
 from jaxmnist.bench.output import format_table
 from jaxmnist.cli import main
-from jaxmnist.step import init_state
-from jaxmnist.train import place_train_data
+from jaxmnist.training.loop import place_train_data
+from jaxmnist.training.step import init_state
 
 REAL_DATA_DIR = os.environ.get("JAXMNIST_DATA_DIR")
 

@@ -22,15 +22,17 @@ import jax
 import numpy as np
 import pytest
 
-from jaxmnist import checkpoint, memory, optim, rundir
 from jaxmnist import config as config_lib
-from jaxmnist.checkpoint import CheckpointOptions
+from jaxmnist import optim
 from jaxmnist.cli import main
 from jaxmnist.data import registry, synthetic
-from jaxmnist.preemption import Stopped, StopRequest
-from jaxmnist.resume import Resumer
-from jaxmnist.step import init_state
-from jaxmnist.train import Reporter, train_and_evaluate
+from jaxmnist.runs import checkpoint, rundir
+from jaxmnist.runs.checkpoint import CheckpointOptions
+from jaxmnist.runs.resume import Resumer
+from jaxmnist.training import memory
+from jaxmnist.training.loop import Reporter, train_and_evaluate
+from jaxmnist.training.preemption import Stopped, StopRequest
+from jaxmnist.training.step import init_state
 
 RUNNER = Path(__file__).parent / "run_tiny_cli.py"
 EPOCHS = "6"

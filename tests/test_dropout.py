@@ -11,8 +11,8 @@ import pytest
 from jaxmnist import config as config_lib
 from jaxmnist.errors import ConfigError
 from jaxmnist.models import get_model, layers
-from jaxmnist.population import seed_members
-from jaxmnist.train import train_population
+from jaxmnist.training.loop import train_population
+from jaxmnist.training.population import seed_members
 
 
 def test_inverted_dropout_zeroes_at_the_rate_and_rescales_the_rest():

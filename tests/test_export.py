@@ -13,8 +13,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from jaxmnist import export
 from jaxmnist.cli import main
+from jaxmnist.use import export
 
 # The README's loader, then batch sizes 1, 7 and 10,000 over the images in argv[2].
 LOADER = textwrap.dedent(

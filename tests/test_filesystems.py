@@ -15,11 +15,12 @@ import jax
 import numpy as np
 import pytest
 
-from jaxmnist import compile_cache, rundir, runtime
+from jaxmnist import compile_cache, runtime
 from jaxmnist.cli import main
 from jaxmnist.data import load_dataset, synthetic
 from jaxmnist.data.locate import default_cache_dir
 from jaxmnist.errors import WriteError
+from jaxmnist.runs import rundir
 
 
 def cache_warnings(caplog):

@@ -19,9 +19,9 @@ import pytest
 from PIL import Image, ImageDraw
 from scipy import ndimage
 
-from jaxmnist import predict, preprocess
 from jaxmnist.cli import main
 from jaxmnist.models import apply_uint8
+from jaxmnist.use import predict, preprocess
 
 
 def png_bytes(image: Image.Image, fmt: str = "PNG") -> bytes:

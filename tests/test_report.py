@@ -14,12 +14,12 @@ import pytest
 
 from jaxmnist import config as config_lib
 from jaxmnist.cli import main
-from jaxmnist.evaluate import predict_probabilities
 from jaxmnist.models import get_model
 from jaxmnist.report import html, predictions, rundata
 from jaxmnist.report.compare import write_comparison
 from jaxmnist.report.run_report import write_run_report
-from jaxmnist.train import train_and_evaluate
+from jaxmnist.training.evaluate import predict_probabilities
+from jaxmnist.training.loop import train_and_evaluate
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 VOID = {"meta", "img", "br", "hr", "input", "link", "source", "wbr", "col", "area", "base"}

@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from jaxmnist import rundir
 from jaxmnist.errors import WriteError
+from jaxmnist.runs import rundir
 
 
 def names(folder) -> list[str]:

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from jaxmnist import config as config_lib
-from jaxmnist import memory, population
 from jaxmnist.cli import main
 from jaxmnist.errors import ConfigError
-from jaxmnist.train import Reporter, train_population
+from jaxmnist.training import memory, population
+from jaxmnist.training.loop import Reporter, train_population
 
 
 def small_cfg(**train):
@@ -119,7 +119,7 @@ def test_plan_chunks_and_the_too_small_message():
 
 
 def test_target_accuracy_stops_early_and_records_times(tiny_dataset, tmp_path):
-    from jaxmnist.train import train_and_evaluate
+    from jaxmnist.training.loop import train_and_evaluate
 
     summary = train_and_evaluate(
         small_cfg(seeds=2, epochs=6, target_accuracy=0.5), tmp_path / "run", dataset=tiny_dataset
@@ -234,7 +234,7 @@ def test_memory_estimate_counts_what_the_model_computes():
     """The activation estimate comes from the traced model, so a CNN's im2col buffers
     (k² times the activation they are cut from) are counted, not an MLP's widths."""
     from jaxmnist import optim
-    from jaxmnist.step import init_state
+    from jaxmnist.training.step import init_state
 
     def kept(preset, **model):
         cfg = config_lib.get_preset(preset)

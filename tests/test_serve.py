@@ -24,9 +24,9 @@ import pytest
 from PIL import Image, ImageDraw
 from starlette.testclient import TestClient
 
-from jaxmnist import predict, preprocess
 from jaxmnist.cli import main
-from jaxmnist.serve import app as app_lib
+from jaxmnist.use import predict, preprocess
+from jaxmnist.use.serve import app as app_lib
 
 BASE = "http://127.0.0.1"
 

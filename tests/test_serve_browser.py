@@ -22,8 +22,8 @@ import pytest
 from chromium import BROWSER, Chromium, evaluate, open_page, problems
 from PIL import Image
 
-from jaxmnist import predict
-from jaxmnist.serve import server as server_lib
+from jaxmnist.use import predict
+from jaxmnist.use.serve import server as server_lib
 
 pytestmark = pytest.mark.skipif(
     BROWSER is None, reason="no Chromium installed (apt-get install chromium)"

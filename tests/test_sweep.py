@@ -13,8 +13,8 @@ from jaxmnist import config as config_lib
 from jaxmnist import sweep
 from jaxmnist.cli import main
 from jaxmnist.errors import ConfigError
-from jaxmnist.population import Member
-from jaxmnist.train import train_population
+from jaxmnist.training.loop import train_population
+from jaxmnist.training.population import Member
 
 BASE = config_lib.get_preset("tpu101")
 

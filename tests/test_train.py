@@ -11,12 +11,13 @@ import optax
 import pytest
 
 from jaxmnist import config as config_lib
-from jaxmnist import evaluate as evaluate_lib
 from jaxmnist import optim
 from jaxmnist.bench.timing import compile_count
 from jaxmnist.errors import TrainingError
 from jaxmnist.models import count_params, mlp
-from jaxmnist.step import (
+from jaxmnist.training import evaluate as evaluate_lib
+from jaxmnist.training.loop import place_train_data, train_and_evaluate
+from jaxmnist.training.step import (
     EpochMetrics,
     empty_metrics,
     init_state,
@@ -25,7 +26,6 @@ from jaxmnist.step import (
     make_train_step,
     make_train_steps,
 )
-from jaxmnist.train import place_train_data, train_and_evaluate
 
 
 def small_cfg(**train):
@@ -254,7 +254,7 @@ def test_loss_matches_optax_reference():
 
 
 def test_pacing_fits_calls_to_the_target_and_to_checkpoint_steps():
-    from jaxmnist.pacing import Pacer
+    from jaxmnist.training.pacing import Pacer
 
     pacer = Pacer(every=(50,), target_seconds=0.5)
     assert pacer.next_stop(0, 468, 0) == 1  # nothing timed yet: one step

@@ -1,6 +1,6 @@
 """The four ways to run training steps, each built on the same `make_train_step`.
 
-Every mode runs the same step (`jaxmnist.train.make_train_step`: uint8 images in,
+Every mode runs the same step (`jaxmnist.training.loop.make_train_step`: uint8 images in,
 scaled to [0, 1] and cast to the compute dtype inside, Adam or whatever the
 config says) for the same model, optimizer and batch size; only how the steps
 are driven differs:
@@ -36,7 +36,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmnist.bench.timing import Guard
-from jaxmnist.step import TrainData, TrainState, epoch_indices, make_train_epoch, make_train_step
+from jaxmnist.training.step import (
+    TrainData,
+    TrainState,
+    epoch_indices,
+    make_train_epoch,
+    make_train_step,
+)
 
 MODES = ("python-dispatch", "jit-step-host", "jit-step-device", "scan-epoch")
 

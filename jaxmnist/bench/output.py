@@ -265,7 +265,7 @@ def write_outputs(result: dict, out_dir) -> dict[str, Path]:
     """Writes bench.json, bench.png and bench.html into `out_dir`; returns their paths."""
     from jaxmnist.bench.page import render_bench_page
     from jaxmnist.errors import WriteError
-    from jaxmnist.rundir import atomic_write
+    from jaxmnist.runs.rundir import atomic_write
 
     out = Path(out_dir)
     try:

@@ -109,8 +109,8 @@ def _method(result: dict) -> str:
     o, m = result["options"], result["model"]
     text = [
         (
-            "All modes run the same training step (jaxmnist.train.make_train_step) on the same "
-            "model, optimizer and batch. python-dispatch calls it un-jitted, op by op; "
+            "All modes run the same training step (jaxmnist.training.step.make_train_step) on the "
+            "same model, optimizer and batch. python-dispatch calls it un-jitted, op by op; "
             "jit-step-host calls it jitted once per batch, gathering each batch in NumPy and "
             "copying it with jax.device_put; jit-step-device calls it jitted once per batch on "
             "data already on the device; scan-epoch runs jaxmnist's compiled epoch (lax.scan)."

@@ -26,7 +26,6 @@ import jax
 import numpy as np
 
 from jaxmnist import config as config_lib
-from jaxmnist import evaluate as evaluate_lib
 from jaxmnist import optim, runtime
 from jaxmnist.bench import options as options_lib
 from jaxmnist.bench import peak as peak_lib
@@ -36,8 +35,9 @@ from jaxmnist.bench.modes import HostData, build_runner
 from jaxmnist.bench.options import BenchOptions
 from jaxmnist.errors import ConfigError
 from jaxmnist.models import count_params, get_model
-from jaxmnist.step import init_state
-from jaxmnist.train import place_train_data
+from jaxmnist.training import evaluate as evaluate_lib
+from jaxmnist.training.loop import place_train_data
+from jaxmnist.training.step import init_state
 
 SCHEMA_VERSION = 1
 SYNTHETIC_NOTE = (

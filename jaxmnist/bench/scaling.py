@@ -22,9 +22,9 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
-from jaxmnist import parallel
-from jaxmnist.population import seed_members
-from jaxmnist.train import train_population
+from jaxmnist.training import parallel
+from jaxmnist.training.loop import train_population
+from jaxmnist.training.population import seed_members
 
 EPOCHS = 3  # the first warms up; the median of the others is reported
 

@@ -33,7 +33,7 @@ import numpy as np
 from jaxmnist import config as config_lib
 from jaxmnist import optim
 from jaxmnist.errors import ConfigError
-from jaxmnist.step import TrainData, init_state, make_train_epoch, make_train_step
+from jaxmnist.training.step import TrainData, init_state, make_train_epoch, make_train_step
 
 SYNTAX = "KEY=V1,V2[,...], e.g. model.conv_impl=xla,im2col"
 # The schedule's length is part of the optimizer; any fixed length compares values alike.

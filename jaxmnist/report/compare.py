@@ -16,11 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxmnist import rundir
 from jaxmnist.errors import ConfigError, WriteError
 from jaxmnist.report import html, plots
 from jaxmnist.report.describe import DASH, flatten, pct, summary_rows
 from jaxmnist.report.rundata import RunData, load_run
+from jaxmnist.runs import rundir
 
 # Summary rows a comparison ranks, and which way is better.
 HIGHER_IS_BETTER = {

@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from jaxmnist import rundir
 from jaxmnist.errors import JaxmnistError
 from jaxmnist.report.plots import new_figure, style
+from jaxmnist.runs import rundir
 
 FIRST_KERNEL = "['conv'][0]['w']"  # the key `save_params` gives the first conv's weights
 COLUMNS = 8  # tiles per row

@@ -14,8 +14,8 @@ import math
 import numpy as np
 from matplotlib.figure import Figure
 
-from jaxmnist import preprocess
 from jaxmnist.report.plots import BAD, GOOD, new_figure, style
+from jaxmnist.use import preprocess
 
 CELL_INCHES = 1.5  # width of one image and its gap on the page
 

@@ -24,8 +24,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from jaxmnist import rundir
 from jaxmnist.errors import JaxmnistError
+from jaxmnist.runs import rundir
 
 PREDICTIONS_FILE = "test_predictions.npz"
 GRID_SIZE = 25  # the 5x5 prediction grid: the first 25 test images

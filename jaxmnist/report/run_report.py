@@ -21,12 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxmnist import rundir
 from jaxmnist.errors import WriteError
 from jaxmnist.report import filters, html, image_grids, plots, spread_plots
 from jaxmnist.report.describe import DASH, dataset_title, flatten, num, pct, secs, summary_rows
 from jaxmnist.report.predictions import GRID_SIZE, class_examples, confident_mistakes
 from jaxmnist.report.rundata import REPORT_FILE, RunData, class_stats, load_run
+from jaxmnist.runs import rundir
 
 PLOTS_DIR = "plots"
 CURVES_NOTE = (

@@ -20,7 +20,7 @@ import numpy as np
 
 from jaxmnist.errors import JaxmnistError
 from jaxmnist.report.predictions import Predictions, load_test_predictions
-from jaxmnist.rundir import COMMAND_FILE
+from jaxmnist.runs.rundir import COMMAND_FILE
 
 REPORT_FILE = "report.html"
 

@@ -13,9 +13,9 @@ import json
 import os
 from pathlib import Path
 
-from jaxmnist import rundir
 from jaxmnist.report import html, plots, spread_plots
 from jaxmnist.report.describe import DASH, flatten, pct, secs
+from jaxmnist.runs import rundir
 
 NOTE = (
     "Mean ± sample standard deviation over the seeds of each point; the 95% confidence interval "

@@ -10,9 +10,9 @@ tolerance (the sums of a 4-member program are split differently on one device).
 
 import numpy as np
 
-from jaxmnist import checkpoint
 from jaxmnist.cli import main
-from jaxmnist.preemption import StopRequest
+from jaxmnist.runs import checkpoint
+from jaxmnist.training.preemption import StopRequest
 
 
 def stop_at_poll(n: int) -> property:

@@ -20,12 +20,13 @@ import jax
 import numpy as np
 import pytest
 
-from jaxmnist import checkpoint, parallel
 from jaxmnist import config as config_lib
 from jaxmnist.bench.timing import compile_count
 from jaxmnist.cli import main
-from jaxmnist.population import seed_members
-from jaxmnist.train import Callback, train_population
+from jaxmnist.runs import checkpoint
+from jaxmnist.training import parallel
+from jaxmnist.training.loop import Callback, train_population
+from jaxmnist.training.population import seed_members
 
 RUNNER = Path(__file__).parents[1] / "run_tiny_cli.py"
 

@@ -4,7 +4,7 @@
 parameters, class names); `predict`, `export` and `serve` all start there. A run
 of several seeds keeps its parameters stacked along a leading seed axis; a model
 here is the first seed's, and `TrainedModel.describe` says so. Inputs are image
-files (anything Pillow reads, made MNIST-like by `jaxmnist.preprocess`) or
+files (anything Pillow reads, made MNIST-like by `jaxmnist.use.preprocess`) or
 `.npy`/`.npz` arrays already in the model's format. One bad input becomes one
 error record naming it; it never stops the others.
 """
@@ -25,10 +25,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmnist import config as config_lib
-from jaxmnist import preprocess, rundir
 from jaxmnist.data import get_spec
 from jaxmnist.errors import ConfigError, DataError, JaxmnistError
 from jaxmnist.models import apply_uint8, count_params, get_model
+from jaxmnist.runs import rundir
+from jaxmnist.use import preprocess
 
 ARRAY_SUFFIXES = (".npy", ".npz")
 CLI_BATCH = 256  # predict's one compiled batch size: the last batch is padded
@@ -97,7 +98,7 @@ def load_trained(run_dir) -> TrainedModel:
         lambda: init(jax.random.key(0), cfg.model, spec.image_shape, spec.num_classes)
     )
     seeds = cfg.train.seeds
-    from jaxmnist import checkpoint  # the run loop's modules: only for this case
+    from jaxmnist.runs import checkpoint  # the run loop's modules: only for this case
 
     if not (path / rundir.PARAMS_FILE).exists() and checkpoint.checkpoint_steps(path):
         # An unfinished run: its newest intact checkpoint (every member, stacked).

@@ -29,9 +29,9 @@ from starlette.responses import FileResponse, JSONResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from jaxmnist import preprocess
 from jaxmnist.errors import DataError
-from jaxmnist.predict import TrainedModel, compile_predict, top_k
+from jaxmnist.use import preprocess
+from jaxmnist.use.predict import TrainedModel, compile_predict, top_k
 
 MAX_BODY_BYTES = 2 * 1024 * 1024
 STATIC = Path(__file__).parent / "static"
@@ -46,7 +46,7 @@ SECURITY_HEADERS = [
     (b"referrer-policy", b"no-referrer"),
     (b"cache-control", b"no-store"),
 ]
-log = logging.getLogger("jaxmnist.serve")
+log = logging.getLogger("jaxmnist.use.serve")
 
 
 class Engine:

@@ -1,7 +1,7 @@
 """Stopping cleanly when asked to: SIGTERM (cloud VMs, SLURM) and the first Ctrl-C.
 
 A `StopRequest` installs signal handlers that only set a flag; the run loop asks
-it after every compiled call (calls last about half a second, `jaxmnist.pacing`),
+it after every compiled call (calls last about half a second, `jaxmnist.training.pacing`),
 and the checkpointer saves there, mid-epoch or not, whatever `--checkpoint-every`
 says. In a run of several processes, a signal to any of them stops them all at
 the same step. The run then ends without summary.json and the command line exits

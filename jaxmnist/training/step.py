@@ -1,7 +1,7 @@
 """The pure training core: state, one step, and the compiled epoch.
 
 Everything here is a pure function of its arguments, with no I/O, no devices and
-no notion of seeds or files, so that `jaxmnist.population` can run it for one
+no notion of seeds or files, so that `jaxmnist.training.population` can run it for one
 model, `vmap` it over many, and shard it over a mesh without rewriting it.
 
 An epoch is a plan and its steps. `plan(key) -> EpochPlan` draws a fresh

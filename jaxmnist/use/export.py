@@ -30,7 +30,7 @@ import jax.numpy as jnp
 
 from jaxmnist.errors import ConfigError, JaxmnistError
 from jaxmnist.models import conv
-from jaxmnist.predict import TrainedModel, probabilities_fn
+from jaxmnist.use.predict import TrainedModel, probabilities_fn
 
 FORMAT = "jaxmnist-export/1"
 PLATFORMS = ("cpu", "cuda", "rocm", "tpu")  # what jax.export lowers for

@@ -7,6 +7,6 @@ resources). Starlette and uvicorn come with the `serve` extra, so they are
 imported only when a server is made.
 """
 
-from jaxmnist.serve.server import serve
+from jaxmnist.use.serve.server import serve
 
 __all__ = ["serve"]

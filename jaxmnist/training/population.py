@@ -10,7 +10,7 @@ epoch does), a program over several runs the same function under `jax.vmap`,
 with the member axis split over the mesh's `members` axis. Hyperparameters live
 in the optimizer state as traced arrays (`optim.set_hyperparams`), one per
 member. Members are cut into chunks that fit in device memory
-(`jaxmnist.memory`); the chunks run one after another inside each epoch.
+(`jaxmnist.training.memory`); the chunks run one after another inside each epoch.
 
 Three programs train: `plan_epoch` draws every member's epoch plan once,
 `new_metrics` makes the epoch's empty accumulators, and `train_steps` runs
@@ -33,9 +33,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmnist import evaluate as evaluate_lib
 from jaxmnist import optim
-from jaxmnist.step import (
+from jaxmnist.training import evaluate as evaluate_lib
+from jaxmnist.training.step import (
     EpochMetrics,
     EpochPlan,
     empty_metrics,

@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmnist.errors import JaxmnistError, WriteError
-from jaxmnist.train import Callback
+from jaxmnist.training.loop import Callback
 
 CHECKPOINT_DIR = "checkpoints"
 LARGE_BYTES = 256 * 2**20  # a state this large takes seconds to write
@@ -337,8 +337,9 @@ def newest_params(run_dir, cfg, num_train: int, input_shape, num_classes: int):
     {"checkpoint_step", "checkpoint_epoch"}) from a run's newest intact checkpoint:
     what eval, predict, export and serve use for a run that has not finished."""
     from jaxmnist import config as config_lib
-    from jaxmnist import optim, parallel
-    from jaxmnist.step import init_state
+    from jaxmnist import optim
+    from jaxmnist.training import parallel
+    from jaxmnist.training.step import init_state
 
     plan = config_lib.plan_steps(cfg.train, num_train)
     optimizer = optim.make_optimizer(cfg.optimizer, plan.total_steps)

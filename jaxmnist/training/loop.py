@@ -1,7 +1,7 @@
 """The run loop: set up, compile, run epochs from any starting epoch, call back.
 
 `train_population(cfg, members, dataset, callbacks)` trains a population
-(`jaxmnist.population`: one model or many, on the mesh of a
+(`jaxmnist.training.population`: one model or many, on the mesh of a
 `parallel.Layout`) in three stages:
 
     setup      plan the steps, estimate memory and cut the members into chunks,
@@ -32,12 +32,14 @@ import jax
 import numpy as np
 
 from jaxmnist import config as config_lib
-from jaxmnist import evaluate as evaluate_lib
-from jaxmnist import memory, optim, pacing, parallel, rundir, runtime
+from jaxmnist import optim, runtime
 from jaxmnist.errors import TrainingError
 from jaxmnist.models import conv, count_params
-from jaxmnist.population import Evaluation, Population, seed_members
-from jaxmnist.step import TrainData, init_state
+from jaxmnist.runs import rundir
+from jaxmnist.training import evaluate as evaluate_lib
+from jaxmnist.training import memory, pacing, parallel
+from jaxmnist.training.population import Evaluation, Population, seed_members
+from jaxmnist.training.step import TrainData, init_state
 
 __all__ = [
     "Callback",
@@ -609,7 +611,7 @@ def train_and_evaluate(
         )
     except TrainingError as e:  # a non-finite loss: the bad state was never checkpointed
         if run and saver:
-            from jaxmnist.resume import mark_diverged
+            from jaxmnist.runs.resume import mark_diverged
 
             mark_diverged(workdir, str(e))
         raise
@@ -618,7 +620,7 @@ def train_and_evaluate(
             saver.close()  # waits for the last asynchronous write
     complete = r.steps == r.plan.total_steps or all(r.reached)  # a late signal changes nothing
     if r.stopped and not complete:
-        from jaxmnist.preemption import Stopped
+        from jaxmnist.training.preemption import Stopped
 
         if events:
             events.close()
@@ -673,7 +675,7 @@ def _checkpointer(workdir, options, resume):
     """The checkpoint callback (every process: an Orbax save is collective), or None."""
     if workdir is None or options is None:
         return None
-    from jaxmnist.checkpoint import Checkpointer
+    from jaxmnist.runs.checkpoint import Checkpointer
 
     return Checkpointer(workdir, options, resume=resume)
 

@@ -188,9 +188,9 @@ def evaluate_run(run_dir, data_dir=None) -> dict:
     evaluated seed by seed: the figures are means, with per-seed lists, and the
     confusion matrix is the first seed's.
     """
-    from jaxmnist import checkpoint, rundir
     from jaxmnist import config as config_lib
     from jaxmnist.data import load_dataset
+    from jaxmnist.runs import checkpoint, rundir
 
     path = rundir.Path(run_dir)
     unfinished = not (path / "summary.json").exists() and checkpoint.checkpoint_steps(path)
@@ -256,7 +256,7 @@ def _read_config(path) -> dict:
 def _checkpoint_params(path, cfg, dataset) -> tuple[Any, dict]:
     """Every member's parameters (member axis first) from an unfinished run's newest intact
     checkpoint, on the default device; and {"checkpoint_step", "checkpoint_epoch"}."""
-    from jaxmnist import checkpoint
+    from jaxmnist.runs import checkpoint
 
     return checkpoint.newest_params(
         path,

@@ -26,7 +26,8 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from jaxmnist import checkpoint, optim, rundir
+from jaxmnist import optim
+from jaxmnist.runs import checkpoint, rundir
 from jaxmnist import config as config_lib
 from jaxmnist.errors import ConfigError, JaxmnistError
 
@@ -139,8 +140,8 @@ class Resumer:
         self.saved_lr = saved["optimizer"]["lr"]
 
     def __call__(self, setup):
-        from jaxmnist.step import empty_metrics
-        from jaxmnist.train import Progress
+        from jaxmnist.training.step import empty_metrics
+        from jaxmnist.training.loop import Progress
 
         pop, plan = setup.population, setup.plan
         target = checkpoint.abstract_state(pop.state_shapes(), len(pop), pop.layout.by_member)
