@@ -1,5 +1,7 @@
-"""Terminal output: per-epoch lines, a progress bar, summaries and tables.
+"""The terminal during `jaxmnist train`: per-epoch lines, a progress bar and the summary.
 
+`TerminalReporter` is a run-loop callback like the run directory's writer and the
+checkpointer; the train command hands it to `train_and_evaluate` in process 0 only.
 The progress bar moves between the run loop's calls (about every half second,
 `jaxmnist.training.pacing`); it is shown only on an interactive terminal. When an epoch
 will be long, the time it will take is said once, as soon as the first steps
@@ -10,12 +12,13 @@ from __future__ import annotations
 
 import sys
 
-from jaxmnist.training.loop import EpochEnd, Reporter, StepsEnd
+from jaxmnist import stats
+from jaxmnist.training.hooks import Callback, EpochEnd, RunEnd, RunStart, StepsEnd
 
 LONG_EPOCH_SECONDS = 30.0  # an epoch longer than this gets an estimate up front
 
 
-class TerminalReporter(Reporter):
+class TerminalReporter(Callback):
     """mode: "normal" (lines and a bar), "quiet" (one result line) or "json" (nothing)."""
 
     def __init__(self, mode: str = "normal", workdir=None, stream=None):
@@ -30,7 +33,8 @@ class TerminalReporter(Reporter):
         if self.mode == "normal":
             print(text, file=self.out, flush=True)
 
-    def on_start(self, info: dict) -> None:
+    def on_start(self, start: RunStart) -> None:
+        info = start.info
         self._print(
             f"{info['dataset']} from {info['source']} | {info['num_params']:,} parameters | "
             f"{plural(info['epochs'], 'epoch')} x {plural(info['steps_per_epoch'], 'step')} | "
@@ -94,7 +98,8 @@ class TerminalReporter(Reporter):
             f"{r['test_loss']:>9.4f} {r['test_accuracy']:>8.2%} {r['epoch_seconds']:>7.3f}{spread}"
         )
 
-    def on_finish(self, s: dict) -> None:
+    def on_finish(self, end: RunEnd) -> None:
+        s = end.summary
         line = (
             f"test accuracy {s['test_accuracy']:.2%} ({s['num_test_examples']:,} examples), "
             f"test loss {s['test_loss']:.4f} | compile {s['compile_seconds']:.2f} s, "
@@ -115,8 +120,6 @@ def seed_lines(s: dict) -> list[str]:
     """The spread over seeds of a multi-seed summary (none for one seed)."""
     if "seeds" not in s:
         return []
-    from jaxmnist import stats
-
     spread = stats.spread(s["test_accuracy_per_seed"])
     per_seed = "  ".join(
         f"{seed}: {a:.2%}" for seed, a in zip(s["seeds"], s["test_accuracy_per_seed"])
@@ -160,57 +163,3 @@ def duration(seconds: float) -> str:
 def plural(n: int, noun: str) -> str:
     """`1 epoch`, `3 epochs`."""
     return f"{n:,} {noun}{'s' * (n != 1)}"
-
-
-def format_confusion(matrix, class_names) -> str:
-    """Counts, rows = true class, columns = predicted class; class names in full."""
-    names = list(class_names)
-    width = max(6, *(len(n) for n in names)) + 1
-    lines = ["true \\ pred".ljust(width + 2) + "".join(n.rjust(width) for n in names)]
-    for name, row in zip(names, matrix):
-        lines.append(name.ljust(width + 2) + "".join(str(int(v)).rjust(width) for v in row))
-    return "\n".join(lines)
-
-
-def print_eval(result: dict) -> None:
-    print(f"run          {result['run_dir']}")
-    print(f"dataset      {result['dataset']}")
-    if "seeds" in result:
-        from jaxmnist import stats
-
-        spread = stats.spread(result["test_accuracy_per_seed"])
-        print(f"seeds        {len(result['seeds'])}: test accuracy {stats.format_spread(spread)}")
-        for seed, acc, loss in zip(
-            result["seeds"], result["test_accuracy_per_seed"], result["test_loss_per_seed"]
-        ):
-            print(f"  seed {seed:<6} accuracy {acc:.2%}  loss {loss:.4f}")
-        print(f"(below: means over the seeds; the confusion matrix is seed {result['seeds'][0]}'s)")
-    print(
-        f"test         accuracy {result['test_accuracy']:.2%}  loss {result['test_loss']:.4f}  "
-        f"({result['num_test_examples']:,} examples)"
-    )
-    if result.get("train_accuracy") is not None:
-        print(
-            f"train        accuracy {result['train_accuracy']:.2%}  "
-            f"loss {result['train_loss']:.4f}  ({result['num_train_examples']:,} examples)"
-        )
-    print("confusion matrix (test):")
-    print(format_confusion(result["confusion_matrix"], result["class_names"]))
-
-
-def print_verify(name: str, reports) -> None:
-    for r in reports:
-        print(f"{name}: {r}")
-    print(f"{name}: {len(reports)} arrays verified")
-
-
-def print_data_info(info: dict) -> None:
-    width = max(len(k) for k in info)
-    for key, value in info.items():
-        if key == "search_path":
-            value = " -> ".join(f"{p['place']} ({p['folder']})" for p in value)
-        elif key == "files":
-            value = ", ".join(value)
-        elif isinstance(value, (list, tuple)):
-            value = ", ".join(map(str, value))
-        print(f"{key:<{width}}  {value}")

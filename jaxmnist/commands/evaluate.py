@@ -1,0 +1,70 @@
+"""`jaxmnist eval RUN_DIR`: re-evaluate a run's saved parameters on its test set.
+
+Prints accuracy, loss and the confusion matrix with the dataset's class names in full
+(per seed for a run of several), or the result as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from jaxmnist import stats
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("eval", help="re-evaluate a run's saved parameters")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--data-dir", help="folder holding <dataset>/...")
+    p.add_argument("--json", action="store_true")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from jaxmnist.use.evaluate import evaluate_run  # start-up: imports jax
+
+    result = evaluate_run(args.run_dir, data_dir=args.data_dir)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print_eval(result)
+        if "checkpoint_step" in result:
+            print(
+                f"evaluated the newest checkpoint of an unfinished run: step "
+                f"{result['checkpoint_step']} (epoch {result['checkpoint_epoch']})"
+            )
+    return 0
+
+
+def print_eval(result: dict) -> None:
+    print(f"run          {result['run_dir']}")
+    print(f"dataset      {result['dataset']}")
+    if "seeds" in result:
+        spread = stats.spread(result["test_accuracy_per_seed"])
+        print(f"seeds        {len(result['seeds'])}: test accuracy {stats.format_spread(spread)}")
+        for seed, acc, loss in zip(
+            result["seeds"], result["test_accuracy_per_seed"], result["test_loss_per_seed"]
+        ):
+            print(f"  seed {seed:<6} accuracy {acc:.2%}  loss {loss:.4f}")
+        print(f"(below: means over the seeds; the confusion matrix is seed {result['seeds'][0]}'s)")
+    print(
+        f"test         accuracy {result['test_accuracy']:.2%}  loss {result['test_loss']:.4f}  "
+        f"({result['num_test_examples']:,} examples)"
+    )
+    if result.get("train_accuracy") is not None:
+        print(
+            f"train        accuracy {result['train_accuracy']:.2%}  "
+            f"loss {result['train_loss']:.4f}  ({result['num_train_examples']:,} examples)"
+        )
+    print("confusion matrix (test):")
+    print(format_confusion(result["confusion_matrix"], result["class_names"]))
+
+
+def format_confusion(matrix, class_names) -> str:
+    """Counts, rows = true class, columns = predicted class; class names in full."""
+    names = list(class_names)
+    width = max(6, *(len(n) for n in names)) + 1
+    lines = ["true \\ pred".ljust(width + 2) + "".join(n.rjust(width) for n in names)]
+    for name, row in zip(names, matrix):
+        lines.append(name.ljust(width + 2) + "".join(str(int(v)).rjust(width) for v in row))
+    return "\n".join(lines)

@@ -1,0 +1,38 @@
+"""`jaxmnist export RUN_DIR --out FILE`: one file that runs the trained model with only jax.
+
+The file holds StableHLO for each platform asked for, the parameters and a JSON header;
+the output path is checked before the run is read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "export",
+        allow_abbrev=False,
+        help="one file (StableHLO + parameters + JSON header) that only needs jax to run",
+    )
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--out", required=True, metavar="FILE", help="the file to write")
+    p.add_argument(
+        "--platforms",
+        default="cpu,cuda,tpu",
+        help="platforms the file runs on (default cpu,cuda,tpu)",
+    )
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from jaxmnist.use import export, predict  # start-up: imports jax
+
+    out = export.check_output(args.out)
+    model = predict.load_trained(args.run_dir)
+    header = export.export_model(model, out, platforms=args.platforms.split(","))
+    print(f"model: {model.describe()}", file=sys.stderr)
+    size = out.stat().st_size
+    print(f"wrote {out} ({size / 1e6:.1f} MB, platforms {', '.join(header['platforms'])})")
+    return 0

@@ -1,0 +1,194 @@
+"""What several commands share: the config flags, the process flags, default output folders.
+
+A command that trains (train, sweep, bench, config, devices) takes a `--preset`, the
+plain flags of `FLAGS` and KEY=VALUE overrides, and `resolve_config` turns them into one
+validated `Config`, in that order of precedence. Commands that may run as one of several
+processes add `add_process_args` and call `start_processes` once, before reading data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+from pathlib import Path
+
+from jaxmnist import config as config_lib
+from jaxmnist.data.registry import DATASETS
+
+
+def one_of(names) -> str:
+    """`a`, `a or b`, `a, b or c`."""
+    names = list(names)
+    return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else "".join(names)
+
+
+# Plain flags for the fields people change most: flag -> (dotted key, type, help).
+FLAGS = {
+    "--dataset": ("data.dataset", str, one_of(DATASETS)),
+    "--data-dir": (
+        "data.data_dir",
+        str,
+        "folder holding <dataset>/... (default: $JAXMNIST_DATA_DIR, cache, system, download)",
+    ),
+    # jaxmnist.models imports jax, which `--help` must not wait for: no list of families here.
+    "--model": ("model.name", str, "model family (a name in jaxmnist.models.MODELS)"),
+    "--hidden": ("model.hidden", str, "hidden sizes, e.g. 256,128"),
+    "--activation": ("model.activation", str, "relu or gelu"),
+    "--dtype": ("model.dtype", str, "compute dtype: float32 or bfloat16"),
+    "--optimizer": ("optimizer.name", str, "sgd, adam or adamw"),
+    "--lr": ("optimizer.lr", str, "peak learning rate"),
+    "--weight-decay": ("optimizer.weight_decay", str, "weight decay (adamw, sgd)"),
+    "--schedule": ("optimizer.schedule", str, "constant, cosine, warmup_cosine or onecycle"),
+    "--batch-size": ("train.batch_size", str, "training batch size"),
+    "--epochs": ("train.epochs", str, "number of epochs"),
+    "--steps": ("train.steps", str, "number of steps (overrides --epochs)"),
+    "--seed": ("train.seed", str, "random seed"),
+    "--seeds": (
+        "train.seeds",
+        str,
+        "train N models (seeds SEED...SEED+N-1) in one program; report mean ± spread",
+    ),
+    "--target-accuracy": (
+        "train.target_accuracy",
+        str,
+        "stop after the first epoch whose (mean) test accuracy reaches this fraction, e.g. 0.973",
+    ),
+    "--devices": (
+        "parallel.devices",
+        str,
+        (
+            "devices to train on: N or all (default 1; on a CPU, fake devices share the same cores "
+            "and only cost)"
+        ),
+    ),
+    "--mesh": (
+        "parallel.mesh",
+        str,
+        (
+            "members=M,data=D: models of a population split over M devices, each batch over D "
+            "(default: all members when several models train, else all data)"
+        ),
+    ),
+}
+
+
+def add_config_args(p: argparse.ArgumentParser) -> None:
+    """--preset, the flags of `FLAGS`, the compile cache and TensorBoard switches, KEY=VALUE."""
+    p.add_argument(
+        "--preset",
+        default="tpu101",
+        help=f"starting config: {', '.join(config_lib.PRESETS)} (default tpu101)",
+    )
+    for flag, (key, _, help_) in FLAGS.items():
+        p.add_argument(
+            flag, dest=key, metavar=flag.lstrip("-").upper().replace("-", "_"), help=help_
+        )
+    p.add_argument(
+        "--no-compile-cache",
+        action="store_true",
+        help="turn off JAX's persistent compilation cache",
+    )
+    p.add_argument(
+        "--tensorboard",
+        action="store_true",
+        help="write TensorBoard event files in the run directory",
+    )
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help=(
+            "any config field, e.g. optimizer.grad_clip=1.0 train.eval_train=false "
+            "(see `jaxmnist config`)"
+        ),
+    )
+
+
+def explicit_overrides(args: argparse.Namespace, leave_out: tuple[str, ...] = ()) -> dict:
+    """The config fields the command line sets (flags, then KEY=VALUE), without the preset.
+
+    leave_out: flags of `FLAGS` (e.g. "--devices") a command reads for itself.
+    """
+    overrides = {
+        key: getattr(args, key)
+        for flag, (key, _, _) in FLAGS.items()
+        if flag not in leave_out and getattr(args, key) is not None
+    }
+    overrides.update(config_lib.parse_override(o) for o in args.overrides)
+    if args.no_compile_cache:
+        overrides["compile_cache"] = False
+    if args.tensorboard:
+        overrides["tensorboard"] = True
+    return overrides
+
+
+def resolve_config(
+    args: argparse.Namespace, leave_out: tuple[str, ...] = ()
+) -> tuple[config_lib.Config, str]:
+    """Preset, then plain flags, then KEY=VALUE overrides; validated. Returns (cfg, preset)."""
+    overrides = explicit_overrides(args, leave_out)
+    cfg = config_lib.apply_overrides(config_lib.get_preset(args.preset), overrides)
+    config_lib.validate(cfg)
+    return cfg, args.preset
+
+
+def add_process_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(
+        "several processes (hosts)",
+        "every process runs the same command; on Cloud TPU, SLURM, Open MPI or Kubernetes "
+        "--distributed finds the others by itself",
+    )
+    g.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's address")
+    g.add_argument("--num-processes", type=int, metavar="P", help="how many processes")
+    g.add_argument("--process-id", type=int, metavar="I", help="this process, 0..P-1")
+    g.add_argument(
+        "--distributed", action="store_true", help="join a cluster jax.distributed detects"
+    )
+    g.add_argument(
+        "--process-timeout",
+        type=int,
+        default=60,
+        metavar="S",
+        help="seconds to wait for the other processes, at start and when one stops "
+        "answering during the run (default 60)",
+    )
+
+
+def start_processes(args: argparse.Namespace, cfg: config_lib.Config):
+    """Joins the other processes (if any) and builds the mesh: one line and exit 2 for
+    an impossible request, before any data is read. Returns the `parallel.Layout`."""
+    from jaxmnist.training import parallel  # start-up: jax loads only when a command runs
+
+    parallel.check_process_args(args.coordinator, args.num_processes, args.process_id)
+    if args.process_timeout < 1:
+        raise config_lib.ConfigError(
+            f"--process-timeout must be at least 1 s, got {args.process_timeout}"
+        )
+    parallel.initialize_distributed(
+        args.coordinator,
+        args.num_processes,
+        args.process_id,
+        auto=args.distributed,
+        timeout_seconds=args.process_timeout,
+    )
+    return parallel.layout_for(cfg)  # checked for the seeds and the batch size
+
+
+def timestamp() -> str:
+    """The local time, for default folder names: 20250131-142501."""
+    return datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+
+
+def default_run_dir(preset: str, cfg: config_lib.Config) -> Path:
+    """runs/<preset>-<dataset>-<time>, with -2, -3, ... when that exists already."""
+    base = Path("runs") / f"{preset}-{cfg.data.dataset}-{timestamp()}"
+    path, i = base, 1
+    while path.exists():
+        i += 1
+        path = base.with_name(f"{base.name}-{i}")
+    return path
+
+
+def default_out(kind: str, preset: str) -> Path:
+    """runs/<kind>-<preset>-<time>: where a sweep or a benchmark writes by default."""
+    return Path("runs") / f"{kind}-{preset}-{timestamp()}"

@@ -1,0 +1,197 @@
+"""`jaxmnist train`: train a config's seeds and write a run directory (or resume one).
+
+The command resolves and validates the config, checks its own flags, joins the other
+processes and builds the mesh once, takes the run directory's lock, and hands all of it
+to `train_and_evaluate` with the terminal as a callback. Then, in process 0 only, it
+writes the report and says whether the target accuracy was reached (exit 3 when not).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import threading
+from pathlib import Path
+
+from jaxmnist import config as config_lib
+from jaxmnist.commands import options
+from jaxmnist.commands.terminal import TerminalReporter, plural
+from jaxmnist.errors import ConfigError, TargetNotReached
+from jaxmnist.training.preemption import Stopped, StopRequest
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("train", help="train a model and write a run directory")
+    options.add_config_args(p)
+    p.add_argument(
+        "--run-dir", help="where to write the run (default runs/<preset>-<dataset>-<time>)"
+    )
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--quiet", action="store_true", help="print only the final result line")
+    out.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    p.add_argument("--no-report", action="store_true", help="do not write report.html and plots/")
+    options.add_process_args(p)
+    g = p.add_argument_group(
+        "checkpoints and resuming",
+        "Orbax checkpoints in RUN_DIR/checkpoints; SIGTERM or Ctrl-C stop within about a "
+        "second with a checkpoint, mid-epoch too (exit 143 or 130)",
+    )
+    g.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue RUN_DIR from its newest intact checkpoint, with its saved config "
+        "(--epochs N extends it; fields that change the maths are refused)",
+    )
+    g.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=1,
+        metavar="N",
+        help="save a checkpoint every N epochs, and after the last (default 1)",
+    )
+    g.add_argument(
+        "--checkpoint-every-steps",
+        type=int,
+        default=0,
+        metavar="K",
+        help="also save a checkpoint every K steps, inside epochs (for long epochs; default: "
+        "only at epoch ends)",
+    )
+    g.add_argument(
+        "--keep-checkpoints",
+        type=int,
+        default=3,
+        metavar="K",
+        help="keep the newest K checkpoints (default 3)",
+    )
+    g.add_argument("--no-checkpoint", action="store_true", help="save no checkpoints")
+    g.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="train into a run directory that already holds a run (its checkpoints are removed)",
+    )
+    return p
+
+
+def check_checkpoint_flags(args: argparse.Namespace) -> None:
+    """One line and exit 2 for a checkpoint flag out of range, before any work."""
+    for flag, value in (
+        ("--checkpoint-every", args.checkpoint_every),
+        ("--keep-checkpoints", args.keep_checkpoints),
+    ):
+        if value < 1:
+            raise ConfigError(f"{flag} must be at least 1, got {value}")
+    if args.checkpoint_every_steps < 0:
+        raise ConfigError(
+            f"--checkpoint-every-steps must be >= 1 (0: off), got {args.checkpoint_every_steps}"
+        )
+
+
+def run(args: argparse.Namespace) -> int:
+    from jaxmnist.runs import rundir  # start-up: imports jax
+    from jaxmnist.training import parallel  # start-up: imports jax
+
+    check_checkpoint_flags(args)
+    if args.resume:
+        cfg, workdir, extended = _resume_config(args)
+        if (workdir / "summary.json").exists() and not extended:
+            print(f"{workdir}: the run already finished; nothing to resume (--epochs N extends it)")
+            return 0
+    else:
+        cfg, preset = options.resolve_config(args)
+        workdir = Path(args.run_dir) if args.run_dir else options.default_run_dir(preset, cfg)
+    layout = options.start_processes(args, cfg)
+    main = parallel.is_main_process()
+    lock = None
+    if main:
+        rundir.check_writable(workdir)
+        lock = rundir.lock_run_dir(workdir)  # held until this command returns or dies
+    try:
+        if main:
+            if not args.resume:
+                rundir.check_reusable(workdir, args.overwrite)
+            rundir.write_command(workdir, ["jaxmnist", *args.argv])
+        mode = "json" if args.json else "quiet" if args.quiet else "normal"
+        # Only process 0 prints; the others say nothing but errors.
+        callbacks = [TerminalReporter(mode, workdir)] if main else []
+        if main and not args.no_report:
+            # matplotlib is slow to import; do it while the device trains, not after.
+            threading.Thread(
+                target=importlib.import_module, args=("jaxmnist.report.run_report",), daemon=True
+            ).start()
+        summary = _train(args, cfg, workdir, callbacks, layout)
+    except Stopped as e:  # a signal: checkpoint saved, no summary; not an error
+        print(f"jaxmnist train: {e}", file=sys.stderr)
+        return e.exit_code
+    finally:
+        if lock is not None:
+            lock.release()
+    if not main:
+        return 0
+    report = None
+    if not args.no_report:
+        from jaxmnist.report.run_report import write_run_report  # start-up: matplotlib
+
+        report = write_run_report(workdir)
+        if mode == "normal":
+            print(f"report: {report}")
+    if args.json:
+        print(
+            json.dumps(
+                {"run_dir": str(workdir), "report": report and str(report), **summary}, indent=2
+            )
+        )
+    _check_target(summary)
+    return 0
+
+
+def _resume_config(args: argparse.Namespace) -> tuple[config_lib.Config, Path, bool]:
+    """--resume RUN_DIR: (the saved config with the allowed overrides, RUN_DIR, extended)."""
+    from jaxmnist.runs import resume  # start-up: imports jax
+
+    workdir = Path(args.resume)
+    if args.run_dir and Path(args.run_dir).resolve() != workdir.resolve():
+        raise ConfigError("--resume RUN_DIR writes into RUN_DIR; drop --run-dir")
+    cfg, extended = resume.prepare(workdir, options.explicit_overrides(args))
+    return cfg, workdir, extended
+
+
+def _train(args, cfg, workdir: Path, callbacks: list, layout) -> dict:
+    """Trains with checkpoints (unless --no-checkpoint) and a clean stop on SIGTERM or
+    Ctrl-C (`preemption.Stopped`); resumes RUN_DIR with --resume."""
+    from jaxmnist.runs.checkpoint import CheckpointOptions  # start-up: imports jax
+    from jaxmnist.runs.resume import Resumer  # start-up: imports jax
+    from jaxmnist.training.run import train_and_evaluate  # start-up: imports jax
+
+    checkpoints = None
+    if not args.no_checkpoint:
+        checkpoints = CheckpointOptions(
+            args.checkpoint_every, args.keep_checkpoints, args.checkpoint_every_steps
+        )
+    resumer = Resumer(workdir, cfg) if args.resume else None
+    stop = StopRequest().install()
+    try:
+        return train_and_evaluate(
+            cfg,
+            workdir,
+            callbacks,
+            layout=layout,
+            checkpoints=checkpoints,
+            resume=resumer,
+            stop=stop,
+        )
+    finally:
+        stop.uninstall()
+
+
+def _check_target(summary: dict) -> None:
+    """Exit 3, after everything was written, when --target-accuracy was not reached."""
+    if summary.get("target_reached") is False:
+        seeds = len(summary.get("seeds", [0]))
+        of = f"mean test accuracy of {seeds} seeds" if seeds > 1 else "test accuracy"
+        raise TargetNotReached(
+            f"target {of} {summary['target_accuracy']:.2%} not reached: "
+            f"{summary['test_accuracy']:.2%} after all {plural(summary['epochs'], 'epoch')}"
+        )
