@@ -6,6 +6,15 @@ replace a few fields. Overrides arrive as dotted `section.field=value` strings
 unknown key or a badly typed value is a `ConfigError`. `validate` checks what
 can be checked before any data is read or anything is compiled. Durations
 (epochs or steps) become a step count in exactly one place: `plan_steps`.
+
+`Config.model` is the config dataclass of whichever model family `model.name` names
+(`jaxmnist.models`: each family declares its own fields; this module holds none). The
+`model.*` keys are that family's fields: `model.name` is applied before the others, so
+`model.name=cnn model.kernel_size=5` works in either order; switching family keeps the
+fields both families declare and takes the new family's defaults for the rest; a field
+the family does not have is a `ConfigError` naming its fields. Reading a saved config
+(`from_dict`) drops the model fields that belong to another registered family (a
+config.json of older versions holds every family's fields), and refuses anything else.
 """
 
 from __future__ import annotations
@@ -16,10 +25,21 @@ import types
 import typing
 from dataclasses import dataclass, field, replace
 
+from jaxmnist.data.registry import get_spec
 from jaxmnist.errors import ConfigError
+from jaxmnist.models import (
+    MODELS,
+    CNNConfig,
+    MLPConfig,
+    ModelConfig,
+    config_fields,
+    get_model,
+    switch_family,
+    unknown_field_message,
+)
+from jaxmnist.models.family import validate_common
+from jaxmnist.training import parallel
 
-ACTIVATIONS = ("relu", "gelu")
-DTYPES = ("float32", "bfloat16")
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULES = ("constant", "cosine", "warmup_cosine", "onecycle")
 
@@ -33,22 +53,6 @@ class DataConfig:
     max_shift: int = 2  # augment: pixels of random translation, each way
     max_rotation: float = 0.0  # augment: degrees of random rotation, each way; 0: none
     flip: bool = False  # augment: mirror half the images left-right (clothes, not digits)
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """Fields of every model family; each family validates the ones it reads."""
-
-    name: str = "mlp"  # a family of jaxmnist.models.MODELS
-    hidden: tuple[int, ...] = (256,)  # mlp: hidden layers; cnn: dense layers after the convs
-    activation: str = "relu"
-    dtype: str = "float32"  # compute dtype; parameters and loss stay float32
-    channels: tuple[int, ...] = (16, 32)  # cnn: output channels of each conv + pool block
-    kernel_size: tuple[int, ...] = (3,)  # cnn: square kernels, one for all blocks or one each
-    padding: str = "same"  # cnn: "same" (zero padding, odd kernels) or "valid" (none)
-    conv_impl: str = "auto"  # cnn: auto, xla, im2col, patches, onednn (see models/conv.py)
-    batch_norm: bool = False  # cnn: batch normalisation after each convolution
-    dropout: float = 0.0  # training only: rate on each dense layer's input but the pixels
 
 
 @dataclass(frozen=True)
@@ -76,7 +80,7 @@ class TrainConfig:
     )
     eval_batch_size: int = 2000
     eval_train: bool = True  # accuracy on the full training set every epoch
-    progress_every: int = 0  # calls end at least every this many steps (bar updates); 0: ~0.5 s
+    progress_every: int = 0  # calls end at least every this many steps (bar updates); 0: by time
 
 
 @dataclass(frozen=True)
@@ -90,7 +94,7 @@ class ParallelConfig:
 @dataclass(frozen=True)
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: ModelConfig = field(default_factory=MLPConfig)  # the family's own dataclass
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
@@ -103,14 +107,30 @@ class Config:
 
 
 def from_dict(d: dict) -> Config:
-    """Rebuilds a Config from `to_dict` output (e.g. a run's config.json)."""
+    """Rebuilds a Config from `to_dict` output (e.g. a run's config.json).
+
+    In the model section, a field the chosen family lacks is dropped when it is a field
+    of another registered family (older versions saved every family's fields in one
+    flat section, e.g. an MLP's with `channels`); any other unknown key is an error."""
     overrides = {}
     for section, value in d.items():
         if isinstance(value, dict):
+            if section == "model":
+                value = _own_model_fields(value)
             overrides.update({f"{section}.{k}": v for k, v in value.items()})
         else:
             overrides[section] = value
     return apply_overrides(Config(), overrides)
+
+
+def _own_model_fields(section: dict) -> dict:
+    """`section` without the fields of families other than the one it names."""
+    name = section.get("name", Config().model.name)
+    if not isinstance(name, str) or name not in MODELS:
+        return section  # apply_overrides says what is wrong with it
+    own = config_fields(name)
+    others = {f for other in MODELS for f in config_fields(other)}
+    return {k: v for k, v in section.items() if k in own or k not in others}
 
 
 PRESETS: dict[str, Config] = {
@@ -120,7 +140,7 @@ PRESETS: dict[str, Config] = {
     # batch 512, 400 steps.
     "codelab": Config(
         data=DataConfig(dataset="fashion_mnist"),
-        model=ModelConfig(hidden=(256, 128), activation="gelu"),
+        model=MLPConfig(hidden=(256, 128), activation="gelu"),
         optimizer=OptimizerConfig(name="adamw", lr=3e-3, weight_decay=1e-4),
         train=TrainConfig(batch_size=512, steps=400),
     ),
@@ -128,30 +148,27 @@ PRESETS: dict[str, Config] = {
     # translations of up to 2 pixels; Adam one-cycle 3e-3, batch 256, 10 epochs.
     "cnn": Config(
         data=DataConfig(augment=True, max_shift=2),
-        model=ModelConfig(name="cnn", channels=(16, 32), kernel_size=(3,), hidden=(128,)),
+        model=CNNConfig(channels=(16, 32), kernel_size=(3,), hidden=(128,)),
         optimizer=OptimizerConfig(name="adam", lr=3e-3, schedule="onecycle"),
         train=TrainConfig(batch_size=256, epochs=10),
     ),
     # Fashion-MNIST CNN: the MNIST CNN's network (206,922 parameters), translations of up
-    # to 1 pixel and left-right flips; Adam one-cycle 3e-3, batch 256, 20 epochs. In one-seed
-    # trials it beat a 24/48-channel network at 12 epochs (92.50%) in 0.87x its time, and
-    # dropout 0.3 cost it 0.8 points at 15 epochs.
+    # to 1 pixel and left-right flips; Adam one-cycle 3e-3, batch 256, 20 epochs (the trials
+    # that chose it over wider networks and dropout: README, "The CNN presets over 8 seeds").
     "fashion_cnn": Config(
         data=DataConfig(dataset="fashion_mnist", augment=True, max_shift=1, flip=True),
-        model=ModelConfig(name="cnn", channels=(16, 32), kernel_size=(3,), hidden=(128,)),
+        model=CNNConfig(channels=(16, 32), kernel_size=(3,), hidden=(128,)),
         optimizer=OptimizerConfig(name="adam", lr=3e-3, schedule="onecycle"),
         train=TrainConfig(batch_size=256, epochs=20),
     ),
     # Least time to 99.0% on MNIST, in one epoch: the network and optimizer of a published
     # one-epoch MNIST recipe (github.com/tuomaso/train_mnist_fast): conv 5x5 1->24 and 3x3
     # 24->32, both unpadded, each pooled; dense 800->256->10 (215,194 parameters); Adam
-    # with b1 0.7, b2 0.9, one-cycle peak 1e-2; batch 256. Ours adds 1-pixel translations
-    # (8 seeds: 99.06% mean, CI 99.01-99.12%, against 99.02%, CI 98.98-99.07%, without).
+    # with b1 0.7, b2 0.9, one-cycle peak 1e-2; batch 256. Ours adds 1-pixel translations,
+    # which earned their keep over 8 seeds (README, "The CNN presets over 8 seeds").
     "speedrun": Config(
         data=DataConfig(augment=True, max_shift=1),
-        model=ModelConfig(
-            name="cnn", channels=(24, 32), kernel_size=(5, 3), padding="valid", hidden=(256,)
-        ),
+        model=CNNConfig(channels=(24, 32), kernel_size=(5, 3), padding="valid", hidden=(256,)),
         optimizer=OptimizerConfig(name="adam", lr=1e-2, b1=0.7, b2=0.9, schedule="onecycle"),
         train=TrainConfig(batch_size=256, epochs=1, target_accuracy=0.99),
     ),
@@ -223,7 +240,8 @@ def _coerce(value, typ, key: str):
 
 
 def field_names(cfg: Config | None = None) -> list[str]:
-    """All overridable keys, dotted (`optimizer.lr`, `compile_cache`, ...)."""
+    """All overridable keys, dotted (`optimizer.lr`, `compile_cache`, ...); the `model.*`
+    keys are those of the family `cfg.model` is."""
     cfg = cfg or Config()
     names = []
     for f in dataclasses.fields(cfg):
@@ -240,12 +258,20 @@ def apply_overrides(cfg: Config, overrides: dict[str, object]) -> Config:
 
     A duration given here wins over the one in `cfg`: `train.epochs` without
     `train.steps` clears the steps a preset set (codelab's 400), since steps would
-    otherwise silently override the epochs asked for.
+    otherwise silently override the epochs asked for. `model.name` goes first: the other
+    `model.*` keys are fields of the family it names (`models.switch_family` says what a
+    switch keeps).
     """
     if "train.epochs" in overrides and "train.steps" not in overrides:
         overrides = {**overrides, "train.steps": None}
-    for key, raw in overrides.items():
+    for key, raw in sorted(overrides.items(), key=lambda item: item[0] != "model.name"):
         parts = key.split(".")
+        if key == "model.name":
+            name = _coerce(raw, str, key)
+            cfg = replace(cfg, model=switch_family(cfg.model, name))
+            continue
+        if len(parts) == 2 and parts[0] == "model" and key not in field_names(cfg):
+            raise ConfigError(unknown_field_message(cfg.model.name, parts[1]))
         if len(parts) > 2 or key not in field_names(cfg):
             raise ConfigError(
                 f"unknown config field {key!r}; known fields: {', '.join(field_names(cfg))}"
@@ -276,19 +302,18 @@ def _choice(value: str, choices: tuple[str, ...], what: str) -> None:
 
 def validate(cfg: Config, *, num_train_examples: int | None = None) -> None:
     """Raises ConfigError for anything that would fail later; checks no files."""
-    from jaxmnist.data import get_spec  # the dataset registry
-    from jaxmnist.models import MODELS  # the model registry
-
     spec = get_spec(cfg.data.dataset)
     n_train = num_train_examples or spec.train_size
-    _choice(cfg.model.name, tuple(MODELS), "model")
-    _choice(cfg.model.activation, ACTIVATIONS, "activation")
-    _choice(cfg.model.dtype, DTYPES, "dtype")
+    model = get_model(cfg.model.name)
+    if not isinstance(cfg.model, model.config):  # a bug of the caller, said in one line
+        raise ConfigError(
+            f"model: a {type(cfg.model).__name__} is not the {cfg.model.name} model's config "
+            f"({model.config.__name__}); build it with models.model_config"
+        )
+    validate_common(cfg.model)  # activation, dtype, dropout
     _choice(cfg.optimizer.name, OPTIMIZERS, "optimizer")
     _choice(cfg.optimizer.schedule, SCHEDULES, "schedule")
-    MODELS[cfg.model.name].validate(cfg.model)  # the fields that family reads
-    if not 0 <= cfg.model.dropout < 1:
-        raise ConfigError(f"model.dropout: a rate in [0, 1), got {cfg.model.dropout}")
+    model.validate(cfg.model)  # the family's own fields
     if cfg.data.max_shift < 0:
         raise ConfigError(f"data.max_shift must be >= 0 pixels, got {cfg.data.max_shift}")
     if not 0 <= cfg.data.max_rotation <= 180:
@@ -311,10 +336,7 @@ def validate(cfg: Config, *, num_train_examples: int | None = None) -> None:
         raise ConfigError(
             f"target accuracy is a fraction in (0, 1], e.g. 0.973; got {t.target_accuracy:g}"
         )
-    from jaxmnist.training import (
-        parallel,
-    )  # syntax only here; the devices are checked by build_layout
-
+    # Syntax only here; the devices are checked by parallel.layout_for.
     parallel.parse_devices(cfg.parallel.devices)
     parallel.parse_mesh(cfg.parallel.mesh)
     if cfg.memory_budget_mb is not None and cfg.memory_budget_mb <= 0:

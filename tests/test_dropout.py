@@ -10,7 +10,7 @@ import pytest
 
 from jaxmnist import config as config_lib
 from jaxmnist.errors import ConfigError
-from jaxmnist.models import get_model, layers
+from jaxmnist.models import get_model, layers, model_config
 from jaxmnist.training.loop import train_population
 from jaxmnist.training.population import seed_members
 
@@ -28,7 +28,8 @@ def test_inverted_dropout_zeroes_at_the_rate_and_rescales_the_rest():
 
 @pytest.mark.parametrize("name", ["mlp", "cnn"])
 def test_a_model_drops_only_in_training(name):
-    cfg = config_lib.ModelConfig(name=name, hidden=(32,), channels=(4, 8), dropout=0.5)
+    own = {"cnn": {"channels": (4, 8)}}.get(name, {})  # the family's own fields
+    cfg = model_config(name, hidden=(32,), dropout=0.5, **own)
     model = get_model(name)
     params = model.init(jax.random.key(0), cfg)
     images = jax.random.uniform(jax.random.key(1), (16, 28, 28))

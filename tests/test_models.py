@@ -1,6 +1,7 @@
 """The model registry and the CNN: a family is one registry entry; pinned shapes and counts."""
 
 import dataclasses
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
@@ -12,10 +13,17 @@ from jax import lax
 from jaxmnist import config as config_lib
 from jaxmnist import models, optim
 from jaxmnist.errors import ConfigError
-from jaxmnist.models import cnn
+from jaxmnist.models import cnn, conv, mlp
+from jaxmnist.models.family import ModelConfig
 from jaxmnist.models.layers import ACTIVATIONS, matmul
 
-REFERENCE = config_lib.ModelConfig(name="cnn", channels=(16, 32), kernel_size=(3,), hidden=(128,))
+REFERENCE = cnn.CNNConfig(channels=(16, 32), kernel_size=(3,), hidden=(128,))
+
+
+@dataclass(frozen=True)
+class TinyConfig(ModelConfig):
+    name: str = "tiny_linear"
+    hidden: tuple[int, ...] = (256,)  # read by nothing but its validate
 
 
 def _tiny_family(seen: list) -> models.Model:
@@ -32,7 +40,7 @@ def _tiny_family(seen: list) -> models.Model:
         if cfg.hidden == (7,):
             raise ConfigError("model.hidden: the tiny family refuses 7")
 
-    return models.Model(init, apply, lambda cfg, shape, n: 3, validate)
+    return models.Model(init, apply, lambda cfg, shape, n: 3, validate, TinyConfig, str)
 
 
 def test_a_registered_family_is_a_config_choice_and_runs_through_apply_uint8(monkeypatch):
@@ -58,9 +66,15 @@ def replace_model(cfg, **fields):
 
 
 def test_unknown_model_lists_the_registry():
-    cfg = config_lib.apply_overrides(config_lib.Config(), {"model.name": "resnet"})
     with pytest.raises(ConfigError, match="unknown model 'resnet'; choose from: mlp, cnn"):
-        config_lib.validate(cfg)
+        config_lib.apply_overrides(config_lib.Config(), {"model.name": "resnet"})
+    wrong = dataclasses.replace(config_lib.Config(), model=mlp.MLPConfig(name="resnet"))
+    with pytest.raises(ConfigError, match="unknown model 'resnet'; choose from: mlp, cnn"):
+        config_lib.validate(wrong)
+    # A family's name on another family's dataclass is a caller's bug, said in one line.
+    mixed = dataclasses.replace(config_lib.Config(), model=mlp.MLPConfig(name="cnn"))
+    with pytest.raises(ConfigError, match="a MLPConfig is not the cnn model's config"):
+        config_lib.validate(mixed)
 
 
 @pytest.mark.parametrize(
@@ -89,9 +103,37 @@ def test_family_fields_are_checked_with_one_line(overrides, message):
     assert "\n" not in str(err.value)
 
 
-def test_cnn_fields_do_not_constrain_the_mlp():
-    cfg = config_lib.apply_overrides(config_lib.Config(), {"model.kernel_size": "4"})
-    config_lib.validate(cfg)  # the MLP reads no kernel size
+def test_cnn_fields_are_not_the_mlps():
+    # The MLP has no kernel size: naming one is an error, not a value silently ignored.
+    with pytest.raises(
+        ConfigError, match=r"'model.kernel_size' for the mlp model \(a field of cnn\)"
+    ):
+        config_lib.apply_overrides(config_lib.Config(), {"model.kernel_size": "4"})
+    assert "model.kernel_size" not in config_lib.field_names(config_lib.Config())
+    assert "model.kernel_size" in config_lib.field_names(config_lib.get_preset("cnn"))
+
+
+def test_the_registry_entries_describe_port_and_record_their_family():
+    tpu101, speedrun = (config_lib.get_preset(p).model for p in ("tpu101", "speedrun"))
+    codelab = config_lib.get_preset("codelab").model
+    mlp_entry, cnn_entry = models.get_model("mlp"), models.get_model("cnn")
+    assert mlp_entry.describe(codelab) == "mlp in → 256 → 128 → out"
+    assert cnn_entry.describe(REFERENCE) == "cnn in → conv 3×3×16 → conv 3×3×32 → 128 → out"
+    bn = dataclasses.replace(speedrun, batch_norm=True)
+    assert cnn_entry.describe(bn) == (
+        "cnn in → conv 5×5×24 → conv 3×3×32 → 256 → out, valid padding, batch norm"
+    )
+    # Export traces the portable formulation; the MLP has nothing to swap.
+    assert mlp_entry.portable(tpu101) == tpu101
+    onednn_cfg = dataclasses.replace(REFERENCE, conv_impl="onednn")
+    ported = cnn_entry.portable(onednn_cfg)
+    assert ported.conv_impl == conv.portable("onednn") != "onednn"
+    assert dataclasses.replace(ported, conv_impl="onednn") == onednn_cfg  # nothing else moved
+    # environment.json: the CNN's resolved convolution, nothing for the MLP.
+    assert mlp_entry.run_facts(tpu101) == {}
+    assert cnn_entry.run_facts(REFERENCE) == {"conv_impl": conv.resolve("auto")}
+    assert (mlp_entry.first_kernel, cnn_entry.first_kernel) == (None, "['conv'][0]['w']")
+    assert (mlp_entry.config, cnn_entry.config) == (mlp.MLPConfig, cnn.CNNConfig)
 
 
 def _init(cfg, input_shape=(28, 28)):

@@ -37,8 +37,10 @@ separate collection, as Flax does) leaves every caller but the training step unc
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
@@ -46,7 +48,22 @@ from jax import lax
 
 from jaxmnist.errors import ConfigError
 from jaxmnist.models import conv, onednn
+from jaxmnist.models.family import ModelConfig
 from jaxmnist.models.layers import ACTIVATIONS, STATS, dropout, matmul
+
+
+@dataclass(frozen=True)
+class CNNConfig(ModelConfig):
+    """The CNN's config: the common fields (`family.ModelConfig`), its conv blocks and its
+    dense head."""
+
+    name: str = "cnn"
+    hidden: tuple[int, ...] = (256,)  # dense layers after the convs
+    channels: tuple[int, ...] = (16, 32)  # output channels of each conv + pool block
+    kernel_size: tuple[int, ...] = (3,)  # square kernels, one for all blocks or one each
+    padding: str = "same"  # "same" (zero padding, odd kernels) or "valid" (none)
+    conv_impl: str = "auto"  # auto, xla, im2col, patches, onednn (see models/conv.py)
+    batch_norm: bool = False  # batch normalisation after each convolution
 
 
 def _given_kernel_sizes(cfg) -> tuple[int, ...]:
@@ -60,9 +77,14 @@ def kernel_sizes(cfg) -> tuple[int, ...]:
     return ks * len(cfg.channels) if len(ks) == 1 else ks
 
 
+def _in_channels(input_shape) -> int:
+    """The images' channels: input_shape is (H, W) for one, (H, W, C) for C."""
+    return input_shape[2] if len(input_shape) == 3 else 1
+
+
 def _map_sizes(cfg, input_shape) -> list[tuple[int, int]]:
     """(H, W) of each block's convolution output, then of the last pool's output."""
-    h, w = input_shape
+    h, w = input_shape[:2]
     sizes = []
     for k in kernel_sizes(cfg):
         if cfg.padding == "valid":
@@ -79,15 +101,15 @@ def _feature_shape(cfg, input_shape) -> tuple[int, int, int]:
 
 
 def init(key, cfg, input_shape=(28, 28), num_classes=10) -> dict:
-    """He-normal weights, zero biases. cfg: ModelConfig with `channels`, `kernel_size`,
-    `hidden`. Raises ConfigError when the images are too small for the number of blocks."""
+    """He-normal weights, zero biases. cfg: a CNNConfig (`channels`, `kernel_size`,
+    `hidden`). Raises ConfigError when the images are too small for the number of blocks."""
     h, w, c = _feature_shape(cfg, input_shape)
     if h <= 0 or w <= 0:
         raise ConfigError(
             f"model.channels: {len(cfg.channels)} conv blocks shrink {input_shape[0]}x"
             f"{input_shape[1]} images to nothing; use fewer blocks or smaller kernels"
         )
-    convs = list(itertools.pairwise((1, *cfg.channels)))
+    convs = list(itertools.pairwise((_in_channels(input_shape), *cfg.channels)))
     dense = [h * w * c, *cfg.hidden, num_classes]
     keys = iter(jax.random.split(key, len(convs) + len(dense) - 1))
 
@@ -151,7 +173,7 @@ def _normalise(x, scale, shift):
     """(x - mean) / sqrt(var + eps) * scale + shift by the batch's own per-channel moments;
     returns (y, mean, var). Its VJP is written out (the textbook batch-norm gradient: two
     reductions and one elementwise pass) because XLA's CPU code for the differentiated
-    mean and variance took 1.3-1.7 times as long (benchmarks/batch_norm_cost.py)."""
+    mean and variance was slower (README; benchmarks/batch_norm_cost.py)."""
     return _normalise_fwd(x, scale, shift)[0]
 
 
@@ -177,18 +199,18 @@ _normalise.defvjp(_normalise_fwd, _normalise_bwd)
 
 
 def apply(params: dict, images: jax.Array, cfg, key: jax.Array | None = None, train=False):
-    """images: float (B, H, W) in [0, 1] -> float32 logits (B, num_classes).
+    """images: float (B, H, W), or (B, H, W, C), in [0, 1] -> float32 logits (B, num_classes).
 
     `train=True` is the training step's forward pass: dropout with `key` (when
     `cfg.dropout`) and batch normalisation by the batch's statistics (when
     `cfg.batch_norm`); it returns `(logits, new running statistics or None)`. Inference
     (the default) uses the running statistics, drops nothing, and returns the logits."""
-    if images.ndim != 3:
-        raise ValueError(f"cnn.apply takes images (B, H, W), got shape {images.shape}")
+    if images.ndim not in (3, 4):
+        raise ValueError(f"cnn.apply takes images (B, H, W) or (B, H, W, C), got {images.shape}")
     dtype = jnp.dtype(cfg.dtype)
     activation = ACTIVATIONS[cfg.activation]
     impl = conv.resolve(cfg.conv_impl)
-    x = images[..., None].astype(dtype)  # NHWC with one channel
+    x = (images[..., None] if images.ndim == 3 else images).astype(dtype)  # NHWC
     new_stats = []
     pool_first = cfg.activation in MONOTONIC
     for i, layer in enumerate(params["conv"]):
@@ -222,7 +244,10 @@ def flops_per_example(cfg, input_shape=(28, 28), num_classes=10) -> int:
     macs = [
         ho * wo * k**2 * cin * cout
         for (ho, wo), k, (cin, cout) in zip(
-            conv_maps, kernel_sizes(cfg), itertools.pairwise((1, *cfg.channels)), strict=True
+            conv_maps,
+            kernel_sizes(cfg),
+            itertools.pairwise((_in_channels(input_shape), *cfg.channels)),
+            strict=True,
         )
     ]
     sizes = [h * w * cfg.channels[-1], *cfg.hidden, num_classes]
@@ -259,3 +284,24 @@ def validate(cfg) -> None:
             raise ConfigError(f"model.conv_impl=onednn: {reason}")
     if any(h <= 0 for h in cfg.hidden):
         raise ConfigError(f"model.hidden: sizes must be positive, got {cfg.hidden}")
+
+
+def describe(cfg) -> str:
+    """The network in a few words, e.g. "cnn in → conv 3×3×16 → conv 3×3×32 → 128 → out"
+    (each conv is followed by 2×2 max-pooling), with valid padding or batch norm said."""
+    convs = [f"conv {k}×{k}×{c}" for k, c in zip(kernel_sizes(cfg), cfg.channels, strict=False)]
+    text = f"{cfg.name} " + " → ".join(map(str, ["in", *convs, *cfg.hidden, "out"]))
+    notes = ["valid padding"] * (cfg.padding == "valid") + ["batch norm"] * cfg.batch_norm
+    return ", ".join([text, *notes])
+
+
+def portable(cfg):
+    """`cfg` with a convolution that any backend can run (`conv.portable`): what export
+    traces, since a custom call of this process (oneDNN) cannot travel."""
+    return dataclasses.replace(cfg, conv_impl=conv.portable(cfg.conv_impl))
+
+
+def run_facts(cfg) -> dict:
+    """What environment.json records of a CNN run: the convolution's formulation, as `auto`
+    (or the user) chose it on this backend."""
+    return {"conv_impl": conv.resolve(cfg.conv_impl)}

@@ -6,45 +6,32 @@ Every convolution here is the same function: stride 1, a square kernel, NHWC act
 "same" zero padding (odd k) keeps `(B, H, W, O)`, "valid" (no padding) gives
 `(B, H-k+1, W-k+1, O)`. They differ only in how XLA is asked to compute it:
 
-- `xla`: `lax.conv_general_dilated`, XLA's native convolution. On GPU and TPU this is
-  cuDNN's or the TPU's own convolution and nothing beats it; on CPU XLA lowers it to a
-  generic loop that trains the reference CNN about 10-20 times slower than `im2col`.
+- `xla`: `lax.conv_general_dilated`, XLA's native convolution: cuDNN's or the TPU's own
+  on accelerators, where nothing beats it; on CPU a generic loop, far slower than a matmul.
 - `im2col`: the k² shifted views of the padded input, concatenated along channels into
-  patches (B, H, W, k²·C), and one matmul with the weights reshaped to (k²·C, O). The
-  matmul goes to XLA's CPU GEMM library (YNNPACK) and the shifts fuse into one copy.
-  Its VJP is written out: the weight gradient is one matmul of the saved patches with the
-  output gradient, (k²·C, B·H·W) @ (B·H·W, O), and the input gradient is the output
-  gradient times the transposed weights, folded back onto the input by the transpose of
-  the patch extraction (pads and one fused sum). Left to autodiff, XLA's CPU backend
-  wrote the output gradient out transposed, channel-major, before the weight gradient's
-  matmul, and that copy alone took about a third of a training step; the written-out VJP
-  makes a training step about 1.3 (reference network) to 1.5 (`speedrun`) times as fast
-  (`benchmarks/conv_backward.py`). `im2col_autodiff` is the same forward pass left to
-  autodiff, kept for that comparison.
+  patches (B, H, W, k²·C), and one matmul with the weights reshaped to (k²·C, O): XLA's
+  CPU GEMM library does the work and the shifts fuse into one copy. Its VJP is written out
+  (the weight gradient one matmul of the saved patches, the input gradient folded back by
+  the transpose of the patch extraction) because under autodiff XLA:CPU first writes the
+  output gradient out transposed; `im2col_autodiff` keeps autodiff's, to compare
+  (`benchmarks/conv_backward.py`).
 - `patches`: `lax.conv_general_dilated_patches` + one matmul: the same algorithm with
-  XLA's own patch extraction, which it lowers as a convolution with a one-hot kernel
-  (about twice as slow as the slices on CPU; kept as a measured alternative).
-
-In bfloat16 every im2col matmul reads bfloat16 and accumulates in float32
-(`layers.wide_dot`), and the patches' gradient is folded back in float32. On CPU only the
-forward matmul gains from it: XLA widens to float32 the backward matmuls (each has a
-transposed operand) and the concatenations, pads and pooling around them, so a bfloat16
-CNN step is slower there than a float32 one (`benchmarks/bf16_matmul.py`).
-
+  XLA's own patch extraction (a convolution with a one-hot kernel), kept to compare.
 - `onednn`: oneDNN's direct convolution kernels (PyTorch's on CPU), called from XLA as FFI
   custom calls (`jaxmnist.models.onednn`); CPU only, needs the `onednn` extra and a C++
-  compiler. It trains the reference CNN about twice as fast as `im2col` (an epoch 2.0×,
-  `benchmarks/cnn_vs_pytorch.py`; a step 1.94×, `jaxmnist bench --variants`).
+  compiler. They build the patches in registers, where im2col writes them to memory.
+
+In bfloat16 every im2col matmul reads bfloat16 and accumulates in float32
+(`layers.wide_dot`), and the patches' gradient is folded back in float32. On CPU XLA
+widens the backward matmuls (each has a transposed operand) and the ops around them to
+float32, so only the forward matmul gains (`benchmarks/bf16_matmul.py`).
 
 `auto` is XLA's convolution on accelerators; on CPU it is `onednn` where that is
 available and the process has one device (a custom call is opaque to the partitioner, so
-on a mesh it keeps `im2col`, which XLA can shard), else `im2col`, the fastest
-formulation in plain XLA (`benchmarks/cnn_vs_pytorch.py`).
-
-Pooling is a reshape and a max over the 2×2 windows, which XLA fuses with what comes
-before and after it. A written-out VJP for it (each window's gradient to its first maximum
-by four masked selects, instead of autodiff's even split among tied maxima) made the step
-about 1.1 times slower, so pooling is left to autodiff.
+on a mesh it keeps `im2col`, which XLA can shard), else `im2col`: the fastest of these on
+CPU, in that order. Pooling is a reshape and a max over the 2×2 windows, which XLA fuses
+with what comes before and after it; it is left to autodiff, as a written-out VJP was
+slower. The measured comparisons are in the README ("Results").
 """
 
 from __future__ import annotations

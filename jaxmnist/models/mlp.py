@@ -13,16 +13,26 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
 
 from jaxmnist.errors import ConfigError
+from jaxmnist.models.family import ModelConfig
 from jaxmnist.models.layers import ACTIVATIONS, dropout, matmul
 
 
+@dataclass(frozen=True)
+class MLPConfig(ModelConfig):
+    """The MLP's config: the common fields (`family.ModelConfig`) and its hidden layers."""
+
+    name: str = "mlp"
+    hidden: tuple[int, ...] = (256,)  # sizes of the hidden layers; empty: a linear classifier
+
+
 def init(key, cfg, input_shape=(28, 28), num_classes=10) -> list[dict]:
-    """He-normal weights, zero biases. `cfg` is a ModelConfig."""
+    """He-normal weights, zero biases. `cfg` is an MLPConfig."""
     sizes = [math.prod(input_shape), *cfg.hidden, num_classes]
     keys = jax.random.split(key, len(sizes) - 1)
     return [
@@ -65,9 +75,12 @@ def flops_per_example(cfg, input_shape=(28, 28), num_classes=10) -> int:
 
 
 def validate(cfg) -> None:
-    """The MLP reads `hidden` (sizes of its hidden layers; empty: a linear classifier);
-    it refuses `batch_norm`, which it does not have, rather than ignore it."""
+    """The MLP's own field: `hidden` (sizes of its hidden layers; empty: a linear classifier).
+    A field it does not have (`batch_norm`, `channels`) is refused when the config is built."""
     if any(h <= 0 for h in cfg.hidden):
         raise ConfigError(f"model.hidden: sizes must be positive, got {cfg.hidden}")
-    if cfg.batch_norm:
-        raise ConfigError("model.batch_norm: the mlp has no batch normalisation; use --model cnn")
+
+
+def describe(cfg) -> str:
+    """The network in a few words, e.g. "mlp in → 256 → 128 → out"."""
+    return f"{cfg.name} " + " → ".join(map(str, ["in", *cfg.hidden, "out"]))

@@ -40,6 +40,8 @@ import filelock
 import jax
 import jax.numpy as jnp
 
+from jaxmnist.data.locate import default_cache_dir
+
 SOURCE = Path(__file__).with_name("onednn_conv.cc")
 LIBRARY = "libjaxmnist_onednn.so"
 # FFI target name -> the handler symbol in the library.
@@ -84,8 +86,6 @@ def find_onednn() -> Path:
 
 
 def _cache_root() -> Path:
-    from jaxmnist.data.locate import default_cache_dir
-
     return default_cache_dir() / "native"
 
 

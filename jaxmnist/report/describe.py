@@ -1,7 +1,7 @@
 """A run in words: formatted numbers and the summary rows shared by reports and comparisons.
 
-`summary_rows(run)` is the run's summary table: what was trained (dataset, model,
-optimizer, duration), how well (test and train accuracy and loss), how fast
+`summary_rows(run)` is the run's summary table: what was trained (dataset, model in its
+family's own words, optimizer, duration), how well (test and train accuracy and loss), how fast
 (compile, training, evaluation time and throughput, compile kept apart), where
 (backend, device, host, versions) and how to run it again (the command). Each
 row also carries the number a comparison ranks, when there is one.
@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import math
 
+from jaxmnist import config as config_lib
+from jaxmnist.data import DATASETS
+from jaxmnist.errors import ConfigError
+from jaxmnist.models import get_model
 from jaxmnist.report.rundata import RunData
 
 DASH = "—"
@@ -35,8 +39,6 @@ def secs(x) -> str:
 
 def dataset_title(name: str) -> str:
     """ "mnist" -> "MNIST"; a dataset jaxmnist does not know keeps its name."""
-    from jaxmnist.data import DATASETS
-
     spec = DATASETS.get(name)
     return spec.display_name if spec is not None else str(name)
 
@@ -50,6 +52,20 @@ def flatten(cfg: dict, prefix: str = "") -> dict[str, object]:
         else:
             out[f"{prefix}{k}"] = v
     return out
+
+
+def model_text(m: dict) -> str:
+    """e.g. "mlp in → 256 → out, relu, compute float32": the family's `describe` of the
+    run's model section, then the common fields. A family not registered here (or a
+    section this version cannot read) is described by its name and `hidden` sizes."""
+    try:
+        model_cfg = config_lib.from_dict({"model": m}).model
+        network = get_model(model_cfg.name).describe(model_cfg)
+    except ConfigError:
+        network = f"{m.get('name')} " + " → ".join(
+            map(str, ["in", *(m.get("hidden") or []), "out"])
+        )
+    return f"{network}, {m.get('activation')}, compute {m.get('dtype')}"
 
 
 def optimizer_text(o: dict, total_steps) -> str:
@@ -86,7 +102,6 @@ def summary_rows(run: RunData) -> list[tuple[str, str, float | None]]:
     c, s, e = run.config, run.summary, run.environment
     m, t = c.get("model", {}), c.get("train", {})
     dataset = dataset_title(s.get("dataset", c.get("data", {}).get("dataset")))
-    layers = " → ".join(map(str, ["in", *(m.get("hidden") or []), "out"]))
     train_note = "full training set" if t.get("eval_train", True) else "running batch accuracy"
     versions = ", ".join(
         f"{k} {e[k]}" for k in ("jaxmnist", "jax", "jaxlib", "optax", "numpy", "python") if e.get(k)
@@ -99,11 +114,7 @@ def summary_rows(run: RunData) -> list[tuple[str, str, float | None]]:
     return [
         ("Dataset", f"{dataset} ({s.get('num_test_examples', 0):,} test examples)", None),
         ("Data source", e.get("source", DASH), None),
-        (
-            "Model",
-            f"{m.get('name')} {layers}, {m.get('activation')}, compute {m.get('dtype')}",
-            None,
-        ),
+        ("Model", model_text(m), None),
         ("Parameters", f"{s.get('num_params', 0):,}", s.get("num_params")),
         ("Optimizer", optimizer_text(c.get("optimizer", {}), s.get("steps")), None),
         ("Batch size", str(t.get("batch_size", DASH)), None),

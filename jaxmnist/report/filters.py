@@ -1,34 +1,33 @@
 """The first convolution layer's filters, read from params.npz and drawn as a grid.
 
-A CNN's first layer is the one whose weights can be looked at directly: each output
-channel is a k×k kernel applied to the image's pixels, and after training they show
-edge, stroke and blob detectors (or noise, if the layer learnt little). The figure is
-one tile per output channel, row by row, on a diverging colour map centred on 0 (blue
+A convolutional first layer is the one whose weights can be looked at directly: each
+output channel is a k×k kernel applied to the image's pixels, and after training they
+show edge, stroke and blob detectors (or noise, if the layer learnt little). The figure
+is one tile per output channel, row by row, on a diverging colour map centred on 0 (blue
 negative, red positive, white 0) with one scale for all tiles, so that their
-magnitudes compare. Runs of other model families have no such figure.
+magnitudes compare. Only families whose registry entry names such kernels
+(`Model.first_kernel`, the CNN's) have the figure.
 
-The weights are `['conv'][0]['w']` of params.npz (`rundir.save_params`): float32 (k, k,
-C_in, C_out), or (seeds, k, k, C_in, C_out) for a run of several seeds, of which the
-first seed's are shown. The MNIST family is grayscale (C_in = 1); with more input
-channels a tile shows their mean.
+The weights are the params.npz array (`rundir.save_params`) that `first_kernel` names,
+`['conv'][0]['w']` for the CNN: float32 (k, k, C_in, C_out), or (seeds, k, k, C_in,
+C_out) for a run of several seeds, of which the first seed's are shown. The MNIST family
+is grayscale (C_in = 1); with more input channels a tile shows their mean.
 """
 
 from __future__ import annotations
 
-import io
 import math
-import zipfile
-import zlib
 from pathlib import Path
 
+import jax
 import numpy as np
 from matplotlib.figure import Figure
 
-from jaxmnist.errors import JaxmnistError
+from jaxmnist.errors import CorruptRunError, NotARunError
+from jaxmnist.models import MODELS
 from jaxmnist.report.plots import new_figure, style
-from jaxmnist.runs import rundir
+from jaxmnist.runs.reader import open_run
 
-FIRST_KERNEL = "['conv'][0]['w']"  # the key `save_params` gives the first conv's weights
 COLUMNS = 8  # tiles per row
 CMAP = "RdBu_r"
 CELL_INCHES = 0.55  # one tile and its gap on the page
@@ -36,29 +35,29 @@ CELL_INCHES = 0.55  # one tile and its gap on the page
 
 def first_layer_filters(run_dir: str | Path, config: dict) -> np.ndarray | None:
     """float32 (C_out, k, k): the first conv layer's kernels (first seed), or None when
-    the run is not a CNN or has no params.npz. JaxmnistError (one line) if it is corrupt.
+    the run's family has none (or is not registered here) or the run saved no parameters.
+    The parameters are read by `runs.reader.open_run` (its errors, one line, when they
+    are corrupt).
 
     config: the run's config.json as a dict.
     """
-    if config.get("model", {}).get("name") != "cnn":
+    name = config.get("model", {}).get("name")
+    key = MODELS[name].first_kernel if isinstance(name, str) and name in MODELS else None
+    if key is None:
         return None
-    path = Path(run_dir) / rundir.PARAMS_FILE
-    if not path.exists():
+    try:
+        run = open_run(run_dir)
+    except NotARunError:  # no parameters saved: a report without the figure
         return None
-    try:  # from bytes: np.load leaks its file handle when the zip is bad
-        with np.load(io.BytesIO(path.read_bytes()), allow_pickle=False) as f:
-            w = np.asarray(f[FIRST_KERNEL], np.float32)
-    except KeyError:
-        raise JaxmnistError(f"{path}: corrupt (no array {FIRST_KERNEL} for a cnn)") from None
-    except (zipfile.BadZipFile, zlib.error, OSError, ValueError, EOFError) as e:
-        raise JaxmnistError(f"{path}: corrupt ({type(e).__name__}: {e})") from None
-    seeds = config.get("train", {}).get("seeds", 1)
-    if seeds > 1 and w.ndim == 5 and w.shape[0] == seeds:
-        w = w[0]  # stacked along a leading seed axis: the first seed's
+    params = {
+        jax.tree_util.keystr(k): v
+        for k, v in jax.tree_util.tree_leaves_with_path(run.member_params(0))
+    }
+    w = np.asarray(params[key], np.float32)
     if w.ndim != 4 or w.shape[0] != w.shape[1] or not np.isfinite(w).all():
-        raise JaxmnistError(
-            f"{path}: corrupt ({FIRST_KERNEL} has shape {w.shape}, not finite "
-            f"(k, k, C_in, C_out){' per seed' * (seeds > 1)})"
+        raise CorruptRunError(
+            f"{run_dir}: corrupt parameters ({key} has shape {w.shape} or is not finite; "
+            "expected finite (k, k, C_in, C_out))"
         )
     return np.moveaxis(w.mean(axis=2), -1, 0)
 

@@ -23,9 +23,11 @@ import pytest
 from jaxmnist import config as config_lib
 from jaxmnist.bench.timing import compile_count
 from jaxmnist.cli import main
+from jaxmnist.models import model_config
 from jaxmnist.runs import checkpoint
 from jaxmnist.training import parallel
-from jaxmnist.training.loop import Callback, train_population
+from jaxmnist.training.hooks import Callback
+from jaxmnist.training.loop import train_population
 from jaxmnist.training.population import seed_members
 
 RUNNER = Path(__file__).parents[1] / "run_tiny_cli.py"
@@ -78,9 +80,7 @@ def test_batch_norm_over_a_data_axis_normalises_by_the_whole_global_batch(tiny_d
     """Each device holds a quarter of every batch; the statistics must still be the
     global batch's (a per-device normalisation would train a different model)."""
     cfg = small_cfg("sgd", 0.05, steps=20)
-    model = dataclasses.replace(
-        cfg.model, name="cnn", channels=(4, 8), hidden=(16,), batch_norm=True
-    )
+    model = model_config("cnn", channels=(4, 8), hidden=(16,), batch_norm=True)
     cfg = dataclasses.replace(cfg, model=model)
     _, p1 = trained(cfg, tiny_dataset, parallel.build_layout(1))
     _, p4 = trained(cfg, tiny_dataset, parallel.build_layout(4))
