@@ -6,7 +6,6 @@ number can always be traced to the software and hardware that produced it.
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import sys
@@ -16,17 +15,16 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from jaxmnist import hostmem
+from jaxmnist import compile_cache, hostmem
 from jaxmnist.data.locate import default_cache_dir
-from jaxmnist.models import onednn
+from jaxmnist.data.registry import get_spec
+from jaxmnist.models import apply_uint8, get_model, onednn
 
 
 def enable_compilation_cache(directory: str | os.PathLike | None = None) -> Path | None:
     """Turns on JAX's persistent compilation cache, so a second identical run skips
     most of its compile time; None (and one warning) when it cannot be written, and
     the run goes on without it. See `jaxmnist.compile_cache`."""
-    from jaxmnist import compile_cache
-
     return compile_cache.enable(Path(directory) if directory else default_cache_dir() / "xla")
 
 
@@ -78,20 +76,20 @@ def placement_report(layout, cfg) -> dict:
     Places one parameter tree per `members` slot, a training batch, a stand-in
     for the training set and an evaluation batch exactly as a run would, runs the
     model on the batch, and reports each array's sharding spec and devices: the
-    codelab's device-placement check, for any mesh."""
-    from jaxmnist.models import apply_uint8, get_model
-
+    codelab's device-placement check, for any mesh. Shapes are those of the images and
+    classes of `cfg.data.dataset`."""
+    spec = get_spec(cfg.data.dataset)
     model = get_model(cfg.model.name)
-    members, batch = layout.members, cfg.train.batch_size
+    members, batch, shape = layout.members, cfg.train.batch_size, spec.image_shape
 
     def init(keys):
-        return jax.vmap(lambda k: model.init(k, cfg.model, (28, 28), 10))(keys)
+        return jax.vmap(lambda k: model.init(k, cfg.model, shape, spec.num_classes))(keys)
 
     keys = jax.random.split(jax.random.key(0), members)
     params = jax.jit(init, out_shardings=layout.by_member)(keys)
-    images = layout.put(np.zeros((batch, 28, 28), np.uint8), layout.batch)
-    train_set = layout.put(np.zeros((4 * batch, 28, 28), np.uint8), layout.replicated)
-    eval_set = layout.put(np.zeros((2, batch, 28, 28), np.uint8), layout.eval_batches)
+    images = layout.put(np.zeros((batch, *shape), np.uint8), layout.batch)
+    train_set = layout.put(np.zeros((4 * batch, *shape), np.uint8), layout.replicated)
+    eval_set = layout.put(np.zeros((2, batch, *shape), np.uint8), layout.eval_batches)
     forward = jax.vmap(lambda p, x: apply_uint8(p, x, cfg.model), in_axes=(0, None))
     logits = jax.jit(forward)(params, images)
 
@@ -113,21 +111,3 @@ def placement_report(layout, cfg) -> dict:
         "eval_batches": where(eval_set),
         "logits": where(logits),
     }
-
-
-def save_benchmark(path: Path, figures: dict, load_before: tuple) -> str:
-    """Writes a benchmark's `figures` to `path` as JSON with what every result keeps
-    beside them (the load average before and after, `environment()`); returns the
-    line that says where it ran and where the figures went."""
-    out = {
-        **figures,
-        "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
-        "environment": environment(),
-    }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=2) + "\n")
-    env, after = out["environment"], out["load_average"]["after"]
-    return (
-        f"{env['backend']} / {env['cpu_model']} ({env['cpu_count']} cores), jax {env['jax']}; "
-        f"load {load_before[0]:.1f} -> {after[0]:.1f}; written to {path}"
-    )

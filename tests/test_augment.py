@@ -97,6 +97,23 @@ def test_rotation_keeps_the_ink_roughly(images):
     assert np.all((ratio > 0.9) & (ratio < 1.1)), ratio
 
 
+@pytest.mark.parametrize(
+    "cfg",
+    [ON, ROTATE, dataclasses.replace(ROTATE, flip=True), dataclasses.replace(ON, flip=True)],
+    ids=["translate", "rotate", "rotate-flip", "translate-flip"],
+)
+def test_colour_images_move_every_channel_as_one(images, cfg):
+    """(B, H, W, C): each channel gets exactly the moves its image's key draws for a
+    one-channel batch, so the channels stay aligned."""
+    rgb = jnp.stack([images, 255 - images, images // 2], axis=-1)  # (8, 28, 28, 3)
+    out = np.asarray(augment(jax.random.key(8), rgb, cfg))
+    assert out.shape == rgb.shape and out.dtype == np.uint8
+    for c in range(3):
+        alone = augment(jax.random.key(8), rgb[..., c], cfg)
+        np.testing.assert_array_equal(out[..., c], alone)
+    assert not np.array_equal(out, rgb)
+
+
 def test_it_never_sees_labels():
     assert list(inspect.signature(augment_lib.augment).parameters) == ["key", "images", "cfg"]
 

@@ -13,8 +13,9 @@ from jaxmnist import config
 from jaxmnist.errors import ConfigError
 from jaxmnist.models import cnn, conv, onednn
 
-# (B, H, W, C_in, C_out, k): a first layer (one channel), a deeper one, odd sizes, k = 5.
-SHAPES = [(3, 8, 8, 1, 4, 3), (2, 7, 9, 5, 6, 3), (2, 6, 5, 3, 2, 5)]
+# (B, H, W, C_in, C_out, k): a first layer (one channel), a deeper one, odd sizes, k = 5,
+# and the first layer of RGB images.
+SHAPES = [(3, 8, 8, 1, 4, 3), (2, 7, 9, 5, 6, 3), (2, 6, 5, 3, 2, 5), (3, 8, 8, 3, 4, 3)]
 TOLERANCE = {"float32": 1e-5, "bfloat16": 3e-2}  # relative to the largest magnitude
 
 

@@ -2,7 +2,8 @@
 
 `load_dataset("mnist")` returns a `Dataset` of read-only uint8 arrays, every file
 checked against the SHA-256 of its uncompressed IDX content. Modules: `registry`
-(the facts about each dataset), `formats` (parsing and checks), `locate` (where
+(the facts about each dataset: image shape, classes, files, how a person's image is
+preprocessed), `formats` (parsing and checks), `locate` (where
 files may be), `download` (mirrors, retries, cache), `dataset` (this API) and
 `synthetic` (tiny valid datasets for tests).
 """

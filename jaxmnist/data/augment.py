@@ -1,6 +1,7 @@
 """Data augmentation on the device: a pure function of a key and a uint8 batch.
 
-`augment(key, images, cfg)` moves every image of a batch by its own random offset
+`augment(key, images, cfg)` moves every image of a batch (B, H, W), or (B, H, W, C)
+for images of several channels, by its own random offset
 (zero-padding by `max_shift` pixels and cropping back to the original size, the usual
 pad-and-random-crop), when `max_rotation` is set also turns it by a random angle, and
 with `flip` mirrors a random half of them left-right (for clothes, never for digits).
@@ -12,7 +13,8 @@ images unchanged, so a caller can always call it.
 
 Translations alone are an exact integer crop (a gather, about a copy of the batch).
 Rotations need interpolation: the whole move becomes one bilinear warp
-(`jax.scipy.ndimage.map_coordinates`), rounded back to uint8.
+(`jax.scipy.ndimage.map_coordinates`), rounded back to uint8. Every channel of an
+image moves with it, by the same offset, angle and flip.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from jax.scipy import ndimage
 
 
 def augment(key: jax.Array, images: jax.Array, cfg) -> jax.Array:
-    """images: uint8 (B, H, W) -> uint8 (B, H, W), each image moved at random.
+    """images: uint8 (B, H, W) or (B, H, W, C) -> the same shape, each image moved at random.
 
     cfg: DataConfig (`augment`, `max_shift` in pixels, `max_rotation` in degrees, `flip`).
     """
@@ -45,23 +47,24 @@ FLIP_STREAM = 0x666C6970  # fold_in data for the flips' key ("flip"), far from s
 
 
 def random_flip(key: jax.Array, images: jax.Array) -> jax.Array:
-    """Each image (B, H, W) mirrored left-right with probability 1/2."""
-    mirror = jax.random.bernoulli(key, 0.5, (images.shape[0], 1, 1))
+    """Each image of (B, H, W) or (B, H, W, C) mirrored left-right with probability 1/2."""
+    mirror = jax.random.bernoulli(key, 0.5, (images.shape[0],) + (1,) * (images.ndim - 1))
     return jnp.where(mirror, images[:, :, ::-1], images)
 
 
 def random_translate(key: jax.Array, images: jax.Array, max_shift: int) -> jax.Array:
     """Pad by `max_shift` zeros, crop each image back at its own random offset.
 
-    images (B, H, W), any dtype -> same; offsets uniform in [-max_shift, max_shift]².
+    images (B, H, W) or (B, H, W, C), any dtype -> same; offsets uniform in
+    [-max_shift, max_shift]².
     """
-    b, h, w = images.shape
+    b, h, w, *c = images.shape
     s = max_shift
-    padded = jnp.pad(images, ((0, 0), (s, s), (s, s)))
+    padded = jnp.pad(images, ((0, 0), (s, s), (s, s), *((0, 0),) * len(c)))
     corners = jax.random.randint(key, (b, 2), 0, 2 * s + 1)
 
     def crop(image, corner):
-        return lax.dynamic_slice(image, (corner[0], corner[1]), (h, w))
+        return lax.dynamic_slice(image, (corner[0], corner[1], *(0,) * len(c)), (h, w, *c))
 
     return jax.vmap(crop)(padded, corners)
 
@@ -71,8 +74,8 @@ def random_warp(
 ) -> jax.Array:
     """A random rotation about the centre (uniform in ±`max_rotation` degrees) and an
     integer shift (uniform in ±`max_shift`) per image, as one bilinear warp with zero
-    fill. images uint8 (B, H, W) -> uint8 (B, H, W)."""
-    b, h, w = images.shape
+    fill. images uint8 (B, H, W) or (B, H, W, C) -> the same shape."""
+    b, h, w = images.shape[:3]
     k_angle, k_shift = jax.random.split(key)
     limit = math.radians(max_rotation)
     angles = jax.random.uniform(k_angle, (b,), jnp.float32, -limit, limit)
@@ -86,7 +89,12 @@ def random_warp(
         y, x = rows - cy - shift[0], cols - cx - shift[1]
         cos, sin = jnp.cos(angle), jnp.sin(angle)
         src = [cos * y + sin * x + cy, -sin * y + cos * x + cx]
-        return ndimage.map_coordinates(image.astype(jnp.float32), src, order=1, cval=0.0)
+
+        def plane(p):
+            return ndimage.map_coordinates(p.astype(jnp.float32), src, order=1, cval=0.0)
+
+        # Several channels: each is warped by the same coordinates.
+        return plane(image) if image.ndim == 2 else jax.vmap(plane, -1, -1)(image)
 
     out = jax.vmap(warp)(images, angles, shifts)
     return jnp.clip(jnp.round(out), 0, 255).astype(jnp.uint8)

@@ -39,10 +39,10 @@ class Dataset:
     """One dataset in host memory; arrays are uint8 and read-only."""
 
     spec: DatasetSpec
-    train_images: np.ndarray  # (60000, 28, 28) uint8
-    train_labels: np.ndarray  # (60000,) uint8
-    test_images: np.ndarray  # (10000, 28, 28) uint8
-    test_labels: np.ndarray  # (10000,) uint8
+    train_images: np.ndarray  # (N, *spec.image_shape) uint8: (N, H, W) or (N, H, W, C)
+    train_labels: np.ndarray  # (N,) uint8
+    test_images: np.ndarray  # (M, *spec.image_shape) uint8
+    test_labels: np.ndarray  # (M,) uint8
     source: str  # human-readable: the folder or file it was read from, and any download
     folder: Path | None = None  # the dataset folder it was read from (None: not from files)
 
@@ -94,7 +94,7 @@ def load_dataset(
     sources: list[str] | tuple[str, ...] | None = None,
     policy: DownloadPolicy | None = None,
 ) -> Dataset:
-    """Load dataset `name` ("mnist", "fashion_mnist", or a `DatasetSpec`), verified.
+    """Load dataset `name` (a name in `DATASETS`, or a `DatasetSpec`), verified.
 
     Looks in `data_dir` (else `$JAXMNIST_DATA_DIR`), the cache, then the system
     folder; if none has it and `download` is true, downloads into the cache
@@ -190,6 +190,8 @@ def dataset_info(
         "num_classes": spec.num_classes,
         "class_names": list(spec.class_names),
         "image_shape": list(spec.image_shape),
+        "channels": spec.channels,
+        "preprocessing": spec.preprocessing,
         "train_size": spec.train_size,
         "test_size": spec.test_size,
         "files": {f.name: f.sha256 for f in spec.files},

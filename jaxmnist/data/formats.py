@@ -134,7 +134,8 @@ def read_idx_bytes(path: Path, max_size: int, label: object = None) -> bytes:
 def parse_idx(data: bytes, *, ndim: int, source: object) -> np.ndarray:
     """The uint8 array in IDX `data`, a read-only view (no copy).
 
-    `ndim` is 3 for images (magic 0x00000803) and 1 for labels (0x00000801).
+    `ndim` is 1 for labels (magic 0x00000801), 3 for one-channel images (N, H, W)
+    (0x00000803) and 4 for images of several channels (N, H, W, C) (0x00000804).
     The header is checked against the data length before anything is allocated.
     """
     want = f"0x{(IDX_UBYTE << 8) | ndim:08x}"
@@ -241,7 +242,7 @@ def load_idx_files(
 ) -> tuple[dict[str, np.ndarray], list[FileReport]]:
     """Read and fully verify the four IDX files `paths[role]` for `spec`.
 
-    Returns the arrays by role (uint8, read-only; images (N, 28, 28), labels (N,))
+    Returns the arrays by role (uint8, read-only; images (N, *spec.image_shape), labels (N,))
     and one `FileReport` per file. Raises `DataError` on the first problem; the
     image/label count agreement is checked before the per-file checks.
     """

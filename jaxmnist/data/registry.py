@@ -1,8 +1,11 @@
 """What each dataset is: sizes, class names, file names, checksums and sources.
 
 This module owns the facts, not the code that uses them. A dataset is one frozen
-`DatasetSpec` in `DATASETS`; KMNIST or EMNIST join by adding one entry here (the
-loader, downloader and CLI read everything they need from the spec).
+`DatasetSpec` in `DATASETS`; KMNIST, EMNIST or a colour dataset join by adding one
+entry here: the loader, downloader and CLI, the models' input shape, augmentation,
+the preprocessing of a person's image (`preprocessing`), predict, serve and export
+read everything they need from the spec. Images stay as the files hold them: (N, H, W)
+for one channel, (N, H, W, C) for more (IDX files of 4 dimensions).
 
 Checksums are SHA-256 of the *uncompressed* IDX bytes (16- or 8-byte header plus
 payload), from ../shared/datasets/README.md. Gzip output differs between
@@ -29,6 +32,11 @@ NPZ_KEYS = {
 }
 """Keras npz layout: array name inside the .npz for each role."""
 
+PREPROCESSINGS = ("mnist", "fashion", "none")
+"""How a person's image is made into a model input (`jaxmnist.use.preprocess`): "mnist"
+(ink centred by mass in a box of 20/28 of the field, as MNIST's digits), "fashion"
+(trimmed and scaled to fill the field, as Fashion-MNIST's products), "none" (resized)."""
+
 
 @dataclass(frozen=True)
 class IdxFile:
@@ -43,16 +51,22 @@ class IdxFile:
 class DatasetSpec:
     """Everything jaxmnist knows about one dataset, before any file is read.
 
-    `sources` are tried in order when downloading. An entry ending in `.npz` is the
-    URL of a Keras-layout npz holding all four arrays; any other entry is a base URL
-    (ending in `/`) serving the four IDX files as `<base><file name>.gz`.
+    An image is `height` x `width` pixels of `channels` uint8 values; `image_shape` is
+    (H, W) for one channel and (H, W, C) for more, the shape of one image in the arrays.
+    `preprocessing` (one of `PREPROCESSINGS`) says how a person's image is made like
+    this dataset's. `sources` are tried in order when downloading. An entry ending in
+    `.npz` is the URL of a Keras-layout npz holding all four arrays; any other entry is a
+    base URL (ending in `/`) serving the four IDX files as `<base><file name>.gz`.
     """
 
     name: str  # the CLI / config name, e.g. "fashion_mnist"
     folder: str  # on-disk folder under a data root, e.g. "fashion-mnist"
     display_name: str
     class_names: tuple[str, ...]
-    image_shape: tuple[int, int]
+    height: int
+    width: int
+    channels: int  # 1: grayscale, arrays (N, H, W); 3: RGB, arrays (N, H, W, 3)
+    preprocessing: str  # one of PREPROCESSINGS
     train_size: int
     test_size: int
     files: tuple[IdxFile, ...]  # one per role, in ROLES order
@@ -60,9 +74,32 @@ class DatasetSpec:
     npz_name: str | None = None  # file name of the npz copy in a data folder, if any
     system_package: str | None = None  # Debian/Ubuntu package shipping the .gz files
 
+    def __post_init__(self):
+        # A wrong entry is a bug in the registry (or a test's spec): fail where it is made.
+        if self.preprocessing not in PREPROCESSINGS:
+            raise ValueError(
+                f"{self.name}: preprocessing {self.preprocessing!r}, "
+                f"expected one of {', '.join(PREPROCESSINGS)}"
+            )
+        if min(self.height, self.width, self.channels) < 1 or len(self.class_names) < 2:
+            raise ValueError(f"{self.name}: needs positive sizes and at least two classes")
+
     @property
     def num_classes(self) -> int:
         return len(self.class_names)
+
+    @property
+    def image_shape(self) -> tuple[int, ...]:
+        """One image's shape in the arrays: (H, W) for one channel, (H, W, C) for more."""
+        hw = (self.height, self.width)
+        return hw if self.channels == 1 else (*hw, self.channels)
+
+    def describe_shape(self) -> str:
+        """One image's size in words: "28x28", "32x32 RGB", "32x32x4"."""
+        hw = f"{self.height}x{self.width}"
+        if self.channels == 1:
+            return hw
+        return f"{hw} RGB" if self.channels == 3 else f"{hw}x{self.channels}"
 
     def file(self, role: str) -> IdxFile:
         """The IDX file holding `role` (one of `ROLES`)."""
@@ -75,7 +112,7 @@ class DatasetSpec:
         return self.train_size if role.startswith("train") else self.test_size
 
     def array_shape(self, role: str) -> tuple[int, ...]:
-        """Shape of the uint8 array for `role`, e.g. (60000, 28, 28) or (60000,)."""
+        """Shape of the uint8 array for `role`: (N, *image_shape) or (N,)."""
         n = self.num_examples(role)
         return (n, *self.image_shape) if role.endswith("images") else (n,)
 
@@ -87,14 +124,16 @@ class DatasetSpec:
         return dataclasses.replace(self, files=files)
 
 
-def _idx_files(sha256s: tuple[str, str, str, str]) -> tuple[IdxFile, ...]:
+def idx_files(sha256s: tuple[str, ...], image_dims: int = 3) -> tuple[IdxFile, ...]:
+    """The four IDX files by MNIST's names; images of `image_dims` dimensions (4 for
+    (N, H, W, C)) are named `idx<image_dims>` as the format's convention has it."""
     names = (
-        "train-images-idx3-ubyte",
+        f"train-images-idx{image_dims}-ubyte",
         "train-labels-idx1-ubyte",
-        "t10k-images-idx3-ubyte",
+        f"t10k-images-idx{image_dims}-ubyte",
         "t10k-labels-idx1-ubyte",
     )
-    return tuple(IdxFile(r, n, h) for r, n, h in zip(ROLES, names, sha256s))
+    return tuple(IdxFile(r, n, h) for r, n, h in zip(ROLES, names, sha256s, strict=True))
 
 
 MNIST = DatasetSpec(
@@ -102,10 +141,13 @@ MNIST = DatasetSpec(
     folder="mnist",
     display_name="MNIST",
     class_names=tuple(str(d) for d in range(10)),
-    image_shape=(28, 28),
+    height=28,
+    width=28,
+    channels=1,
+    preprocessing="mnist",
     train_size=60_000,
     test_size=10_000,
-    files=_idx_files(
+    files=idx_files(
         (
             "ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db",
             "65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5",
@@ -142,10 +184,13 @@ FASHION_MNIST = DatasetSpec(
         "Bag",
         "Ankle boot",
     ),
-    image_shape=(28, 28),
+    height=28,
+    width=28,
+    channels=1,
+    preprocessing="fashion",
     train_size=60_000,
     test_size=10_000,
-    files=_idx_files(
+    files=idx_files(
         (
             "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888",
             "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9",

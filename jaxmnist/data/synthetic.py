@@ -1,12 +1,14 @@
-"""Tiny, valid MNIST-shaped datasets for tests: arrays, IDX/npz bytes, and a spec.
+"""Tiny, valid datasets for tests: arrays, IDX/npz bytes, and a spec.
 
 A test that needs the loader or downloader to accept its files builds a spec
-whose checksums match them: `tiny_spec(arrays)` is MNIST with the sizes and
-SHA-256s of `arrays`, so every real check still runs, on kilobytes.
+whose checksums match them: `tiny_spec(arrays)` is MNIST with the sizes, image
+shape and SHA-256s of `arrays`, so every real check still runs, on kilobytes.
+Other shapes are one argument away: `tiny_arrays(image_shape=(32, 32), channels=3,
+num_classes=5)` and `tiny_spec(arrays, class_names=...)` make a colour dataset.
 
     arrays = tiny_arrays()
     spec = tiny_spec(arrays)
-    write_idx_folder(tmp_path / spec.folder, arrays)
+    write_idx_folder(tmp_path / spec.folder, arrays, spec)
     ds = load_dataset(spec, tmp_path, download=False)
 """
 
@@ -21,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from jaxmnist.data.formats import idx_header
-from jaxmnist.data.registry import MNIST, NPZ_KEYS, ROLES, DatasetSpec
+from jaxmnist.data.registry import MNIST, NPZ_KEYS, ROLES, DatasetSpec, idx_files
 
 
 def tiny_arrays(
@@ -29,16 +31,19 @@ def tiny_arrays(
     test_size: int = 4,
     *,
     seed: int = 0,
-    image_shape: tuple[int, int] = (28, 28),
-    num_classes: int = 10,
+    image_shape: tuple[int, int] = MNIST.image_shape,
+    channels: int = 1,
+    num_classes: int = MNIST.num_classes,
 ) -> dict[str, np.ndarray]:
-    """Random uint8 arrays by role: images (N, *image_shape), labels (N,) < num_classes."""
+    """Random uint8 arrays by role: images (N, H, W), or (N, H, W, channels) for more than
+    one channel, with (H, W) = `image_shape`; labels (N,) < num_classes."""
     rng = np.random.default_rng(seed)
+    shape = tuple(image_shape) if channels == 1 else (*image_shape, channels)
     out = {}
     for role in ROLES:
         n = train_size if role.startswith("train") else test_size
         if role.endswith("images"):
-            out[role] = rng.integers(0, 256, (n, *image_shape), dtype=np.uint8)
+            out[role] = rng.integers(0, 256, (n, *shape), dtype=np.uint8)
         else:
             out[role] = rng.integers(0, num_classes, n, dtype=np.uint8)
     return out
@@ -55,15 +60,26 @@ def tiny_spec(
     *,
     name: str = "tiny",
     sources: tuple[str, ...] = (),
+    class_names: tuple[str, ...] | None = None,
+    preprocessing: str | None = None,
 ) -> DatasetSpec:
-    """`base` with the sizes and IDX checksums of `arrays`, folder `name`."""
+    """`base` with the sizes, image shape and IDX checksums of `arrays`, folder `name`;
+    `class_names` and `preprocessing` replace the base's when given."""
+    images = arrays["train_images"]
+    height, width, *channels = images.shape[1:]
     spec = dataclasses.replace(
         base,
         name=name,
         folder=name,
         display_name=f"tiny {base.display_name}",
-        train_size=len(arrays["train_images"]),
+        height=height,
+        width=width,
+        channels=channels[0] if channels else 1,
+        class_names=base.class_names if class_names is None else tuple(class_names),
+        preprocessing=preprocessing or base.preprocessing,
+        train_size=len(images),
         test_size=len(arrays["test_images"]),
+        files=idx_files(tuple(f.sha256 for f in base.files), images.ndim),
         sources=tuple(sources),
     )
     return spec.with_checksums(

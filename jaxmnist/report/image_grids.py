@@ -1,8 +1,9 @@
 """Image-grid figures: one example per class, a grid of predictions, the most confident mistakes.
 
 These are the figures the tutorials draw in a notebook to "look at your data"
-and at what the model does with it. Images are uint8 (N, H, W) shown with their
-true pixel values (0 black, 255 white) and no smoothing. Titles carry the class
+and at what the model does with it. Images are uint8 (N, H, W), or (N, H, W, 3) in
+colour, shown with their true pixel values (0 black, 255 white) and no smoothing;
+images of other channel counts show each pixel's mean over its channels. Titles carry the class
 names; a prediction's title is green when right and red when wrong, and says how
 sure the model was, so a confident mistake stands out from a coin toss.
 """
@@ -14,7 +15,8 @@ import math
 import numpy as np
 from matplotlib.figure import Figure
 
-from jaxmnist.report.plots import BAD, GOOD, new_figure, style
+from jaxmnist.report.plots import BAD, GOOD, new_figure, style, to_png
+from jaxmnist.report.predictions import class_examples as first_of_each_class
 from jaxmnist.use import preprocess
 
 CELL_INCHES = 1.5  # width of one image and its gap on the page
@@ -35,14 +37,16 @@ def _montage(
     axes costs several times more than the figure's content.
     """
     images = preprocess.as_model_input(images)  # the pixels exactly as the model gets them
-    n, h, w = images.shape
+    if images.ndim == 4 and images.shape[-1] != 3:  # not RGB: one gray level per pixel
+        images = np.round(images.mean(axis=-1)).astype(np.uint8)
+    n, h, w = images.shape[:3]
     cols = max(1, min(cols, n))
     rows = max(1, math.ceil(n / cols))
     gap = max(2, w // 7)
     scale = CELL_INCHES / (w + gap)  # inches per image pixel
     text_h = math.ceil(title_lines * fontsize * 1.3 / 72 / scale) + 1
     cell_h, cell_w = h + text_h + gap, w + gap
-    canvas = np.full((rows * cell_h, cols * cell_w), 255, np.uint8)
+    canvas = np.full((rows * cell_h, cols * cell_w, *images.shape[3:]), 255, np.uint8)
     for k, image in enumerate(images):
         r, c = divmod(k, cols)
         y, x = r * cell_h + text_h, c * cell_w + gap // 2
@@ -53,7 +57,8 @@ def _montage(
         fig = new_figure(width, height + head, layout=None)
         ax = fig.add_axes((0, 0, 1, height / (height + head)))
         ax.set_axis_off()
-        ax.imshow(canvas, cmap="gray", vmin=0, vmax=255, interpolation="nearest", aspect="equal")
+        gray = {"cmap": "gray", "vmin": 0, "vmax": 255} if canvas.ndim == 2 else {}
+        ax.imshow(canvas, interpolation="nearest", aspect="equal", **gray)
         for k, (text, color) in enumerate(zip(titles, colors)):
             r, c = divmod(k, cols)
             ax.text(
@@ -80,7 +85,7 @@ def class_examples(
 ) -> Figure:
     """One image per class, each titled with its class name (a 2x5 grid for 10 classes).
 
-    images: uint8 (K, H, W), one per class, in class order; labels: int (K,).
+    images: uint8 (K, H, W) or (K, H, W, C), one per class, in class order; labels: int (K,).
     """
     titles = [class_names[int(label)] for label in labels]
     return _montage(images, titles, ["black"] * len(titles), cols, 1, 9.5, title)
@@ -96,7 +101,7 @@ def prediction_grid(
 ) -> Figure:
     """Images with the predicted class and its probability, and the true class.
 
-    images: uint8 (K, H, W); labels: int (K,); probs: float (K, C). Green title:
+    images: uint8 (K, H, W) or (K, H, W, C); labels: int (K,); probs: float (K, C). Green title:
     right; red: wrong.
     """
     predicted = probs.argmax(-1)
@@ -128,9 +133,6 @@ def confident_mistakes(
 
 def dataset_examples_png(dataset, split: str = "train") -> bytes:
     """PNG of the first `split` image of each class of a `jaxmnist.data.Dataset`."""
-    from jaxmnist.report.plots import to_png
-    from jaxmnist.report.predictions import class_examples as first_of_each_class
-
     images = dataset.train_images if split == "train" else dataset.test_images
     labels = dataset.train_labels if split == "train" else dataset.test_labels
     idx = first_of_each_class(np.asarray(labels), len(dataset.spec.class_names))

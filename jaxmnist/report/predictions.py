@@ -8,7 +8,7 @@ the dataset at hand: a run directory copied off a TPU VM reports on a laptop.
     probs          float32 (N, C)   softmax probabilities, test set in file order
     labels         uint8   (N,)     true classes
     sample_index   int32   (K,)     test indices whose images are kept
-    sample_images  uint8   (K, H, W)
+    sample_images  uint8   (K, H, W), or (K, H, W, C) for images of several channels
 
 This module does not import matplotlib: training calls it.
 """
@@ -36,7 +36,7 @@ class Predictions(NamedTuple):
     probs: np.ndarray  # float32 (N, C)
     labels: np.ndarray  # uint8 (N,)
     sample_index: np.ndarray  # int32 (K,), sorted, unique
-    sample_images: np.ndarray  # uint8 (K, H, W)
+    sample_images: np.ndarray  # uint8 (K, H, W) or (K, H, W, C)
 
     @property
     def predicted(self) -> np.ndarray:
@@ -44,7 +44,8 @@ class Predictions(NamedTuple):
         return self.probs.argmax(-1)
 
     def images(self, index) -> np.ndarray:
-        """uint8 (len(index), H, W) images of test examples `index` (all must be sampled)."""
+        """uint8 (len(index), H, W) or (len(index), H, W, C) images of test examples `index`
+        (all must be sampled)."""
         pos = np.searchsorted(self.sample_index, index)
         return self.sample_images[pos]
 
@@ -83,8 +84,8 @@ def sample_indices(probs: np.ndarray, labels: np.ndarray) -> np.ndarray:
 def save_test_predictions(run_dir: str | os.PathLike, probs, labels, images) -> Path:
     """Writes test_predictions.npz into `run_dir` atomically; returns its path.
 
-    probs: float (N, C); labels: int (N,); images: uint8 (N, H, W) or (N, H*W)
-    square images, of which only the sampled ones are kept.
+    probs: float (N, C); labels: int (N,); images: uint8 (N, H, W), (N, H, W, C), or
+    (N, H*W) square images, of which only the sampled ones are kept.
     """
     probs = np.asarray(probs, np.float32)
     labels = np.asarray(labels).astype(np.uint8)
@@ -129,7 +130,7 @@ def load_test_predictions(run_dir: str | os.PathLike) -> Predictions:
         and n > 0
         and p.probs.dtype.kind == "f"
         and p.labels.ndim == 1
-        and p.sample_images.ndim == 3
+        and p.sample_images.ndim in (3, 4)
         and p.sample_index.shape == (len(p.sample_images),)
         and np.all(np.diff(p.sample_index) > 0)
         and (len(p.sample_index) == 0 or (p.sample_index[0] >= 0 and p.sample_index[-1] < n))

@@ -29,13 +29,13 @@ from starlette.responses import FileResponse, JSONResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from jaxmnist.data.registry import DatasetSpec, get_spec
 from jaxmnist.errors import DataError
 from jaxmnist.use import preprocess
 from jaxmnist.use.predict import TrainedModel, compile_predict, top_k
 
 MAX_BODY_BYTES = 2 * 1024 * 1024
 STATIC = Path(__file__).parent / "static"
-HANDWRITTEN = ("mnist",)  # datasets whose classes a person can draw on the canvas
 CSP = (
     b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
     b"connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
@@ -59,7 +59,7 @@ class Engine:
         self._predict(np.zeros((1, *model.image_shape), np.uint8))  # first call allocates
 
     def __call__(self, image_u8: np.ndarray) -> np.ndarray:
-        """Probabilities float32 (C,) for one uint8 (28, 28) image."""
+        """Probabilities float32 (C,) for one uint8 image of the model's input shape."""
         with self._lock:
             return self._predict(image_u8[None])[0]
 
@@ -98,26 +98,29 @@ async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
 
 
 def parse_input(
-    body: bytes, content_type: str, preprocess_image: bool, dataset: str = "mnist"
+    body: bytes, content_type: str, preprocess_image: bool, dataset: str | DatasetSpec = "mnist"
 ) -> np.ndarray:
-    """uint8 (28, 28) from a request body: image file bytes (made like `dataset`'s), or JSON
-    `{"image": 28x28 numbers}` (integers 0..255, or floats in [0, 1], white ink on
-    black, used as is). DataError for anything else."""
+    """uint8 `spec.image_shape` from a request body: image file bytes (made like `dataset`'s
+    images, as `predict` makes them), or JSON `{"image": H x W (x C) numbers}` (integers
+    0..255, or floats in [0, 1], as the dataset's images are, used as is). DataError for
+    anything else."""
+    spec = get_spec(dataset)
+    dims = "x".join(map(str, spec.image_shape))
     if content_type.split(";")[0].strip().lower() == "application/json":
         try:
             payload = json.loads(body)
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise DataError(f"body is not valid JSON ({e})") from None
         if not isinstance(payload, dict) or "image" not in payload:
-            raise DataError('JSON body must be an object {"image": [[...28 numbers] x 28]}')
+            raise DataError(f'JSON body must be an object {{"image": {dims} numbers}}')
         try:
             array = np.asarray(payload["image"])
         except (ValueError, TypeError):
-            raise DataError("image must be a 28x28 array of numbers") from None
-        if array.ndim != 2:
-            raise DataError(f"image must be a 28x28 array, not shape {array.shape}")
-        return preprocess.as_model_input(array, "image")[0]
-    return preprocess.image_to_model_input(body, "image", preprocess_image, dataset)
+            raise DataError(f"image must be a {dims} array of numbers") from None
+        if array.ndim != len(spec.image_shape):
+            raise DataError(f"image must be a {dims} array, not shape {array.shape}")
+        return preprocess.as_model_input(array, "image", spec.image_shape)[0]
+    return preprocess.image_to_model_input(body, "image", preprocess_image, spec)
 
 
 def create_app(
@@ -129,9 +132,16 @@ def create_app(
     loopback server through a DNS name it controls); ("*",) accepts any.
     """
     engine = Engine(model)
+    spec = get_spec(model.dataset)
     info = {
         **model.info(),
-        "handwritten": model.dataset in HANDWRITTEN,
+        "height": spec.height,
+        "width": spec.width,
+        "channels": spec.channels,
+        "image_size": spec.describe_shape(),
+        "preprocessing": spec.preprocessing,
+        # Digits and letters can be drawn on the page's pad; other classes come as photos.
+        "handwritten": spec.preprocessing == "mnist",
         "max_body_bytes": MAX_BODY_BYTES,
     }
 
@@ -152,7 +162,7 @@ def create_app(
         content_type = request.headers.get("content-type", "application/octet-stream")
 
         def answer():  # one trip to the thread pool per request: decode, then the model
-            image = parse_input(body, content_type, flag in ("true", "1"), model.dataset)
+            image = parse_input(body, content_type, flag in ("true", "1"), spec)
             return image, engine(image)
 
         try:

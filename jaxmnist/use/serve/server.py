@@ -52,7 +52,7 @@ def make_server(model: TrainedModel, sock: socket.socket, host: str):
     """A uvicorn.Server for `model` on the bound `sock` (the model compiles here)."""
     import uvicorn
 
-    from jaxmnist.use.serve.app import create_app
+    from jaxmnist.use.serve.app import create_app  # optional extra: serve (starlette)
 
     hosts = ("127.0.0.1", "localhost", "[::1]") if host in LOOPBACK else ("*",)
     config = uvicorn.Config(

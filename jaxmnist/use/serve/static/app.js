@@ -3,7 +3,9 @@
 // a change made meanwhile is sent when the answer arrives. Clear and uploads start a
 // new generation: answers to older requests are dropped, never shown over the new
 // state. body.dataset.state is "busy" while anything is outstanding, "idle" when the
-// shown answer is current.
+// shown answer is current. Sizes, channels and class names come from /api/model (the
+// model's dataset); whatever the pad's size, the server makes what it sends into the
+// model's input, as `jaxmnist predict` does, and the answer shows that input.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -32,7 +34,7 @@ function clearPad() {
   ctx.fillStyle = "#fff";
   ctx.fillRect(0, 0, pad.width, pad.height);
   seen.fillStyle = "#000";
-  seen.fillRect(0, 0, 28, 28);
+  seen.fillRect(0, 0, model.width, model.height);
   showProbabilities(null);
   setStatus("");
 }
@@ -77,16 +79,33 @@ function showProbabilities(result) {
   if (result) showSeen(result.input);
 }
 
+// rows: height x width gray values, or height x width x channels (RGB: the first three).
 function showSeen(rows) {
-  const image = seen.createImageData(28, 28);
+  const image = seen.createImageData(model.width, model.height);
   rows.forEach((row, y) =>
     row.forEach((v, x) => {
-      const k = 4 * (28 * y + x);
-      image.data[k] = image.data[k + 1] = image.data[k + 2] = v;
+      const k = 4 * (model.width * y + x);
+      const [r, g, b] = Array.isArray(v) ? (v.length >= 3 ? v : [v[0], v[0], v[0]]) : [v, v, v];
+      image.data[k] = r;
+      image.data[k + 1] = g;
+      image.data[k + 2] = b;
       image.data[k + 3] = 255;
     }),
   );
   seen.putImageData(image, 0, 0);
+}
+
+function setUpSeen() {
+  const canvas = $("seen");
+  canvas.width = model.width;
+  canvas.height = model.height;
+  // The shown image keeps the input's proportions: its longer side is the CSS size.
+  const longer = Math.max(model.width, model.height);
+  canvas.style.width = `${(112 * model.width) / longer}px`;
+  canvas.style.height = `${(112 * model.height) / longer}px`;
+  const size = model.image_size;
+  canvas.setAttribute("aria-label", `The ${size} image the model saw`);
+  $("seen-caption").textContent = `What the model saw (${size.replace(/x/g, "×")})`;
 }
 
 async function send(body, type) {
@@ -219,12 +238,14 @@ async function start() {
     model.seeds_in_run > 1 ? ` (seed ${model.seed}, the first of ${model.seeds_in_run})` : "";
   $("model").textContent = `${model.model} trained on ${model.display_name}${seeds}${accuracy}`;
   buildBars();
+  setUpSeen();
   if (model.handwritten) {
     $("draw").hidden = false;
     setUpPad();
     setUpDrop(pad);
   } else {
-    // Drawing clothes with a mouse would not look like Fashion-MNIST: ask for photos.
+    // Drawing clothes (or anything not handwritten) with a mouse would not look like the
+    // dataset's images: ask for photos.
     $("drop").hidden = false;
     $("drop-text").textContent =
       `This model knows ${model.display_name}: ${model.class_names.join(", ")}. ` +
