@@ -2,17 +2,18 @@
 
 Two measurements, each side by side with its windows interleaved (A B C A B C ...):
 
-1. One batch-norm layer, forward and backward, on the speedrun's first block output
-   (512 x 28 x 28 x 16 float32): the conv bias alone (what the layer replaces), the
-   formula differentiated by JAX, and the CNN's written-out gradient (`cnn._normalise`).
-2. The `speedrun` preset's whole training step (batch 512, real MNIST when
+1. One batch-norm layer, forward and backward, on the reference CNN's first block
+   output at batch 512 (512 x 28 x 28 x 16 float32): the conv bias alone (what the layer
+   replaces), the formula differentiated by JAX, and the CNN's written-out gradient
+   (`cnn._normalise`).
+2. The `speedrun` preset's whole training step (at its batch size, real MNIST when
    JAXMNIST_DATA_DIR has it, else random images of the same shape) with
    `model.batch_norm` false and true: ms per step and the ratio.
 
 Whether batch norm earns its keep is accuracy per second: (2) is the second's part; the
 README gives the accuracy part from training runs.
 
-Usage: python benchmarks/batch_norm_cost.py [--windows 10]
+Usage: python benchmarks/batch_norm_cost.py [--windows 10] [--smoke]
 Prints a table and writes JSON (`--out`, default benchmarks/results/batch_norm_cost.json).
 """
 
@@ -28,8 +29,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmnist import config as config_lib
-from jaxmnist import optim, runtime
+from jaxmnist import optim
+from jaxmnist.bench.run import synthetic_dataset
 from jaxmnist.bench.timing import Timed, time_interleaved
+from jaxmnist.data import load_dataset
 from jaxmnist.errors import DataError
 from jaxmnist.models import cnn
 from jaxmnist.training.step import (
@@ -40,12 +43,14 @@ from jaxmnist.training.step import (
     make_train_steps,
 )
 
-HERE = Path(__file__).resolve().parent
+from benchlib.results import SMOKE_HELP, default_out, save_benchmark
+
 STEPS_PER_WINDOW = 8
 
 
-def layer_costs(windows: int) -> dict:
-    x = jax.random.normal(jax.random.key(0), (512, 28, 28, 16))
+def layer_costs(windows: int, batch: int = 512) -> dict:
+    """Median ms of one layer's forward and backward pass, by variant."""
+    x = jax.random.normal(jax.random.key(0), (batch, 28, 28, 16))
     weights = jax.random.normal(jax.random.key(1), x.shape)
     scale, shift = jnp.ones(16), jnp.zeros(16)
 
@@ -69,25 +74,33 @@ def layer_costs(windows: int) -> dict:
     return {m.label: statistics.median(s) * 1e3 for m, (s, _) in zip(timed, results)}
 
 
-def step_costs(windows: int) -> dict:
+def step_costs(windows: int, smoke: bool = False) -> dict:
+    """ms per `speedrun` training step without and with batch norm (`smoke`: a few
+    steps at batch 16 on random images)."""
     base = config_lib.get_preset("speedrun")
-    try:
-        from jaxmnist.data import load_dataset
-
-        ds = load_dataset("mnist", None, download=False)
-        images, labels, source = ds.train_images, ds.train_labels, "real MNIST"
-    except DataError:  # no data here: random bytes time the same arithmetic
-        rng = np.random.default_rng(0)
-        images = rng.integers(0, 256, (60_000, 28, 28), np.uint8)
-        labels, source = rng.integers(0, 10, 60_000).astype(np.int32), "random images"
-    data = TrainData(jnp.asarray(images), jnp.asarray(labels))
+    steps_per_window = STEPS_PER_WINDOW
+    if smoke:
+        base = config_lib.apply_overrides(base, {"train.batch_size": "16"})
+        ds, steps_per_window = synthetic_dataset("mnist", train_size=64, test_size=1), 1
+        images, labels, source = ds.train_images, ds.train_labels, "random images"
+    else:
+        try:
+            ds = load_dataset("mnist", None, download=False)
+            images, labels, source = ds.train_images, ds.train_labels, "real MNIST"
+        except DataError:  # no data here: random bytes time the same arithmetic
+            ds = synthetic_dataset("mnist")
+            images, labels, source = ds.train_images, ds.train_labels, "random images"
+    data = TrainData(jnp.asarray(images), jnp.asarray(labels.astype(np.int32)))
     num_steps = len(labels) // base.train.batch_size
-    bounds = jnp.asarray(0), jnp.asarray(STEPS_PER_WINDOW)  # on the device before timing
+    bounds = jnp.asarray(0), jnp.asarray(steps_per_window)  # on the device before timing
     timed = []
     for bn in (False, True):
         cfg = config_lib.apply_overrides(base, {"model.batch_norm": str(bn).lower()})
         opt = optim.make_optimizer(cfg.optimizer, num_steps)
-        state = init_state(jax.random.key(0), cfg, opt, (28, 28), 10)
+        # One compiled call: eager initialisation would compile op by op.
+        state = jax.jit(lambda k, cfg=cfg, opt=opt: init_state(k, cfg, opt, (28, 28), 10))(
+            jax.random.key(0)
+        )
         plan = jax.jit(make_epoch_plan(cfg, len(labels), num_steps))(jax.random.key(1))
         steps = jax.jit(make_train_steps(cfg, opt))
         metrics = empty_metrics(num_steps)
@@ -98,32 +111,38 @@ def step_costs(windows: int) -> dict:
         timed.append(Timed(run, f"batch_norm={str(bn).lower()}"))
     results = time_interleaved(timed, windows=windows, warmup=1)
     ms = {
-        m.label: statistics.median(s) / STEPS_PER_WINDOW * 1e3 for m, (s, _) in zip(timed, results)
+        m.label: statistics.median(s) / steps_per_window * 1e3 for m, (s, _) in zip(timed, results)
     }
     return {
         "data": source,
+        "batch_size": base.train.batch_size,
         "ms_per_step": ms,
         "ratio": ms["batch_norm=true"] / ms["batch_norm=false"],
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--windows", type=int, default=10)
-    p.add_argument("--out", type=Path, default=HERE / "results" / "batch_norm_cost.json")
-    args = p.parse_args()
+    p.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    p.add_argument("--out", type=Path, help="default benchmarks/results/batch_norm_cost.json")
+    args = p.parse_args(argv)
+    out = args.out or default_out("batch_norm_cost.json", args.smoke)
+    windows, batch = (1, 8) if args.smoke else (args.windows, 512)
     load_before = os.getloadavg()
-    layer = layer_costs(args.windows)
-    print("one layer, forward + backward, 512x28x28x16 float32 (median ms):")
+    layer = layer_costs(windows, batch)
+    print(f"one layer, forward + backward, {batch}x28x28x16 float32 (median ms):")
     for name, ms in layer.items():
         print(f"  {name:34s} {ms:8.1f} ms")
-    step = step_costs(args.windows)
-    print(f"speedrun training step, batch 512, {step['data']} (median ms per step):")
+    step = step_costs(windows, args.smoke)
+    print(
+        f"speedrun training step, batch {step['batch_size']}, {step['data']} (median ms per step):"
+    )
     for name, ms in step["ms_per_step"].items():
         print(f"  {name:34s} {ms:8.1f} ms")
     print(f"  batch norm costs {step['ratio']:.2f}x the step")
     figures = {"layer_ms": layer, "speedrun_step": step}
-    print(runtime.save_benchmark(args.out, figures, load_before))
+    print(save_benchmark(out, figures, load_before))
 
 
 if __name__ == "__main__":

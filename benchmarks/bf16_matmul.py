@@ -14,7 +14,7 @@ side in one process:
   and `tpu101` MLPs and the reference CNN (`cnn` preset), each at its preset's batch
   size: float32, bfloat16 with bfloat16-result dots, bfloat16 as jaxmnist runs it.
 
-Usage: python benchmarks/bf16_matmul.py [--windows 12]
+Usage: python benchmarks/bf16_matmul.py [--windows 12] [--smoke]
 Prints a table and writes JSON (`--out`, default benchmarks/results/bf16_matmul.json).
 """
 
@@ -33,13 +33,13 @@ import numpy as np
 import optax
 
 from jaxmnist import config as config_lib
-from jaxmnist import runtime
 from jaxmnist.bench import peak
-from jaxmnist.bench.steps import Case, median_step_ms
 from jaxmnist.models import cnn, conv, get_model, mlp
 
-HERE = Path(__file__).resolve().parent
-# Steps per timed window: about a quarter of a second each on a 2-core CPU.
+from benchlib.results import SMOKE_HELP, default_out, save_benchmark
+from benchlib.steps import Case, median_step_ms
+
+# Steps per timed window: enough for a window to last a good fraction of a second on a CPU.
 PRESETS = {"codelab": 60, "tpu101": 200, "cnn": 8}
 
 
@@ -62,11 +62,13 @@ def bf16_results():
         yield
 
 
-def peaks(n: int) -> dict[str, float]:
-    """GFLOP/s of chained n³ products."""
+def peaks(n: int, smoke: bool = False) -> dict[str, float]:
+    """GFLOP/s of chained n³ products (`smoke`: one short window)."""
+    short = {"windows": 1, "warmup": 0, "min_window_seconds": 0.0} if smoke else {}
 
     def rate(dtype):
-        return peak.measure_matmul_peak(dtype, n)["flops_per_second"]["median"] / 1e9
+        report = peak.measure_matmul_peak(dtype, n, **short)
+        return report["flops_per_second"]["median"] / 1e9
 
     out = {"float32": rate("float32"), "bfloat16 -> float32 (jaxmnist)": rate("bfloat16")}
     with bf16_results():
@@ -74,9 +76,13 @@ def peaks(n: int) -> dict[str, float]:
     return out
 
 
-def step_ms(preset: str, windows: int, steps_per_window: int) -> dict[str, float]:
+def step_ms(
+    preset: str, windows: int, steps_per_window: int, batch: int | None = None
+) -> dict[str, float]:
+    """One training step of `preset`'s model in each dtype, at `batch` (default the
+    preset's batch size)."""
     cfg = config_lib.get_preset(preset)
-    batch = cfg.train.batch_size
+    batch = batch or cfg.train.batch_size
     rng = np.random.default_rng(0)
     images = jnp.asarray(rng.uniform(size=(batch, 28, 28)), jnp.float32)
     labels = jnp.asarray(rng.integers(0, 10, batch))
@@ -93,31 +99,36 @@ def step_ms(preset: str, windows: int, steps_per_window: int) -> dict[str, float
             logits = model.apply(p, x, model_cfg)
             return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
 
-        params = model.init(jax.random.key(0), model_cfg, (28, 28), 10)
+        # One compiled call: eager initialisation would compile op by op.
+        init = jax.jit(lambda k, model_cfg=model_cfg: model.init(k, model_cfg, (28, 28), 10))
+        params = init(jax.random.key(0))
         cases.append(Case(label, loss, params, tracing))
     ms = median_step_ms(cases, images, labels, windows=windows, steps_per_window=steps_per_window)
     return {"batch": batch, "steps_per_window": steps_per_window, "ms_per_step": ms}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--windows", type=int, default=12)
-    p.add_argument("--out", type=Path, default=HERE / "results" / "bf16_matmul.json")
-    args = p.parse_args()
+    p.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    p.add_argument("--out", type=Path, help="default benchmarks/results/bf16_matmul.json")
+    args = p.parse_args(argv)
+    out = args.out or default_out("bf16_matmul.json", args.smoke)
     load_before = os.getloadavg()
-    n = peak.default_size(jax.default_backend())  # 2048 on CPU
-    figures = {"matmul_size": n, "matmul_gflops": peaks(n)}
+    n = 64 if args.smoke else peak.default_size(jax.default_backend())  # 2048 on CPU
+    figures = {"matmul_size": n, "matmul_gflops": peaks(n, args.smoke)}
     print(f"{n}³ matmul (median GFLOP/s):")
     for label, value in figures["matmul_gflops"].items():
         print(f"  {label:32s} {value:7.1f}")
-    for preset, steps in PRESETS.items():
-        figures[preset] = step_ms(preset, args.windows, steps)
+    presets, windows, batch = ({"tpu101": 1}, 1, 8) if args.smoke else (PRESETS, args.windows, None)
+    for preset, steps in presets.items():
+        figures[preset] = step_ms(preset, windows, steps, batch)
         ms = figures[preset]["ms_per_step"]
         base = ms["float32"]
         print(f"{preset}, one training step at batch {figures[preset]['batch']} (median ms):")
         for label, value in ms.items():
             print(f"  {label:32s} {value:7.2f} ms  {base / value:5.2f}x float32's rate")
-    print(runtime.save_benchmark(args.out, figures, load_before))
+    print(save_benchmark(out, figures, load_before))
 
 
 if __name__ == "__main__":

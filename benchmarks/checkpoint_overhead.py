@@ -1,15 +1,16 @@
 """What checkpointing costs a `tpu101` run, and how long a killed run takes to resume.
 
-1. Overhead: `jaxmnist train --preset tpu101` with and without checkpoints (one
-   Orbax checkpoint per epoch, asynchronous), alternating which goes first,
-   `--repeats` times each, in this process. Per run, the wall time from one
-   epoch's end to the next (training, evaluation, every callback, the blocking
-   part of the save, and whatever the background write takes from the CPU),
-   median over epochs 2..E; and the seconds the save call itself blocked.
-   Target: checkpointing adds at most 5% to an epoch.
-2. Kill and resume: the same run in a child process, killed with SIGKILL half
+1. Overhead: the run `jaxmnist train --preset tpu101` makes, with and without
+   checkpoints (one Orbax checkpoint per epoch, asynchronous: the command's
+   defaults), alternating which goes first, `--repeats` times each, in this
+   process through `train_and_evaluate`. Per run, the wall time from one epoch's
+   end to the next (training, evaluation, every callback, the blocking part of the
+   save, and whatever the background write takes from the CPU), median over
+   epochs 2..E, stamped by a callback of our own; and the seconds each call of
+   `Checkpointer.save` blocked. Target: checkpointing adds at most 5% to an epoch.
+2. Kill and resume: `jaxmnist train` in a child process, killed with SIGKILL half
    an epoch after its epoch-2 checkpoint is complete, then `jaxmnist train
-   --resume` here: its wall time, the seconds spent restoring the checkpoint,
+   --resume` here: its wall time, the seconds `checkpoint.restore_newest` took,
    and whether the final parameters equal the uninterrupted run's (array_equal).
 
 The persistent compilation cache is on (a user's default), in a private folder
@@ -18,6 +19,8 @@ other processes on a shared machine inflate every figure.
 
 Usage: JAXMNIST_DATA_DIR=../shared/datasets python benchmarks/checkpoint_overhead.py
 Prints the figures and writes JSON (`--out`, default benchmarks/results/checkpoint_overhead.json).
+`--smoke` runs part 1 on tiny random data, one repeat of 3 epochs, without the
+compilation cache, and skips part 2 (its child process reads the real data).
 """
 
 from __future__ import annotations
@@ -25,45 +28,61 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
+from jaxmnist import cli, train_and_evaluate
+from jaxmnist import config as config_lib
+from jaxmnist.bench.run import synthetic_dataset
+from jaxmnist.runs import checkpoint
+from jaxmnist.runs.checkpoint import Checkpointer, CheckpointOptions
+from jaxmnist.training.hooks import Callback
+
+from benchlib.results import SMOKE_HELP, default_out
+
 TARGET_OVERHEAD = 0.05
 STEPS_PER_EPOCH = 468  # tpu101: 60000 examples, batch 128
 
 
-def timed_run(argv: list[str]) -> dict:
-    """Runs `jaxmnist <argv>` here; returns epoch-end timestamps and save-call seconds."""
-    from jaxmnist import cli
-    from jaxmnist.runs import checkpoint
-    from jaxmnist.training import loop as train
+class EpochStamps(Callback):
+    """The wall clock at every epoch's end: the run's callbacks are called in the same
+    order every epoch, so the time between two stamps is one whole epoch's cycle."""
 
-    ends, saves = [], []
-    on_epoch_end, save = train._RunFiles.on_epoch_end, checkpoint.Checkpointer.save
+    def __init__(self):
+        self.times: list[float] = []
 
-    def stamp(self, end):
-        on_epoch_end(self, end)
-        ends.append(time.perf_counter())
+    def on_epoch_end(self, end) -> None:
+        self.times.append(time.perf_counter())
 
-    def timed_save(self, *args):
+
+def timed_run(cfg, run_dir: Path, checkpoints: bool, dataset=None) -> dict:
+    """Trains `cfg` into `run_dir` as `jaxmnist train` would; returns the wall seconds
+    between epoch ends and the seconds each checkpoint save blocked the loop."""
+    stamps, saves = EpochStamps(), []
+    save = Checkpointer.save
+
+    def timed_save(self, *args, **kwargs):
         t0 = time.perf_counter()
-        save(self, *args)
+        save(self, *args, **kwargs)
         saves.append(time.perf_counter() - t0)
 
-    train._RunFiles.on_epoch_end, checkpoint.Checkpointer.save = stamp, timed_save
-    try:
-        code = cli.main(argv)
-    finally:
-        train._RunFiles.on_epoch_end, checkpoint.Checkpointer.save = on_epoch_end, save
-    assert code == 0, f"jaxmnist {' '.join(argv)} exited {code}"
-    intervals = np.diff(ends)  # epoch 2..E, each from the previous epoch's end
+    with mock.patch.object(Checkpointer, "save", timed_save):
+        train_and_evaluate(
+            cfg,
+            run_dir,
+            [stamps],
+            dataset=dataset,
+            checkpoints=CheckpointOptions() if checkpoints else None,
+        )
+    intervals = np.diff(stamps.times)  # epoch 2..E, each from the previous epoch's end
     return {"epoch_wall_seconds": intervals.tolist(), "save_call_seconds": saves}
 
 
@@ -75,9 +94,6 @@ def same_params(a: Path, b: Path) -> bool:
 
 
 def kill_and_resume(base: list[str], out: Path, env: dict, reference: Path) -> dict:
-    from jaxmnist import cli
-    from jaxmnist.runs import resume
-
     run = out / "killed"
     proc = subprocess.Popen(
         [sys.executable, "-m", "jaxmnist", *base, "--run-dir", str(run)],
@@ -94,22 +110,20 @@ def kill_and_resume(base: list[str], out: Path, env: dict, reference: Path) -> d
     proc.send_signal(signal.SIGKILL)
     proc.communicate()
     restore = []
-    call = resume.Resumer.__call__
+    restore_newest = checkpoint.restore_newest
 
-    def timed_call(self, setup):
+    def timed_restore(*args, **kwargs):
         t0 = time.perf_counter()
-        result = call(self, setup)
+        result = restore_newest(*args, **kwargs)
         restore.append(time.perf_counter() - t0)
         return result
 
-    resume.Resumer.__call__ = timed_call
     t0 = time.perf_counter()
-    try:
+    with mock.patch.object(checkpoint, "restore_newest", timed_restore):
         code = cli.main(["train", "--resume", str(run), "--quiet", "--no-report"])
-    finally:
-        resume.Resumer.__call__ = call
     wall = time.perf_counter() - t0
     assert code == 0
+    assert restore, "the resume did not call checkpoint.restore_newest: time it where it moved"
     summary = json.loads((run / "summary.json").read_text())
     env_json = json.loads((run / "environment.json").read_text())
     return {
@@ -123,38 +137,54 @@ def kill_and_resume(base: list[str], out: Path, env: dict, reference: Path) -> d
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=HERE / "results" / "checkpoint_overhead.json")
-    args = parser.parse_args()
-    if not os.environ.get("JAXMNIST_DATA_DIR"):
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    parser.add_argument(
+        "--out", type=Path, help="default benchmarks/results/checkpoint_overhead.json"
+    )
+    args = parser.parse_args(argv)
+    out = args.out or default_out("checkpoint_overhead.json", args.smoke)
+    if not (args.smoke or os.environ.get("JAXMNIST_DATA_DIR")):
         sys.exit("set JAXMNIST_DATA_DIR to the folder holding mnist/ (no download here)")
     load_before = os.getloadavg()
     work = Path(tempfile.mkdtemp(prefix="ckpt-bench-"))
-    os.environ["XDG_CACHE_HOME"] = str(work / "cache")  # a private compilation cache
+    cfg = config_lib.apply_overrides(
+        config_lib.get_preset("tpu101"), {"train.epochs": 3 if args.smoke else args.epochs}
+    )
+    dataset, repeats = None, args.repeats
+    if args.smoke:  # tiny data, and no compilation cache: it would outlive this call
+        cfg = config_lib.apply_overrides(cfg, {"compile_cache": "false"})
+        dataset, repeats = synthetic_dataset("mnist", train_size=512, test_size=64), 1
+    else:
+        os.environ["XDG_CACHE_HOME"] = str(work / "cache")  # a private compilation cache
     env = dict(os.environ)
-    base = ["train", "--preset", "tpu101", "--epochs", str(args.epochs), "--quiet", "--no-report"]
-    timed_run([*base, "--run-dir", str(work / "warm"), "--no-checkpoint"])  # fills the cache
+    if not args.smoke:
+        timed_run(cfg, work / "warm", checkpoints=False)  # fills the cache
     runs = {"checkpoint": [], "no_checkpoint": []}
-    for i in range(args.repeats):
+    for i in range(repeats):
         order = ["no_checkpoint", "checkpoint"] if i % 2 == 0 else ["checkpoint", "no_checkpoint"]
         for kind in order:
-            extra = ["--no-checkpoint"] if kind == "no_checkpoint" else []
-            runs[kind].append(timed_run([*base, "--run-dir", str(work / f"{kind}{i}"), *extra]))
+            runs[kind].append(
+                timed_run(cfg, work / f"{kind}{i}", kind == "checkpoint", dataset=dataset)
+            )
     medians = {
         kind: float(np.median([t for r in rs for t in r["epoch_wall_seconds"]]))
         for kind, rs in runs.items()
     }
     overhead = medians["checkpoint"] / medians["no_checkpoint"] - 1
     saves = [s for r in runs["checkpoint"] for s in r["save_call_seconds"]]
-    killed = kill_and_resume(base, work, env, work / "checkpoint0")
+    killed = None
+    if not args.smoke:
+        base = ["train", "--preset", "tpu101", "--epochs", str(args.epochs), "--quiet"]
+        killed = kill_and_resume([*base, "--no-report"], work, env, work / "checkpoint0")
     result = {
         "what": "tpu101 epoch with and without one async Orbax checkpoint per epoch; "
         "kill -9 during epoch 3 and --resume",
-        "epochs": args.epochs,
-        "repeats": args.repeats,
+        "epochs": cfg.train.epochs,
+        "repeats": repeats,
         "median_epoch_wall_seconds": medians,
         "checkpoint_overhead": overhead,
         "target_overhead": TARGET_OVERHEAD,
@@ -165,20 +195,23 @@ def main() -> None:
         "load_average_after": os.getloadavg(),
         "cpu_count": os.cpu_count(),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
     print(
         f"epoch wall (median): {medians['no_checkpoint']:.3f} s without checkpoints, "
         f"{medians['checkpoint']:.3f} s with: overhead {overhead:+.1%} "
         f"(target <= {TARGET_OVERHEAD:.0%}); save call blocks {np.median(saves) * 1e3:.0f} ms"
     )
-    print(
-        f"kill -9 in epoch 3, resume at step {killed['resumed_at_step']}: "
-        f"{killed['resume_wall_seconds']:.1f} s wall, restore {killed['restore_seconds']:.2f} s, "
-        f"compile {killed['resume_compile_seconds']:.2f} s; params equal to the uninterrupted "
-        f"run: {killed['params_equal_uninterrupted']}"
-    )
-    print(f"load average {load_before} -> {os.getloadavg()}; wrote {args.out}")
+    if killed:
+        print(
+            f"kill -9 in epoch 3, resume at step {killed['resumed_at_step']}: "
+            f"{killed['resume_wall_seconds']:.1f} s wall, restore "
+            f"{killed['restore_seconds']:.2f} s, compile {killed['resume_compile_seconds']:.2f} s; "
+            f"params equal to the uninterrupted run: {killed['params_equal_uninterrupted']}"
+        )
+    print(f"load average {load_before} -> {os.getloadavg()}; wrote {out}")
+    if args.smoke:
+        shutil.rmtree(work)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,8 @@ from pathlib import Path
 
 from jaxmnist import stats
 
-HERE = Path(__file__).resolve().parent
+from benchlib.results import default_out, save_benchmark
+
 TARGETS = {"cnn": 0.993, "fashion_cnn": 0.925, "speedrun": 0.99}
 SPEEDRUN_SECONDS_PER_MODEL = {"cpu": 10.0, "gpu": 1.0}
 
@@ -115,14 +116,12 @@ def measure(preset: str, seeds: int, work: Path) -> dict:
     return result
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--presets", default="cnn,fashion_cnn,speedrun")
     p.add_argument("--seeds", type=int, default=8)
-    p.add_argument("--out", type=Path, default=HERE / "results" / "cnn_presets.json")
-    args = p.parse_args()
-    from jaxmnist import runtime
-
+    p.add_argument("--out", type=Path, default=default_out("cnn_presets.json"))
+    args = p.parse_args(argv)
     load_before = os.getloadavg()
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -134,7 +133,7 @@ def main() -> None:
     # Presets measured in earlier invocations stay, each with its own load average.
     previous = json.loads(args.out.read_text()) if args.out.exists() else {}
     presets = {**previous.get("presets", {}), **results}
-    print(runtime.save_benchmark(args.out, {"presets": presets}, load_before))
+    print(save_benchmark(args.out, {"presets": presets}, load_before))
 
 
 def print_row(preset: str, r: dict, flush: bool = False) -> None:

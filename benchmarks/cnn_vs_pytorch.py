@@ -42,6 +42,9 @@ import sys
 import time
 from pathlib import Path
 
+# JAX, jaxmnist and PyTorch are imported inside the functions that use them: a PyTorch
+# worker never starts JAX (nor a JAX worker PyTorch), and the script imports, answers
+# --help and orchestrates without PyTorch installed.
 HERE = Path(__file__).resolve().parent
 BATCH, PEAK_LR, TARGET, N_TRAIN = 256, 3e-3, 0.99, 60_000
 STEPS_PER_EPOCH = N_TRAIN // BATCH
@@ -82,10 +85,10 @@ VARIANTS = {
 
 
 def reference_config(impl: str, dtype: str):
-    from jaxmnist.config import ModelConfig
+    from jaxmnist.models import model_config
 
-    return ModelConfig(
-        name="cnn", channels=(16, 32), kernel_size=(3,), hidden=(128,), dtype=dtype, conv_impl=impl
+    return model_config(
+        "cnn", channels=(16, 32), kernel_size=(3,), hidden=(128,), dtype=dtype, conv_impl=impl
     )
 
 
@@ -351,7 +354,11 @@ def _fmt(x, spec):
     return "-" if x is None else format(x, spec)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--worker"]:  # one variant, in a process of its own (`_run_worker`)
+        worker(argv[1:])
+        return
     from importlib import metadata
 
     from jaxmnist import runtime
@@ -361,7 +368,7 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=3, help="training epochs (one-cycle length)")
     p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated names")
     p.add_argument("--out", default=str(HERE / "results" / "cnn_vs_pytorch.json"))
-    a = p.parse_args()
+    a = p.parse_args(argv)
     names = [n.strip() for n in a.variants.split(",")]
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
@@ -449,7 +456,4 @@ def _version(metadata, package):
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--worker"]:
-        worker(sys.argv[2:])
-    else:
-        main()
+    main()

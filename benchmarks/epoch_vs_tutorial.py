@@ -18,6 +18,7 @@ Measures, on one machine in one run:
 
 Usage: JAXMNIST_DATA_DIR=../shared/datasets python benchmarks/epoch_vs_tutorial.py
 Prints a table and writes JSON (`--out`, default benchmarks/results/epoch_vs_tutorial.json).
+`--smoke` runs parts 1 and 2 for one round on tiny random data and skips part 3.
 """
 
 from __future__ import annotations
@@ -34,19 +35,19 @@ from pathlib import Path
 import jax
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-from tutorial_tpu101 import TutorialLoop
-
 from jaxmnist import config as config_lib
 from jaxmnist import optim, runtime
 from jaxmnist.bench.peak import default_size, measure_matmul_peak
+from jaxmnist.bench.run import synthetic_dataset
 from jaxmnist.data import load_dataset
 from jaxmnist.models import mlp
 from jaxmnist.training.loop import place_train_data
 from jaxmnist.training.step import init_state, make_train_epoch
 
+from benchlib.results import SMOKE_HELP, default_out
+from tutorial_tpu101 import TutorialLoop
+
+HERE = Path(__file__).resolve().parent
 TARGETS = {"epoch_ratio": 0.33, "peak_fraction": 0.75, "wall_ratio": 0.4, "peak_rss_mb": 600}
 
 
@@ -158,16 +159,22 @@ def stats(xs: list[float]) -> dict:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5, help="timed epochs of each loop")
     parser.add_argument("--runs", type=int, default=3, help="whole-program runs of each script")
     parser.add_argument("--skip-programs", action="store_true", help="skip the whole-program part")
-    parser.add_argument("--out", default=str(HERE / "results" / "epoch_vs_tutorial.json"))
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    parser.add_argument("--out", help="default benchmarks/results/epoch_vs_tutorial.json")
+    args = parser.parse_args(argv)
+    out = Path(args.out) if args.out else default_out("epoch_vs_tutorial.json", args.smoke)
 
     cfg = config_lib.get_preset("tpu101")
-    ds = load_dataset("mnist", download=False)
+    if args.smoke:  # the programs of part 3 read the real data: skipped
+        ds = synthetic_dataset("mnist", train_size=512, test_size=64)
+        args.rounds, args.skip_programs = 1, True
+    else:
+        ds = load_dataset("mnist", download=False)
     steps = len(ds.train_labels) // cfg.train.batch_size
     epoch_flops = mlp.flops_per_example(cfg.model) * steps * cfg.train.batch_size
 
@@ -178,7 +185,10 @@ def main() -> None:
         },
         args.rounds,
     )
-    peak_report = measure_matmul_peak("float32", default_size(jax.default_backend()))
+    if args.smoke:
+        peak_report = measure_matmul_peak("float32", 64, windows=1, min_window_seconds=0.0)
+    else:
+        peak_report = measure_matmul_peak("float32", default_size(jax.default_backend()))
     peak = peak_report["flops_per_second"]["median"]
     tut, ours = (stats(times[k]) for k in ("tutorial", "jaxmnist"))
     result = {
@@ -199,10 +209,10 @@ def main() -> None:
     if not args.skip_programs:
         result["programs"] = time_programs(args.runs)
 
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
     print_table(result)
-    print(f"\nwritten: {args.out}")
+    print(f"\nwritten: {out}")
 
 
 def print_table(r: dict) -> None:

@@ -24,9 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from jaxmnist import runtime
-
-HERE = Path(__file__).resolve().parent
+from benchlib.results import default_out, save_benchmark
 
 
 def one_run(seeds: int, steps: int, keep: str) -> dict:
@@ -52,12 +50,12 @@ def one_run(seeds: int, steps: int, keep: str) -> dict:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--out", type=Path, default=HERE / "results" / "host_memory.json")
-    args = p.parse_args()
+    p.add_argument("--out", type=Path, default=default_out("host_memory.json"))
+    args = p.parse_args(argv)
     load_before = os.getloadavg()
     figures: dict = {"steps": args.steps, "preset": "speedrun"}
     for seeds in (1, 8):
@@ -79,7 +77,7 @@ def main() -> None:
             )
         print(f"  kept memory trains {speedup:.2f}x as fast")
         figures[f"seeds_{seeds}"] = {"runs": runs, "median": medians, "speedup": speedup}
-    print(runtime.save_benchmark(args.out, figures, load_before))
+    print(save_benchmark(args.out, figures, load_before))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ Reported per preset: the median epoch time each way, their ratio, and the calls
 per paced epoch. The results are bit-for-bit the same either way (a unit test
 pins that); only the time may differ.
 
-Usage: JAXMNIST_DATA_DIR=../shared/datasets python benchmarks/pacing_overhead.py
+Usage: JAXMNIST_DATA_DIR=../shared/datasets python benchmarks/pacing_overhead.py [--smoke]
 Prints a table and writes JSON (`--out`, default benchmarks/results/pacing_overhead.json).
 """
 
@@ -25,19 +25,24 @@ from pathlib import Path
 import jax
 
 from jaxmnist import config as config_lib
-from jaxmnist import runtime
+from jaxmnist.bench.run import synthetic_dataset
 from jaxmnist.data import load_dataset
 from jaxmnist.training.loop import setup_run
 from jaxmnist.training.pacing import Pacer
 from jaxmnist.training.population import seed_members
 
-HERE = Path(__file__).resolve().parent
+from benchlib.results import SMOKE_HELP, default_out, save_benchmark
 
 
-def measure(preset: str, rounds: int) -> dict:
+def measure(preset: str, rounds: int, smoke: bool = False) -> dict:
+    """Epoch times of `preset` one call per epoch and paced (`smoke`: tiny random data)."""
     cfg = config_lib.get_preset(preset)
     cfg = config_lib.apply_overrides(cfg, {"train.epochs": 2 * rounds + 1})
-    dataset = load_dataset(cfg.data.dataset, cfg.data.data_dir, download=False)
+    if smoke:
+        cfg = config_lib.apply_overrides(cfg, {"train.batch_size": "16"})
+        dataset = synthetic_dataset(cfg.data.dataset, train_size=64, test_size=32)
+    else:
+        dataset = load_dataset(cfg.data.dataset, cfg.data.data_dir, download=False)
     run = setup_run(cfg, seed_members(cfg), dataset)
     pop, S = run.population, run.plan.steps_per_epoch
     pop.compile(run.states, S, run.train_data, {})
@@ -82,16 +87,19 @@ def measure(preset: str, rounds: int) -> dict:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--presets", default="tpu101,cnn")
     p.add_argument("--rounds", type=int, default=4)
-    p.add_argument("--out", type=Path, default=HERE / "results" / "pacing_overhead.json")
-    args = p.parse_args()
+    p.add_argument("--smoke", action="store_true", help=SMOKE_HELP + " (one round)")
+    p.add_argument("--out", type=Path, help="default benchmarks/results/pacing_overhead.json")
+    args = p.parse_args(argv)
+    out = args.out or default_out("pacing_overhead.json", args.smoke)
+    rounds = 1 if args.smoke else args.rounds
     load_before = os.getloadavg()
     results = {}
     for preset in args.presets.split(","):
-        r = results[preset] = measure(preset, args.rounds)
+        r = results[preset] = measure(preset, rounds, args.smoke)
         print(
             f"{preset}: one call {r['median_one_call_seconds']:.3f} s, paced "
             f"{r['median_paced_seconds']:.3f} s per epoch ({r['paced_over_one_call']:.3f}x, "
@@ -99,7 +107,7 @@ def main() -> None:
             f"{r['steps_per_epoch']} steps)",
             flush=True,
         )
-    print(runtime.save_benchmark(args.out, {"presets": results}, load_before))
+    print(save_benchmark(out, {"presets": results}, load_before))
 
 
 if __name__ == "__main__":

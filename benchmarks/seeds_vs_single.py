@@ -28,7 +28,10 @@ from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
+from jaxmnist import runtime, stats
+
+from benchlib.results import default_out
+
 TARGETS = {"wall_ratio": 5.0, "mean_test_accuracy": 0.973}
 
 
@@ -70,17 +73,15 @@ def spread(xs: list[float]) -> dict:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--repeats", type=int, default=3, help="timed runs of each program (warm cache)"
     )
     parser.add_argument("--seeds", type=int, default=8)
     parser.add_argument("--preset", default="tpu101")
-    parser.add_argument("--out", default=str(HERE / "results" / "seeds_vs_single.json"))
-    args = parser.parse_args()
-
-    from jaxmnist import runtime, stats
+    parser.add_argument("--out", default=str(default_out("seeds_vs_single.json")))
+    args = parser.parse_args(argv)
 
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:

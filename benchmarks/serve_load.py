@@ -35,7 +35,8 @@ from PIL import Image, ImageDraw
 
 from jaxmnist import runtime
 
-HERE = Path(__file__).resolve().parent
+from benchlib.results import default_out
+
 TARGET_P99_MS = 50.0
 
 
@@ -64,7 +65,9 @@ def start_server(run_dir: str, timeout: float) -> tuple[subprocess.Popen, str, i
         if match := re.search(r"http://127\.0\.0\.1:(\d+)/", line):
             return proc, "127.0.0.1", int(match.group(1))
     proc.kill()
-    raise SystemExit(f"the server did not start (exit code {proc.wait()})")
+    code = proc.wait()
+    proc.stdout.close()
+    raise SystemExit(f"the server did not start (exit code {code})")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -117,7 +120,7 @@ def run_clients(host, port, body, total, clients, timeout, deadline):
     return latencies, errors
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", metavar="RUN_DIR")
     parser.add_argument("--requests", type=int, default=2000)
@@ -125,8 +128,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds per request")
     parser.add_argument("--deadline", type=float, default=300.0, help="seconds for the test")
-    parser.add_argument("--out", default=str(HERE / "results" / "serve_load.json"))
-    args = parser.parse_args()
+    parser.add_argument("--out", default=str(default_out("serve_load.json")))
+    args = parser.parse_args(argv)
 
     body = drawn_digit_png()
     load_before = os.getloadavg()
@@ -156,6 +159,7 @@ def main() -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        proc.stdout.close()
     ms = np.asarray(latencies) * 1e3
     env = runtime.environment()
     result = {

@@ -33,7 +33,10 @@ import threading
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+from jaxmnist.runs.checkpoint import checkpoint_steps
+
+from benchlib.results import default_out, save_benchmark
+
 TARGET_SECONDS = 2.0
 
 
@@ -70,9 +73,7 @@ def one_stop(argv: list[str], run: Path, signum: int, delay: float, env: dict) -
     step = (
         int(last.split("stopped at step ")[1].split(";")[0]) if "stopped at step" in last else None
     )
-    from jaxmnist.runs import checkpoint
-
-    saved = checkpoint.checkpoint_steps(run)
+    saved = checkpoint_steps(run)
     env_json = json.loads((run / "environment.json").read_text())
     per_epoch = env_json["steps_per_epoch"]
     return {
@@ -88,17 +89,15 @@ def one_stop(argv: list[str], run: Path, signum: int, delay: float, env: dict) -
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cases", default="cnn,seeds")
     p.add_argument("--seeds", type=int, default=1000)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--out", type=Path, default=HERE / "results" / "stop_latency.json")
-    args = p.parse_args()
+    p.add_argument("--out", type=Path, default=default_out("stop_latency.json"))
+    args = p.parse_args(argv)
     if not os.environ.get("JAXMNIST_DATA_DIR"):
         sys.exit("set JAXMNIST_DATA_DIR to the folder holding mnist/ (no download here)")
-    from jaxmnist import runtime
-
     cases = {
         "cnn": ["train", "--preset", "cnn", "--epochs", "2", "--no-report"],
         "seeds": ["train", "--preset", "tpu101", "--seeds", str(args.seeds), "--no-report"],
@@ -125,7 +124,7 @@ def main() -> None:
             results[name]["worst_seconds_to_exit"] = worst
             results[name]["meets_target"] = worst <= TARGET_SECONDS
     figures = {"target_seconds": TARGET_SECONDS, "cases": results}
-    line = runtime.save_benchmark(args.out, figures, load_before)
+    line = save_benchmark(args.out, figures, load_before)
     for name, r in results.items():
         print(
             f"{name}: worst {r['worst_seconds_to_exit']:.2f} s from signal to exit "

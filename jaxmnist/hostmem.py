@@ -5,15 +5,14 @@ hundreds of MB for a population of CNNs) and frees it when the call ends. glibc 
 block that large with a fresh `mmap` (always, in the per-thread arenas XLA's worker
 threads allocate from) and unmaps it on free, so every call faults its pages in again and
 the kernel zeroes them. Told to use one arena, never to mmap and (almost) never to trim,
-glibc serves the same blocks from its heap and the next call reuses them. Measured with 8
-`speedrun` models (`benchmarks/host_memory.py`, 2-core CPU): 13.1 s of training instead
-of 20.5 s (1.56×), 5.1 s in the kernel instead of 18.5 s; one model alone gains 5%.
+glibc serves the same blocks from its heap and the next call reuses them, and a
+population trains with far less time in the kernel (`benchmarks/host_memory.py`
+measures it; the README's Results have the figures).
 
-The cost is memory held: the heap keeps its high-water mark (peak RSS 3.6 GB instead of
-3.3 GB in that run) and every thread allocates from one arena, which on a many-core host
-may contend. `JAXMNIST_KEEP_HOST_MEMORY=0` leaves glibc as it is. It must run before
-XLA starts its threads (`jaxmnist.cli.main` calls it first thing); later, it would reach
-only threads created afterwards. `benchmarks/host_memory.py` measures it.
+The cost is memory held: the heap keeps its high-water mark and every thread allocates
+from one arena, which on a many-core host may contend. `JAXMNIST_KEEP_HOST_MEMORY=0`
+leaves glibc as it is. It must run before XLA starts its threads (`jaxmnist.cli.main`
+calls it first thing); later, it would reach only threads created afterwards.
 """
 
 from __future__ import annotations

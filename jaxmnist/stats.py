@@ -43,7 +43,7 @@ def t_quantile(n: int, confidence: float = CONFIDENCE) -> float:
     """The two-sided Student's t quantile for a mean of `n` samples (n - 1 degrees of freedom).
 
     `scipy.special.stdtrit(df, p)` is the routine behind `scipy.stats.t.ppf(p, df)`
-    (same values; the tests compare them); scipy.stats takes 0.5 s longer to import.
+    (same values; the tests compare them); scipy.stats is much slower to import.
     """
     from scipy import special
 

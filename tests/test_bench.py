@@ -17,7 +17,7 @@ from jaxmnist import config as config_lib
 from jaxmnist.bench import modes as modes_lib
 from jaxmnist.bench import options as options_lib
 from jaxmnist.bench import schema, timing
-from jaxmnist.bench.output import format_table
+from jaxmnist.bench.table import format_table
 from jaxmnist.cli import main
 from jaxmnist.training.loop import place_train_data
 from jaxmnist.training.step import init_state
@@ -372,7 +372,7 @@ def test_values_that_resolve_alike_are_measured_and_flagged():
     [
         ("tpu101", "model.nope=1,2", "variants model.nope=1: unknown config field 'model.nope'"),
         ("cnn", "model.conv_impl=xla,fft", "unknown model.conv_impl 'fft'"),
-        ("tpu101", "model.conv_impl=xla,im2col", "the mlp model or the bench does not read"),
+        ("tpu101", "model.conv_impl=xla,im2col", "'model.conv_impl' for the mlp model"),
         ("tpu101", "train.epochs=1,2", "same scan-epoch program and initial state"),
         ("tpu101", "model.dtype=float32,float16", "unknown dtype 'float16'"),
         ("tpu101", "train.batch_size=64,0", "batch size must be between 1"),

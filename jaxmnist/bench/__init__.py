@@ -6,8 +6,8 @@ Modules: `modes` (the four ways to drive the same training step), `timing`
 matmul's FLOP/s in a dtype), `options` (what to measure, and its validation),
 `variants` (`--variants KEY=V1,V2`: one config field as a comparison axis, and
 its checks), `run` (`run_bench(cfg, options) -> dict`), `schema` (the layout of
-bench.json, and a checker) and `output` (the terminal table, bench.json, the bar chart and
-the HTML page).
+bench.json, and a checker), `table` (the terminal table), `page` (the HTML page) and
+`output` (bench.json, the bar chart, and writing all three files).
 """
 
 from jaxmnist.bench.modes import MODES

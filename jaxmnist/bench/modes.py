@@ -1,6 +1,6 @@
 """The four ways to run training steps, each built on the same `make_train_step`.
 
-Every mode runs the same step (`jaxmnist.training.loop.make_train_step`: uint8 images in,
+Every mode runs the same step (`jaxmnist.training.step.make_train_step`: uint8 images in,
 scaled to [0, 1] and cast to the compute dtype inside, Adam or whatever the
 config says) for the same model, optimizer and batch size; only how the steps
 are driven differs:

@@ -20,7 +20,9 @@ import jax.numpy as jnp
 
 from jaxmnist import config as config_lib
 from jaxmnist.bench.modes import MODES
+from jaxmnist.bench.variants import parse_variants
 from jaxmnist.errors import ConfigError
+from jaxmnist.models.family import DTYPES
 
 
 @dataclass(frozen=True)
@@ -32,7 +34,7 @@ class BenchOptions:
     tokens_per_example: float | None = None  # for the labelled tokens/s projection
     windows: int = 5  # timed windows per measurement
     warmup: int = 1  # untimed windows before them
-    dispatch_window_steps: int = 32  # python-dispatch is ~20x slower: shorter windows
+    dispatch_window_steps: int = 32  # python-dispatch is far slower per step: shorter windows
     train_examples: int | None = None  # train on the first N examples only; None: all
     peak_size: int | None = None  # side of the peak matmul; None: by backend (peak.py)
     peak_window_seconds: float = 0.2  # each peak window chains enough matmuls to last this long
@@ -75,8 +77,6 @@ def make_options(
     opts = BenchOptions(synthetic=synthetic, quick=quick, **(QUICK if quick else {}))
     given = {}
     if variants is not None:
-        from jaxmnist.bench.variants import parse_variants
-
         key, values = parse_variants(variants)
         given.update(variant_key=key, variant_values=values, modes=(), dtypes=(), batch_sizes=())
     if modes is not None:
@@ -126,10 +126,8 @@ def validate_options(opts: BenchOptions) -> None:
         if mode not in MODES:
             raise ConfigError(f"unknown mode {mode!r}; choose from: {', '.join(MODES)}")
     for dtype in opts.dtypes:
-        if dtype not in config_lib.DTYPES:
-            raise ConfigError(
-                f"unknown dtype {dtype!r}; choose from: {', '.join(config_lib.DTYPES)}"
-            )
+        if dtype not in DTYPES:
+            raise ConfigError(f"unknown dtype {dtype!r}; choose from: {', '.join(DTYPES)}")
     if bool(opts.variant_key) != bool(opts.variant_values):
         raise ConfigError("variants: a key needs values, and values a key")
     for name in ("modes", "dtypes", "batch_sizes"):

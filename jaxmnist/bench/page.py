@@ -12,7 +12,7 @@ from __future__ import annotations
 import html as html_lib
 import json
 
-from jaxmnist.bench.output import breakdown_text, device
+from jaxmnist.bench.table import breakdown_text, device
 from jaxmnist.report.html import cards, figure, html_table, render_page
 
 COLUMNS = ["compile s", "ms/step", "spread", "examples/s", "GFLOP/s", "MFU"]

@@ -23,7 +23,7 @@ from jaxmnist.bench import timing
 from jaxmnist.models.layers import matmul
 
 # A side long enough to be compute-bound on each backend yet quick to run:
-# 2048^3 is 17 GFLOP (about 0.1 s on a 2-core AVX2 CPU); accelerators need more.
+# 2048^3 is 17 GFLOP, long enough to time on a CPU; accelerators need more.
 DEFAULT_SIZE = {"cpu": 2048}
 ACCELERATOR_SIZE = 8192
 

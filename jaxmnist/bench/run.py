@@ -33,6 +33,9 @@ from jaxmnist.bench import timing
 from jaxmnist.bench import variants as variants_lib
 from jaxmnist.bench.modes import HostData, build_runner
 from jaxmnist.bench.options import BenchOptions
+from jaxmnist.bench.scaling import check_devices, measure_scaling
+from jaxmnist.bench.schema import BREAKDOWN_PARTS
+from jaxmnist.data import Dataset, get_spec, load_dataset
 from jaxmnist.errors import ConfigError
 from jaxmnist.models import count_params, get_model
 from jaxmnist.training import evaluate as evaluate_lib
@@ -46,10 +49,11 @@ SYNTHETIC_NOTE = (
 )
 
 
-def synthetic_dataset(name: str, seed: int = 0, train_size: int | None = None):
-    """A `Dataset` of random uint8 data with the real one's shapes and sizes."""
-    from jaxmnist.data import Dataset, get_spec
-
+def synthetic_dataset(
+    name: str, seed: int = 0, train_size: int | None = None, test_size: int | None = None
+):
+    """A `Dataset` of random uint8 data with the real one's shapes, and its sizes unless
+    `train_size` or `test_size` says."""
     spec = get_spec(name)
     rng = np.random.default_rng(seed)
 
@@ -58,14 +62,15 @@ def synthetic_dataset(name: str, seed: int = 0, train_size: int | None = None):
         return images, rng.integers(0, spec.num_classes, n, dtype=np.uint8)
 
     return Dataset(
-        spec, *split(train_size or spec.train_size), *split(spec.test_size), SYNTHETIC_NOTE
+        spec,
+        *split(train_size or spec.train_size),
+        *split(test_size or spec.test_size),
+        SYNTHETIC_NOTE,
     )
 
 
 def _load(cfg, opts: BenchOptions):
     """The dataset to measure on: real or synthetic, cut to `opts.train_examples`."""
-    from jaxmnist.data import load_dataset
-
     if opts.synthetic:
         return synthetic_dataset(cfg.data.dataset, cfg.train.seed, opts.train_examples)
     ds = load_dataset(cfg.data.dataset, cfg.data.data_dir, download=cfg.data.download)
@@ -236,8 +241,6 @@ def run_bench(
     config_lib.validate(cfg)
     variants = []
     if opts.variant_key:
-        from jaxmnist.data import get_spec
-
         spec = dataset.spec if dataset is not None else get_spec(cfg.data.dataset)
         variants = variants_lib.variant_configs(
             cfg,
@@ -250,8 +253,6 @@ def run_bench(
     dtypes_used = (cfg.model.dtype, *opts.dtypes, *(v.cfg.model.dtype for v in variants))
     for dtype in dict.fromkeys(dtypes_used):
         options_lib.check_dtype_supported(dtype)
-    from jaxmnist.bench.scaling import check_devices
-
     check_devices(opts.device_counts)
     dataset = dataset if dataset is not None else _load(cfg, opts)
     options_lib.check_batch_sizes(opts, cfg, len(dataset.train_labels))
@@ -284,8 +285,6 @@ def run_bench(
     sweep = [bench.measure(opts.sweep_mode, dtype, b) for b in opts.batch_sizes]
     scaling = None
     if opts.device_counts:
-        from jaxmnist.bench.scaling import measure_scaling
-
         scaling = measure_scaling(cfg, dataset, opts.device_counts, log)
 
     params = jax.eval_shape(
@@ -364,15 +363,6 @@ def _ratios(modes: list[dict], dtypes: list[dict]) -> dict:
         if ea is not None and eb is not None:
             out[name] = ea / eb
     return out
-
-
-BREAKDOWN_PARTS = {
-    "compiled_step_seconds": ("scan-epoch", None),
-    "call_overhead_seconds": ("jit-step-device", "scan-epoch"),
-    "host_copy_seconds": ("jit-step-host", "jit-step-device"),
-    "eager_dispatch_seconds": ("python-dispatch", "jit-step-device"),
-}
-"""Each part of a step's time: the mode measured, minus the mode it is compared with."""
 
 
 def _breakdown(modes: list[dict]) -> dict:

@@ -1,7 +1,7 @@
 """Scaling over devices: `jaxmnist bench --devices 1,2,4,8`.
 
 For each device count the bench trains the config for a few epochs through the
-real run loop (`train.train_population`) in two layouts and takes the median
+real run loop (`jaxmnist.training.loop.train_population`) in two layouts and takes the median
 examples/s of the epochs after the first:
 
     data-parallel   one model, each global batch split over the `data` axis;
@@ -22,6 +22,7 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
+from jaxmnist.errors import ConfigError
 from jaxmnist.training import parallel
 from jaxmnist.training.loop import train_population
 from jaxmnist.training.population import seed_members
@@ -40,8 +41,6 @@ def check_devices(device_counts: tuple[int, ...]) -> None:
     """ConfigError (one line) when a count exceeds the devices there are."""
     available = jax.device_count()
     if device_counts and max(device_counts) > available:
-        from jaxmnist.errors import ConfigError
-
         raise ConfigError(
             f"--devices {','.join(map(str, device_counts))}: only {available} device(s) exist "
             "(on CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N fakes more)"

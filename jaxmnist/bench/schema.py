@@ -46,6 +46,14 @@ test_accuracy, and projected_tokens_per_second when tokens_per_example was given
 
 from __future__ import annotations
 
+BREAKDOWN_PARTS = {
+    "compiled_step_seconds": ("scan-epoch", None),
+    "call_overhead_seconds": ("jit-step-device", "scan-epoch"),
+    "host_copy_seconds": ("jit-step-host", "jit-step-device"),
+    "eager_dispatch_seconds": ("python-dispatch", "jit-step-device"),
+}
+"""Each part of `breakdown`: the mode measured, minus the mode it is compared with."""
+
 NUM = (int, float)
 OPT_NUM = (int, float, type(None))
 STATS = {"median": NUM, "min": NUM, "max": NUM, "rel_spread": NUM}

@@ -6,16 +6,16 @@ each variant is one measurement in the sweep mode; `run` makes them side by side
 timed windows interleaved (A B A B ...). Values are separated by commas; a tuple field
 takes its elements separated by spaces within a value (`model.channels=16 32,32 64`).
 
-Everything wrong is a `ConfigError` found before anything is measured: an unknown field,
-a value the field's type or the config's validation refuses (a `conv_impl` that does
-not exist), two values that give the same config, or a field the measurement does not
-depend on. That last test is generic rather than a list of fields per model family:
-every value's training program (the one the sweep mode runs) and the program that
-makes its initial state (parameters and optimizer state: the learning rate lives
-there), both traced on abstract inputs, are fingerprinted with the seed, and if all
-values give the same ones the comparison would measure one thing several times, e.g.
-`model.conv_impl` with the MLP (which reads no such field) or `train.epochs` (a bench
-window is one epoch whatever it says).
+Everything wrong is a `ConfigError` found before anything is measured: an unknown field
+(`model.conv_impl` with the MLP, whose config has no such field), a value the field's type
+or the config's validation refuses (a `conv_impl` that does not exist), two values that
+give the same config, or a field the measurement does not depend on. That last test is
+generic rather than a list of fields per model family: every value's training program
+(the one the sweep mode runs) and the program that makes its initial state (parameters
+and optimizer state: the learning rate lives there), both traced on abstract inputs, are
+fingerprinted with the seed, and if all values give the same ones the comparison would
+measure one thing several times, e.g. `train.epochs` (a bench window is one epoch
+whatever it says).
 Values that give the same program while others differ (`auto` and the formulation it
 resolves to) are measured, and the rows say so.
 """

@@ -1,0 +1,201 @@
+"""Every script under benchmarks/ still imports, answers --help and runs its smallest mode.
+
+The scripts are loaded from their files, as `python benchmarks/NAME.py` would run them
+(with `benchmarks/` first on `sys.path`, where `benchlib` lives), so that a function of
+jaxmnist renamed or moved breaks this test rather than the next person who runs the
+benchmark. Every jaxmnist name a script uses is also looked up, including those it
+imports inside functions (which no import at load time reaches). Scripts with a
+`--smoke` mode run it in this process on tiny random data, each in seconds; the load test
+of `jaxmnist serve` runs briefly against a tiny run; the others train in `jaxmnist` child
+processes on the real datasets, and get the checks that cost nothing.
+"""
+
+import ast
+import importlib
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+SCRIPTS = sorted(p.stem for p in BENCHMARKS.glob("*.py"))
+
+# --smoke: extra arguments, and the keys its JSON must hold (None: it prints JSON instead).
+SMOKE = {
+    "batch_norm_cost": ([], {"layer_ms", "speedrun_step", "environment"}),
+    "bf16_matmul": ([], {"matmul_gflops", "tpu101", "environment"}),
+    "checkpoint_overhead": ([], {"median_epoch_wall_seconds", "checkpoint_overhead"}),
+    "conv_backward": ([], {"speedrun", "environment"}),
+    "devices_scaling": ([], {"scaling", "tpu101_test_accuracy", "environment"}),
+    "epoch_vs_tutorial": ([], {"epoch_seconds", "epoch_ratio", "peak_fraction"}),
+    "pacing_overhead": (["--presets", "tpu101"], {"presets", "environment"}),
+    "tutorial_tpu101": ([], None),
+}
+# Scripts whose every mode trains in `jaxmnist` (or PyTorch) child processes on the real
+# data, each a JAX start-up and a compile or more: too slow here, so --help only.
+HELP_ONLY = {"cnn_presets", "cnn_vs_pytorch", "host_memory", "seeds_vs_single", "stop_latency"}
+# Its smallest mode is a short load test of a finished run: test_serve_load_on_a_tiny_run.
+ON_A_RUN = {"serve_load"}
+
+
+def load(name: str):
+    """benchmarks/NAME.py as a fresh module (`benchmarks/` must be on sys.path)."""
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses and pickling look modules up here
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[spec.name]
+    return module
+
+
+@pytest.fixture
+def on_path(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+
+
+def test_every_script_is_checked():
+    assert len(SCRIPTS) >= 14, SCRIPTS  # the glob found the folder
+    kinds = [set(SMOKE), HELP_ONLY, ON_A_RUN]
+    assert set(SCRIPTS) == set.union(*kinds), "say how each script is checked"
+    assert sum(map(len, kinds)) == len(SCRIPTS), "each script in one place"
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_imports_and_answers_help(name, on_path, capsys):
+    module = load(name)
+    with pytest.raises(SystemExit) as e:
+        module.main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage:"), out
+    if name in SMOKE:
+        assert "--smoke" in out
+
+
+def jaxmnist_names(path: Path) -> set[str]:
+    """Dotted names a script takes from jaxmnist: what it imports (at the top or inside a
+    function) and the attributes it reads from what it imported."""
+    tree = ast.parse(path.read_text())
+    bound, names = {}, set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module.split(".")[0] == "jaxmnist":
+                for alias in node.names:
+                    bound[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+                    names.add(f"{node.module}.{alias.name}")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "jaxmnist":
+                    bound[alias.asname or "jaxmnist"] = alias.name if alias.asname else "jaxmnist"
+                    names.add(alias.name)
+    for node in ast.walk(tree):
+        chain = []
+        while isinstance(node, ast.Attribute):
+            chain.append(node.attr)
+            node = node.value
+        if chain and isinstance(node, ast.Name) and node.id in bound:
+            names.add(".".join([bound[node.id], *reversed(chain)]))
+    return names
+
+
+def resolve(dotted: str):
+    """The object `dotted` names: the longest importable module, then attributes."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+            break
+        except ModuleNotFoundError as e:
+            if not ".".join(parts[:i]).startswith(e.name or "?"):
+                raise  # a module that exists failed to import: say so
+    for attr in parts[i:]:
+        obj = getattr(obj, attr)
+    return obj
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_every_jaxmnist_name_it_uses_exists(name):
+    names = jaxmnist_names(BENCHMARKS / f"{name}.py")
+    missing = []
+    for dotted in sorted(names):
+        try:
+            resolve(dotted)
+        except (AttributeError, ModuleNotFoundError) as e:
+            missing.append(f"{dotted} ({e})")
+    assert not missing, f"benchmarks/{name}.py uses names jaxmnist no longer has: {missing}"
+
+
+def test_the_name_check_finds_a_missing_name(tmp_path):
+    script = tmp_path / "gone.py"
+    script.write_text(
+        "from jaxmnist.training import step as step_lib\n"
+        "def f():\n"
+        "    from jaxmnist.runs.checkpoint import no_such_function\n"
+        "    return step_lib.no_such_step\n"
+    )
+    names = jaxmnist_names(script)
+    assert names >= {
+        "jaxmnist.runs.checkpoint.no_such_function",
+        "jaxmnist.training.step.no_such_step",
+    }
+    with pytest.raises(AttributeError):
+        resolve("jaxmnist.training.step.no_such_step")
+
+
+def test_a_smoke_run_never_writes_into_the_committed_results(on_path):
+    default_out = importlib.import_module("benchlib.results").default_out
+    assert default_out("x.json") == BENCHMARKS / "results" / "x.json"
+    assert BENCHMARKS not in default_out("x.json", smoke=True).parents
+
+
+def test_importing_the_scaling_script_leaves_the_devices_alone(on_path, monkeypatch):
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    load("devices_scaling")  # it asks for 8 fake devices only when run as a script
+    assert "XLA_FLAGS" not in os.environ
+
+
+def test_pytorch_comparison_imports_without_torch(on_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError
+    module = load("cnn_vs_pytorch")
+    with pytest.raises(SystemExit):
+        module.main(["--help"])
+    assert "--variants" in capsys.readouterr().out
+
+
+def test_accelerator_session_script():
+    script = BENCHMARKS / "accelerator_session.sh"
+    done = subprocess.run(["bash", "-n", str(script)], check=False, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    used = set(re.findall(r"benchmarks/(\w+)\.py", script.read_text()))
+    assert used and used <= set(SCRIPTS), used - set(SCRIPTS)
+
+
+@pytest.mark.parametrize("name", sorted(SMOKE))
+def test_smoke_mode(name, on_path, tmp_path, capsys):
+    extra, keys = SMOKE[name]
+    module = load(name)
+    if keys is None:
+        module.main(["--smoke", *extra])
+        result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert result
+        return
+    out = tmp_path / f"{name}.json"
+    module.main(["--smoke", "--out", str(out), *extra])
+    result = json.loads(out.read_text())
+    assert keys <= set(result), keys - set(result)
+
+
+def test_serve_load_on_a_tiny_run(on_path, tiny_model_run, tmp_path):
+    pytest.importorskip("uvicorn", reason="needs the serve extra")
+    out = tmp_path / "serve_load.json"
+    argv = ["--requests", "20", "--clients", "2", "--warmup", "2", "--out", str(out)]
+    load("serve_load").main([str(tiny_model_run), *argv])
+    result = json.loads(out.read_text())
+    assert result["completed"] == 20 and result["errors"] == 0, result["error_kinds"]
