@@ -46,3 +46,13 @@ class WriteError(JaxmnistError):
         if err.errno in (errno.ENOSPC, errno.EDQUOT):
             return cls(f"disk full while writing {path}; free some space there and try again")
         return cls(f"cannot write {path}: {err.strerror or err}")
+
+
+class NotARunError(ConfigError):
+    """The path given names no run directory with a trained model: missing, not a run,
+    or a run that has saved no parameters yet (exit 2, as any wrong argument)."""
+
+
+class CorruptRunError(JaxmnistError):
+    """A run directory whose files cannot be read back: a damaged config.json,
+    params.npz or every checkpoint (exit 1, as corrupt data)."""

@@ -10,7 +10,7 @@ values that live in arrays — learning rate, weight decay, momentum, seed
 population of points × seeds models; a field that changes a shape or the
 program (batch size, hidden sizes, optimizer, schedule, ...) starts another
 group, and the groups run one after another through the one run loop
-(`train.train_population`). A point that diverges is recorded, not fatal.
+(`training.loop.train_population`). A point that diverges is recorded, not fatal.
 
 `run_sweep` returns the result as a JSON-ready dict; `write_outputs` writes
 sweep.json, sweep.csv, the plot and the HTML page (`jaxmnist.report.sweep_report`).
@@ -31,10 +31,13 @@ from typing import NamedTuple
 import numpy as np
 
 from jaxmnist import config as config_lib
-from jaxmnist import stats
+from jaxmnist import runtime, stats
+from jaxmnist.data import load_dataset
 from jaxmnist.errors import ConfigError
 from jaxmnist.runs.rundir import atomic_write, write_json
-from jaxmnist.training.loop import EpochEnd, Reporter, layout_for, train_population
+from jaxmnist.training.hooks import Callback, EpochEnd, RunStart
+from jaxmnist.training.loop import train_population
+from jaxmnist.training.parallel import layout_for
 from jaxmnist.training.population import TRACED_FIELDS, Member
 
 FILES = {"json": "sweep.json", "csv": "sweep.csv", "png": "sweep.png", "html": "sweep.html"}
@@ -133,7 +136,7 @@ def group_points(points: list[Point]) -> list[list[Point]]:
     return list(groups.values())
 
 
-class SweepReporter(Reporter):
+class SweepReporter(Callback):
     """Progress of one group as short lines through `log`."""
 
     def __init__(
@@ -141,7 +144,8 @@ class SweepReporter(Reporter):
     ):
         self.log, self.title, self.point_of, self.num_points = log, title, point_of, num_points
 
-    def on_start(self, info: dict) -> None:
+    def on_start(self, start: RunStart) -> None:
+        info = start.info
         chunks = info.get("chunks", [1])
         split = f", in {len(chunks)} chunks of {max(chunks)}" if len(chunks) > 1 else ""
         self.log(
@@ -205,9 +209,6 @@ def run_sweep(
     `dataset` (a `jaxmnist.data.Dataset`) is used for every point, for tests;
     otherwise each point's `data` section says what to load.
     """
-    from jaxmnist import runtime
-    from jaxmnist.data import load_dataset
-
     wall_start = time.perf_counter()
     log = log or (lambda line: None)
     if base.compile_cache:
@@ -375,7 +376,7 @@ def format_table(sweep: dict) -> str:
 
 def write_outputs(sweep: dict, out_dir: Path, command: str | None = None) -> dict[str, Path]:
     """sweep.json, sweep.csv, sweep.png and sweep.html in `out_dir`; returns their paths."""
-    from jaxmnist.report.sweep_report import write_sweep_page
+    from jaxmnist.report.sweep_report import write_sweep_page  # start-up: matplotlib
 
     paths = {k: Path(out_dir) / name for k, name in FILES.items()}
     sweep = {**sweep, "command": command}

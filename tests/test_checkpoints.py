@@ -28,10 +28,12 @@ from jaxmnist.cli import main
 from jaxmnist.data import registry, synthetic
 from jaxmnist.runs import checkpoint, rundir
 from jaxmnist.runs.checkpoint import CheckpointOptions
+from jaxmnist.runs.reader import read_config
 from jaxmnist.runs.resume import Resumer
 from jaxmnist.training import memory
-from jaxmnist.training.loop import Reporter, train_and_evaluate
+from jaxmnist.training.hooks import Callback
 from jaxmnist.training.preemption import Stopped, StopRequest
+from jaxmnist.training.run import train_and_evaluate
 from jaxmnist.training.step import init_state
 
 RUNNER = Path(__file__).parent / "run_tiny_cli.py"
@@ -340,6 +342,31 @@ def test_a_used_run_directory_needs_overwrite(cli, finished, tmp_path, capsys):
     assert checkpoint.checkpoint_steps(run) == [20]  # the old run's checkpoints went with it
 
 
+def test_overwrite_leaves_nothing_a_reader_could_take_for_the_new_run(
+    finished, tiny_dataset, tmp_path, capsys
+):
+    """`train --overwrite` over a finished run, stopped inside its first epoch before any
+    checkpoint: eval, predict and export find no model, not the old run's."""
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    rundir.check_reusable(run, overwrite=True)  # what `train --overwrite` does first
+    cfg = read_config(run)
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, progress_every=5))
+    stop = StopRequest()
+    with pytest.raises(Stopped, match="stopped at step 5;"):
+        train_and_evaluate(cfg, run, SignalAt(stop, 1), dataset=tiny_dataset, stop=stop)
+    left = {p.name for p in run.iterdir()}
+    assert not left & {"params.npz", "confusion_matrix.json", "summary.json", "checkpoints"}
+    assert not left & {"test_predictions.npz", "report.html", "diverged.json"}
+    capsys.readouterr()
+    png = tmp_path / "x.png"
+    png.write_bytes(b"not read")
+    for argv in (["eval", str(run)], ["predict", str(run), str(png)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "no params.npz and no checkpoint" in err and len(err.splitlines()) == 1
+
+
 def test_eval_of_an_unfinished_run_uses_its_newest_checkpoint(finished, tmp_path, capsys):
     run = tmp_path / "run"
     shutil.copytree(finished, run)
@@ -402,7 +429,7 @@ def test_tensorboard_events_continue_without_gaps_or_repeats(cli, finished, tmp_
     )
 
 
-class SignalAt(Reporter):
+class SignalAt(Callback):
     """As if SIGTERM came to `stop` once the run had passed `step`."""
 
     def __init__(self, stop: StopRequest, step: int):

@@ -21,6 +21,8 @@ from jaxmnist.data import load_dataset, synthetic
 from jaxmnist.data.locate import default_cache_dir
 from jaxmnist.errors import WriteError
 from jaxmnist.runs import rundir
+from jaxmnist.runs.writer import RunWriter
+from jaxmnist.training.hooks import EpochEnd, Progress, RunStart
 
 
 def cache_warnings(caplog):
@@ -134,16 +136,16 @@ def test_checked_entries_are_not_read_again(tmp_path, monkeypatch):
 
 def test_appends_never_leave_a_cut_off_line(small_tmpfs):
     disk = small_tmpfs(64)
-    run = rundir.RunWriter(disk / "run")
-    run.write_start(_Cfg(), {})
-    run.append_metrics({"epoch": 1, "step": 10}, np.linspace(1, 2, 10))
+    run = RunWriter(disk / "run")
+    run.on_start(RunStart(_Cfg(), {}, Progress()))
+    run.on_epoch_end(_epoch_end({"epoch": 1, "step": 10}, np.linspace(1, 2, 10)))
     with pytest.raises(OSError), open(disk / "filler", "wb") as f:  # fill the disk
         while True:
             f.write(bytes(4096))
             f.flush()
     # metrics.jsonl's line fits in its last page; a thousand step losses do not.
     with pytest.raises(WriteError) as info:
-        run.append_metrics({"epoch": 2, "step": 1010}, np.linspace(2, 3, 1000))
+        run.on_epoch_end(_epoch_end({"epoch": 2, "step": 1010}, np.linspace(2, 3, 1000)))
     assert str(info.value).startswith(f"disk full while writing {run.path}/step_loss.csv")
     csv = (run.path / "step_loss.csv").read_text()
     assert csv.endswith("\n") and csv.splitlines()[-1] == "10,2"  # the failed epoch is cut back
@@ -155,6 +157,11 @@ def test_appends_never_leave_a_cut_off_line(small_tmpfs):
 class _Cfg:
     def to_dict(self):
         return {"config": "x"}
+
+
+def _epoch_end(record: dict, step_losses) -> EpochEnd:
+    """What the run writer reads of an epoch's end: its record and step losses."""
+    return EpochEnd(record["epoch"], record["step"], record, step_losses, None, None, [], None)
 
 
 def test_full_disk_during_a_run_is_one_line_and_exit_1(train_argv, small_tmpfs, capsys):

@@ -14,12 +14,12 @@ import pytest
 
 from jaxmnist import config as config_lib
 from jaxmnist.cli import main
-from jaxmnist.models import get_model
+from jaxmnist.models import get_model, model_config
 from jaxmnist.report import html, predictions, rundata
 from jaxmnist.report.compare import write_comparison
 from jaxmnist.report.run_report import write_run_report
 from jaxmnist.training.evaluate import predict_probabilities
-from jaxmnist.training.loop import train_and_evaluate
+from jaxmnist.training.run import train_and_evaluate
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 VOID = {"meta", "img", "br", "hr", "input", "link", "source", "wbr", "col", "area", "base"}
@@ -195,7 +195,7 @@ def test_predictions_file_matches_the_model(run_dir, tiny_dataset):
 
 
 def test_predict_probabilities_is_softmax_of_apply():
-    cfg = config_lib.ModelConfig(hidden=(16,))
+    cfg = model_config("mlp", hidden=(16,))
     params = get_model("mlp").init(jax.random.key(0), cfg, (28, 28), 10)
     images = np.random.default_rng(0).integers(0, 256, (37, 28, 28), dtype=np.uint8)
     probs = predict_probabilities(cfg, params, images, batch_size=16)  # padded: 3 batches
@@ -418,8 +418,8 @@ def test_seed_plot_legends_cannot_hide_a_point():
 
 
 def test_eval_prints_class_names_in_full(capsys):
+    from jaxmnist.commands.evaluate import format_confusion
     from jaxmnist.data import get_spec
-    from jaxmnist.reporting import format_confusion
 
     names = get_spec("fashion_mnist").class_names
     text = format_confusion(np.eye(10, dtype=int), names)

@@ -11,7 +11,8 @@ from jaxmnist import config as config_lib
 from jaxmnist.cli import main
 from jaxmnist.errors import ConfigError
 from jaxmnist.training import memory, population
-from jaxmnist.training.loop import Reporter, train_population
+from jaxmnist.training.hooks import Callback
+from jaxmnist.training.loop import train_population
 
 
 def small_cfg(**train):
@@ -64,7 +65,7 @@ def test_vmapped_seed_equals_that_seed_alone(tiny_dataset, four_seeds):
     )
 
 
-class CountingReporter(Reporter):
+class CountingReporter(Callback):
     def __init__(self):
         self.totals, self.seen = [], []
 
@@ -119,7 +120,7 @@ def test_plan_chunks_and_the_too_small_message():
 
 
 def test_target_accuracy_stops_early_and_records_times(tiny_dataset, tmp_path):
-    from jaxmnist.training.loop import train_and_evaluate
+    from jaxmnist.training.run import train_and_evaluate
 
     summary = train_and_evaluate(
         small_cfg(seeds=2, epochs=6, target_accuracy=0.5), tmp_path / "run", dataset=tiny_dataset
@@ -248,7 +249,7 @@ def test_memory_estimate_counts_what_the_model_computes():
     assert kept("cnn", conv_impl="im2col") >= im2col
 
 
-class EstimateWatch(Reporter):
+class EstimateWatch(Callback):
     def __init__(self):
         self.events = []
 

@@ -16,7 +16,8 @@ from jaxmnist.bench.timing import compile_count
 from jaxmnist.errors import TrainingError
 from jaxmnist.models import count_params, mlp
 from jaxmnist.training import evaluate as evaluate_lib
-from jaxmnist.training.loop import place_train_data, train_and_evaluate
+from jaxmnist.training.loop import place_train_data
+from jaxmnist.training.run import train_and_evaluate
 from jaxmnist.training.step import (
     EpochMetrics,
     empty_metrics,
@@ -55,9 +56,7 @@ def test_he_init_and_zero_biases():
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_apply_shapes_and_float32_logits(dtype):
-    cfg = dataclasses.replace(
-        config_lib.ModelConfig(hidden=(64, 32), activation="gelu"), dtype=dtype
-    )
+    cfg = dataclasses.replace(mlp.MLPConfig(hidden=(64, 32), activation="gelu"), dtype=dtype)
     params = mlp.init(jax.random.key(0), cfg)
     logits = mlp.apply(params, jnp.zeros((5, 28, 28), jnp.float32), cfg)
     assert logits.shape == (5, 10) and logits.dtype == jnp.float32
@@ -65,7 +64,7 @@ def test_apply_shapes_and_float32_logits(dtype):
 
 
 def test_flops_per_example_counts_matmuls():
-    cfg = config_lib.ModelConfig(hidden=(256,))
+    cfg = mlp.MLPConfig(hidden=(256,))
     macs1, macs2 = 784 * 256, 256 * 10
     # forward 2*(m1+m2); backward: weight grads 2*(m1+m2), input grad of layer 2 only.
     assert mlp.flops_per_example(cfg) == 4 * (macs1 + macs2) + 2 * macs2
@@ -139,7 +138,7 @@ def test_second_epoch_does_not_recompile(tiny_dataset):
 
 
 def test_masked_evaluation_matches_numpy_on_ragged_set(tiny_dataset):
-    cfg = config_lib.ModelConfig(hidden=(32,))
+    cfg = mlp.MLPConfig(hidden=(32,))
     params = mlp.init(jax.random.key(5), cfg)
     images, labels = tiny_dataset.test_images[:37], tiny_dataset.test_labels[:37]
     data = evaluate_lib.place_eval_data(images, labels, 8)  # 5 batches, 3 padded rows

@@ -22,6 +22,9 @@ from pathlib import Path
 import numpy as np
 
 from jaxmnist.errors import ConfigError
+from jaxmnist.report import image_grids, plots
+from jaxmnist.runs.rundir import STEP_LOSS_FILE
+from jaxmnist.training.hooks import Callback, EpochEnd, RunEnd, RunStart
 
 EVENTS_DIR = "tensorboard"
 
@@ -84,8 +87,6 @@ class EventWriter:
         confusion: int (C, C); probs: float (N, C); labels: int (N,); images: uint8
         (N, H, W) or (N, H*W) square.
         """
-        from jaxmnist.report import image_grids, plots
-
         names = list(class_names)
         n = min(25, len(labels))
         grid = np.asarray(images[:n])
@@ -104,3 +105,48 @@ class EventWriter:
 
     def close(self) -> None:
         self._writer.close()
+
+
+class Events(Callback):
+    """The run loop's callback that writes a run's events with an `EventWriter`.
+
+    The event files start afresh with every run, so a resumed run first writes the
+    epochs it continues after again, with their step losses from step_loss.csv.
+    """
+
+    def __init__(self, run_dir):
+        self.run_dir = Path(run_dir)
+        self.writer: EventWriter | None = None
+
+    def on_start(self, start: RunStart) -> None:
+        self.writer = EventWriter(self.run_dir, start.cfg.to_dict())
+        losses = _step_losses(self.run_dir / STEP_LOSS_FILE)
+        first = 0
+        for record in start.progress.records:
+            self.writer.write_epoch(record, losses[first : record["step"]])
+            first = record["step"]
+
+    def on_epoch_end(self, end: EpochEnd) -> None:
+        self.writer.write_epoch(end.record, end.step_losses)
+
+    def on_finish(self, end: RunEnd) -> None:
+        dataset = end.dataset
+        if end.test_probabilities is not None:
+            self.writer.write_final(
+                end.result.steps,
+                end.result.test.confusion[0],
+                dataset.spec.class_names,
+                end.test_probabilities,
+                dataset.test_labels,
+                dataset.test_images,
+            )
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def _step_losses(path: Path) -> np.ndarray:
+    """float64 (steps,) from step_loss.csv (rows step,loss with steps 1, 2, ...)."""
+    rows = path.read_text().splitlines()[1:] if path.is_file() else []
+    return np.array([float(r.split(",")[1]) for r in rows if r], np.float64)

@@ -39,9 +39,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmnist.errors import JaxmnistError, WriteError
-from jaxmnist.training.loop import Callback
+from jaxmnist.runs.rundir import CHECKPOINT_DIR
+from jaxmnist.training.hooks import Callback, RunStart
 
-CHECKPOINT_DIR = "checkpoints"
 LARGE_BYTES = 256 * 2**20  # a state this large takes seconds to write
 
 
@@ -155,9 +155,10 @@ def abstract_state(shapes, members: int, sharding):
 class Checkpointer(Callback):
     """A run-loop callback: saves the state after every `every`-th epoch and the last.
 
-    `resume` (a `resume.Resumer`) supplies the metrics of the epochs before a
-    restart. A stop (`EpochEnd.stopping`, `StepsEnd.stopping`) always saves, where it
-    happens. Call `close()` at the end: it waits for the last write.
+    A resumed run's earlier epochs (their metrics.jsonl records, saved with every
+    checkpoint) come from `on_start`. A stop (`EpochEnd.stopping`,
+    `StepsEnd.stopping`) always saves, where it happens. Call `close()` at the end:
+    it waits for the last write.
 
     In one process the state is copied to the host (the next epoch donates its
     device buffers) and a worker thread does the rest: fingerprint, Orbax's
@@ -166,8 +167,8 @@ class Checkpointer(Callback):
     does the copying, collectively.
     """
 
-    def __init__(self, run_dir, options: CheckpointOptions, resume=None):
-        self.options, self.resume = options, resume
+    def __init__(self, run_dir, options: CheckpointOptions):
+        self.options = options
         _quiet_abandoned_writes()  # before any write: a failing one echoes from its threads
         self.records: list = []
         self.path = checkpoint_dir(run_dir)
@@ -179,10 +180,9 @@ class Checkpointer(Callback):
         self.pending: Future | None = None
         self.last_epoch = -1  # the plan's last epoch, known at `on_start`
 
-    def on_start(self, info: dict) -> None:
-        self.last_epoch = info["epochs"]
-        if self.resume is not None:  # the epochs before the restart, for the next checkpoint
-            self.records = list(self.resume.restored.progress["records"])
+    def on_start(self, start: RunStart) -> None:
+        self.last_epoch = start.info["epochs"]
+        self.records = list(start.progress.records)  # a resumed run's epochs before the restart
 
     def on_epoch_end(self, end) -> None:
         self.records.append(end.record)
@@ -330,29 +330,6 @@ def _warn(message: str) -> None:
 def _reason(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return (text[0] if text else type(e).__name__)[:200]
-
-
-def newest_params(run_dir, cfg, num_train: int, input_shape, num_classes: int):
-    """(every member's parameters, member axis first, on the default device;
-    {"checkpoint_step", "checkpoint_epoch"}) from a run's newest intact checkpoint:
-    what eval, predict, export and serve use for a run that has not finished."""
-    from jaxmnist import config as config_lib
-    from jaxmnist import optim
-    from jaxmnist.training import parallel
-    from jaxmnist.training.step import init_state
-
-    plan = config_lib.plan_steps(cfg.train, num_train)
-    optimizer = optim.make_optimizer(cfg.optimizer, plan.total_steps)
-    shapes = jax.eval_shape(
-        lambda k: init_state(k, cfg, optimizer, tuple(input_shape), num_classes),
-        jax.random.key(0),
-    )
-    device = jax.sharding.SingleDeviceSharding(parallel.default_device())
-    restored = restore_newest(run_dir, abstract_state(shapes, cfg.train.seeds, device))
-    return restored.state.params, {
-        "checkpoint_step": restored.step,
-        "checkpoint_epoch": restored.epoch,
-    }
 
 
 def checkpoint_steps(run_dir) -> list[int]:

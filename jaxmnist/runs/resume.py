@@ -12,24 +12,26 @@ checkpoint and is no longer the original run.
 
 A `Resumer` is the run loop's `start`: it restores the newest intact checkpoint
 onto the new run's mesh (any device count), and hands back the progress (epoch,
-step, metrics) the loop continues from. `ResumedRunWriter` then rewrites
-metrics.jsonl and step_loss.csv to end exactly at that checkpoint, so epochs
-that ran after it (and were lost) are neither duplicated nor missing.
+step, metrics) the loop continues from; the loop passes that progress to every
+callback's `on_start` (`writer.RunWriter` rewinds the run's files to it).
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import jax
 import numpy as np
 
-from jaxmnist import optim
-from jaxmnist.runs import checkpoint, rundir
 from jaxmnist import config as config_lib
-from jaxmnist.errors import ConfigError, JaxmnistError
+from jaxmnist import optim
+from jaxmnist.errors import ConfigError
+from jaxmnist.runs import checkpoint, rundir
+from jaxmnist.runs.reader import read_config
+from jaxmnist.runs.rundir import DIVERGED_FILE
+from jaxmnist.training.hooks import Progress
+from jaxmnist.training.step import empty_metrics
 
 # Fields a resumed run may change: where and how fast it runs, how long, what it reports.
 RESUMABLE = {
@@ -47,7 +49,6 @@ RESUMABLE = {
     "memory_budget_mb",
 }
 AFTER_DIVERGENCE = {"optimizer.lr"}  # only for a run stopped by a non-finite loss
-DIVERGED_FILE = "diverged.json"  # written when a non-finite loss stopped the run
 
 
 def _flat(cfg: config_lib.Config) -> dict:
@@ -88,15 +89,10 @@ def _get(cfg, key: str):
 
 def prepare(run_dir, overrides: dict, warn=None) -> tuple[config_lib.Config, bool]:
     """(config to continue with, whether the run is extended). ConfigError (exit 2) for a
-    refused field, JaxmnistError (exit 1) for a directory that holds no run to resume."""
+    refused field; `reader.open_run`'s errors for a directory that holds no run to resume."""
     warn = warn or _warn
     path = Path(run_dir)
-    if not (path / "config.json").is_file():
-        raise JaxmnistError(f"{path}: not a run directory (no config.json); nothing to resume")
-    try:
-        old = config_lib.from_dict(json.loads((path / "config.json").read_text()))
-    except (ValueError, TypeError) as e:
-        raise JaxmnistError(f"{path / 'config.json'}: not a jaxmnist config ({e})") from None
+    old = read_config(path)
     new = config_lib.apply_overrides(old, overrides)
     config_lib.validate(new)
     before, after = _flat(old), _flat(new)
@@ -131,17 +127,14 @@ def _warn(message: str) -> None:
 
 
 class Resumer:
-    """The run loop's `start` for a resumed run (see the module doc); `restored` afterwards."""
+    """The run loop's `start` for a resumed run (see the module doc)."""
 
     def __init__(self, run_dir, cfg: config_lib.Config, warn=None):
         self.run_dir, self.cfg, self.warn = Path(run_dir), cfg, warn or _warn
-        self.restored: checkpoint.Restored | None = None
-        saved = json.loads((self.run_dir / "config.json").read_text())  # before it is rewritten
-        self.saved_lr = saved["optimizer"]["lr"]
+        self.saved_lr = read_config(self.run_dir).optimizer.lr  # before it is rewritten
 
-    def __call__(self, setup):
-        from jaxmnist.training.step import empty_metrics
-        from jaxmnist.training.loop import Progress
+    def __call__(self, setup) -> tuple[Progress, list]:
+        """(where the run continues, one state per chunk) for `setup` (`loop.Setup`)."""
 
         pop, plan = setup.population, setup.plan
         target = checkpoint.abstract_state(pop.state_shapes(), len(pop), pop.layout.by_member)
@@ -170,7 +163,6 @@ class Resumer:
         metrics = None
         if epoch_step:
             metrics = checkpoint.split_members(restored.metrics, pop)
-        self.restored = restored._replace(state=None, metrics=None)  # the loop holds them now
         records = tuple(restored.progress["records"])
         progress = Progress(
             restored.epoch,
@@ -191,54 +183,3 @@ class Resumer:
             out_shardings=pop.layout.by_member,
         )
         return fn(state, lr)
-
-    def writer(self) -> ResumedRunWriter:
-        return ResumedRunWriter(self.run_dir, self)
-
-    def replay(self, events) -> None:
-        """Writes the restored epochs' TensorBoard scalars again (the event files restart)."""
-        losses = _step_losses(self.run_dir / "step_loss.csv")
-        for record in self.restored.progress["records"]:
-            first = record["step"] - _epoch_steps(record, self.restored.progress["records"])
-            events.write_epoch(record, losses[first : record["step"]])
-
-
-def _epoch_steps(record: dict, records: list) -> int:
-    i = records.index(record)
-    return record["step"] - (records[i - 1]["step"] if i else 0)
-
-
-def _step_losses(path: Path) -> np.ndarray:
-    """float64 (steps,) from step_loss.csv (rows step,loss with steps 1, 2, ...)."""
-    rows = path.read_text().splitlines()[1:] if path.is_file() else []
-    return np.array([float(r.split(",")[1]) for r in rows if r], np.float64)
-
-
-class ResumedRunWriter(rundir.RunWriter):
-    """A run directory continued at a checkpoint: its files are kept, and rewound to it."""
-
-    def __init__(self, workdir, resumer: Resumer):
-        self.path = rundir.check_writable(workdir)
-        self.resumer = resumer
-        # No longer finished (an extended run) nor diverged (a restart with a new rate).
-        for name in ("summary.json", "test_predictions.npz", "report.html", DIVERGED_FILE):
-            (self.path / name).unlink(missing_ok=True)
-
-    def write_start(self, cfg, info: dict) -> None:
-        rundir.write_json(self.path / "config.json", cfg.to_dict())
-        env_path = self.path / "environment.json"
-        env = json.loads(env_path.read_text()) if env_path.is_file() else {}
-        rundir.write_json(env_path, {**env, **info, "resumed_at_step": self.resumer.restored.step})
-        self.rewind()
-
-    def rewind(self) -> None:
-        """metrics.jsonl and step_loss.csv exactly as they were at the restored checkpoint."""
-        restored = self.resumer.restored
-        lines = "".join(json.dumps(r) + "\n" for r in restored.progress["records"])
-        rundir.atomic_write(self.path / "metrics.jsonl", lines.encode())
-        csv = self.path / "step_loss.csv"
-        rows = csv.read_text().splitlines()[1:] if csv.is_file() else []
-        last = restored.step - restored.progress.get("epoch_step", 0)  # its last whole epoch
-        kept = [r for r in rows if r and int(r.split(",")[0]) <= last]
-        text = "step,loss\n" + "".join(r + "\n" for r in kept)
-        rundir.atomic_write(csv, text.encode())

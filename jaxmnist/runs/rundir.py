@@ -14,6 +14,7 @@
     report.html, plots/     the report (jaxmnist.report), unless --no-report
     tensorboard/            TensorBoard events, with tensorboard=true
 
+`writer.RunWriter` writes these as the run goes; `reader.open_run` reads a run back.
 Every file is written to a temporary name and renamed into place, so a crashed
 or interrupted run never leaves a file that looks complete; the two growing files
 (metrics.jsonl, step_loss.csv) gain whole lines only: an append that fails is cut
@@ -25,21 +26,32 @@ An OSError while writing becomes a `WriteError`: one line naming the file (exit 
 from __future__ import annotations
 
 import errno
+import io
 import json
 import os
 import secrets
 import shlex
+import zipfile
+import zlib
 from pathlib import Path
 
 import jax
 import numpy as np
 
-from jaxmnist import runtime
 from jaxmnist.errors import ConfigError, JaxmnistError, WriteError
 
+CONFIG_FILE = "config.json"
+ENVIRONMENT_FILE = "environment.json"
+DATA_FILE = "data.json"
+METRICS_FILE = "metrics.jsonl"
+STEP_LOSS_FILE = "step_loss.csv"
+SUMMARY_FILE = "summary.json"
+CONFUSION_FILE = "confusion_matrix.json"
 PARAMS_FILE = "params.npz"
 COMMAND_FILE = "command.txt"
-DATA_FILE = "data.json"
+REPORT_FILE = "report.html"
+DIVERGED_FILE = "diverged.json"  # a non-finite loss stopped the run (see `resume`)
+CHECKPOINT_DIR = "checkpoints"
 
 
 PROBE_NAME_LENGTH = 100
@@ -140,117 +152,20 @@ def save_params(path: Path, params) -> None:
 
 def load_params(path: Path, like):
     """Loads params saved by `save_params` into the structure of `like`."""
-    try:
-        with np.load(path, allow_pickle=False) as f:
+    try:  # from bytes: np.load leaks its file handle when the zip is bad
+        with np.load(io.BytesIO(path.read_bytes()), allow_pickle=False) as f:
             stored = {k: f[k] for k in f.files}
-    except (OSError, ValueError) as e:
-        raise JaxmnistError(f"{path}: cannot read parameters ({e})") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+        raise JaxmnistError(f"{path}: corrupt ({type(e).__name__}: {e})") from None
     leaves = []
     for key, ref in jax.tree_util.tree_leaves_with_path(like):
         name = jax.tree_util.keystr(key)
         if name not in stored or stored[name].shape != ref.shape:
             raise JaxmnistError(
-                f"{path}: parameter {name} missing or of the wrong shape for this config"
+                f"{path}: corrupt (parameter {name} missing or of the wrong shape for this config)"
             )
         leaves.append(stored[name])
     return jax.tree.unflatten(jax.tree.structure(like), leaves)
-
-
-class RunWriter:
-    """Writes one run's directory as the run goes."""
-
-    def __init__(self, workdir: str | os.PathLike):
-        self.path = check_writable(workdir)
-        for name in (
-            "metrics.jsonl",
-            "step_loss.csv",
-            DATA_FILE,
-            "summary.json",
-            "test_predictions.npz",
-            "report.html",
-        ):
-            try:
-                (self.path / name).unlink(missing_ok=True)
-            except OSError as e:
-                raise WriteError.from_os_error(e, self.path / name) from None
-
-    def write_start(self, cfg, info: dict) -> None:
-        write_json(self.path / "config.json", cfg.to_dict())
-        write_json(self.path / "environment.json", {**runtime.environment(), **info})
-        atomic_write(self.path / "step_loss.csv", b"step,loss\n")
-
-    def write_data(self, dataset) -> None:
-        """data.json: where the (verified) data came from, so that `jaxmnist eval` finds
-        it again in a shell without the same --data-dir or JAXMNIST_DATA_DIR."""
-        folder = dataset.folder
-        write_json(
-            self.path / DATA_FILE,
-            {
-                "dataset": dataset.spec.name,
-                "folder": None if folder is None else str(Path(folder).absolute()),
-                "source": dataset.source,
-                "sha256": {f.name: f.sha256 for f in dataset.spec.files},
-            },
-        )
-
-    def append_metrics(self, record: dict, step_losses: np.ndarray) -> None:
-        append_lines(self.path / "metrics.jsonl", json.dumps(record) + "\n")
-        first = record["step"] - len(step_losses)
-        append_lines(
-            self.path / "step_loss.csv",
-            "".join(f"{first + i + 1},{loss:.6g}\n" for i, loss in enumerate(step_losses)),
-        )
-
-    def write_end(
-        self,
-        summary: dict,
-        confusion: np.ndarray,
-        params,
-        class_names,
-        confusion_per_seed: np.ndarray | None = None,
-    ) -> None:
-        """With several seeds, `confusion` and the predictions are the first seed's;
-        `confusion_per_seed` (S, C, C) adds every seed's as `matrix_per_seed`."""
-        matrices = {"matrix": confusion.tolist()}
-        if confusion_per_seed is not None:
-            matrices.update(seed=summary["seeds"][0], matrix_per_seed=confusion_per_seed.tolist())
-        write_json(
-            self.path / "confusion_matrix.json",
-            {
-                "class_names": list(class_names),
-                "rows": "true class",
-                "columns": "predicted class",
-                **matrices,
-            },
-        )
-        save_params(self.path / PARAMS_FILE, params)
-        write_json(self.path / "summary.json", summary)
-
-
-def read_data_record(workdir: str | os.PathLike) -> dict | None:
-    """data.json of a run (see `RunWriter.write_data`), or None if absent or unreadable."""
-    try:
-        record = json.loads((Path(workdir) / DATA_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) else None
-
-
-def read_run(workdir: str | os.PathLike) -> dict:
-    """Reads config.json; JaxmnistError if not a run dir with parameters (params.npz, or
-    for an unfinished run a checkpoint)."""
-    path = Path(workdir)
-    if not path.is_dir():
-        raise JaxmnistError(f"{path}: no such run directory")
-    try:
-        out = {"config": json.loads((path / "config.json").read_text())}
-    except FileNotFoundError:
-        raise JaxmnistError(f"{path}: not a run directory (no config.json)") from None
-    except json.JSONDecodeError as e:
-        raise JaxmnistError(f"{path / 'config.json'}: corrupt JSON ({e})") from None
-    if not (path / PARAMS_FILE).exists() and not any((path / "checkpoints").glob("[0-9]*")):
-        raise JaxmnistError(f"{path}: run has no {PARAMS_FILE} and no checkpoint (did it finish?)")
-    return out
 
 
 LOCK_FILE = ".lock"
@@ -275,13 +190,13 @@ def check_reusable(workdir: str | os.PathLike, overwrite: bool) -> None:
     """A directory that already holds a run is only trained into again with `overwrite`
     (then its checkpoints go too); ConfigError (exit 2) without it, nothing changed."""
     path = Path(workdir)
-    if not (path / "config.json").exists():
+    if not (path / CONFIG_FILE).exists():
         return
     if not overwrite:
-        finished = (path / "summary.json").exists()
+        finished = (path / SUMMARY_FILE).exists()
         what = "a finished run" if finished else "an unfinished run (--resume continues it)"
         raise ConfigError(f"{path} already holds {what}; --overwrite replaces it")
     import shutil
 
-    shutil.rmtree(path / "checkpoints", ignore_errors=True)
-    (path / "diverged.json").unlink(missing_ok=True)
+    shutil.rmtree(path / CHECKPOINT_DIR, ignore_errors=True)
+    (path / DIVERGED_FILE).unlink(missing_ok=True)

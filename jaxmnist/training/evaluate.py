@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import jax
@@ -18,8 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxmnist.errors import JaxmnistError
-from jaxmnist.models import apply_uint8, get_model
+from jaxmnist.models import apply_uint8
 
 
 class EvalData(NamedTuple):
@@ -33,6 +31,14 @@ class PlacedEval(NamedTuple):
 
     arrays: EvalData
     count: int
+
+
+class EvalSums(NamedTuple):
+    """What one evaluation adds up over a set's real examples (device arrays)."""
+
+    loss_sum: jax.Array  # float32 (): summed softmax cross-entropy
+    correct: jax.Array  # int32 ()
+    confusion: jax.Array  # int32 (C, C): rows are true classes, columns predictions
 
 
 class EvalResult(NamedTuple):
@@ -76,7 +82,7 @@ def place_eval_data(
 
 
 def make_evaluate(model_cfg, num_classes: int) -> Callable:
-    """Returns the pure `evaluate(params, data: EvalData) -> (loss_sum, correct, confusion)`."""
+    """Returns the pure `evaluate(params, data: EvalData) -> EvalSums`."""
 
     def evaluate(params, data: EvalData):
         def batch_stats(batch):
@@ -92,7 +98,7 @@ def make_evaluate(model_cfg, num_classes: int) -> Callable:
 
         loss_sums, confusions = jax.lax.map(batch_stats, tuple(data))
         confusion = confusions.sum(0)
-        return loss_sums.sum(), jnp.trace(confusion), confusion
+        return EvalSums(loss_sums.sum(), jnp.trace(confusion), confusion)
 
     return evaluate
 
@@ -103,10 +109,8 @@ def compile_evaluate(model_cfg, params: Any, data: PlacedEval, num_classes: int)
     count = data.count
 
     def run(params, data: PlacedEval) -> EvalResult:
-        loss_sum, correct, confusion = jax.device_get(compiled(params, data.arrays))
-        return EvalResult(
-            float(loss_sum) / count, int(correct) / count, count, np.asarray(confusion, np.int64)
-        )
+        sums = jax.device_get(compiled(params, data.arrays))
+        return _result(sums, count)
 
     return run
 
@@ -117,12 +121,18 @@ def evaluate_stacked(
     """Evaluates S models whose parameters are stacked along a leading axis, in one
     vmapped call; returns one EvalResult per model."""
     evaluate = jax.jit(jax.vmap(make_evaluate(model_cfg, num_classes), in_axes=(0, None)))
-    loss_sums, correct, confusion = jax.device_get(evaluate(params, data.arrays))
-    count = data.count
-    return [
-        EvalResult(float(ls) / count, int(c) / count, count, np.asarray(m, np.int64))
-        for ls, c, m in zip(loss_sums, correct, confusion)
-    ]
+    sums = jax.device_get(evaluate(params, data.arrays))
+    return [_result(EvalSums(*member), data.count) for member in zip(*sums)]
+
+
+def _result(sums: EvalSums, count: int) -> EvalResult:
+    """Means over the `count` real examples, from one model's sums on the host."""
+    return EvalResult(
+        float(sums.loss_sum) / count,
+        int(sums.correct) / count,
+        count,
+        np.asarray(sums.confusion, np.int64),
+    )
 
 
 @functools.lru_cache(maxsize=16)
@@ -150,142 +160,3 @@ def predict_probabilities(
     data = pad_eval_data(np.asarray(images_u8), np.zeros(n, np.int32), batch_size)
     probs = jax.device_get(_compiled_predict(model_cfg)(params, data.images))
     return np.asarray(probs, np.float32).reshape(-1, probs.shape[-1])[:n]
-
-
-def _recorded_folder(recorded: dict | None, cfg):
-    """The folder training read its data from (the run's data.json), if it still has it."""
-
-    from jaxmnist.data import get_spec
-    from jaxmnist.data.locate import scan
-
-    if not recorded or recorded.get("dataset") != cfg.data.dataset or not recorded.get("folder"):
-        return None
-    folder = Path(recorded["folder"])
-    return folder if scan(get_spec(cfg.data.dataset), folder).usable else None
-
-
-def _check_same_data(recorded: dict | None, dataset, run_dir) -> None:
-    """DataError if the run was trained on data with other checksums than `dataset`'s."""
-    from jaxmnist.errors import DataError
-
-    if not recorded or not isinstance(recorded.get("sha256"), dict):
-        return
-    now = {f.name: f.sha256 for f in dataset.spec.files}
-    if recorded["sha256"] != now:
-        raise DataError(
-            f"{run_dir}: trained on {recorded.get('dataset')} data with other checksums than "
-            f"{dataset.source} has; evaluating it there would not measure the same thing"
-        )
-
-
-def evaluate_run(run_dir, data_dir=None) -> dict:
-    """Re-evaluates a run directory's saved parameters on the test and training sets.
-
-    The data is looked for in `data_dir`, then where training read it (the run's
-    data.json), then where `load_dataset` looks.
-
-    A run of several seeds (parameters stacked along a leading seed axis) is
-    evaluated seed by seed: the figures are means, with per-seed lists, and the
-    confusion matrix is the first seed's.
-    """
-    from jaxmnist import config as config_lib
-    from jaxmnist.data import load_dataset
-    from jaxmnist.runs import checkpoint, rundir
-
-    path = rundir.Path(run_dir)
-    unfinished = not (path / "summary.json").exists() and checkpoint.checkpoint_steps(path)
-    run = _read_config(path) if unfinished else rundir.read_run(run_dir)
-    try:
-        cfg = config_lib.from_dict(run["config"])
-    except Exception as e:  # noqa: BLE001 -- a hand-edited or foreign config.json
-        raise rundir.JaxmnistError(f"{run_dir}/config.json: not a jaxmnist config ({e})") from None
-    recorded = rundir.read_data_record(run_dir)
-    dataset = load_dataset(
-        cfg.data.dataset,
-        data_dir or _recorded_folder(recorded, cfg) or cfg.data.data_dir,
-        download=cfg.data.download,
-    )
-    _check_same_data(recorded, dataset, run_dir)
-    num_classes = len(dataset.spec.class_names)
-    seeds = cfg.train.seeds
-    where = {}
-    if unfinished:  # the newest intact checkpoint's parameters
-        params, where = _checkpoint_params(path, cfg, dataset)
-        if seeds == 1:
-            params = jax.tree.map(lambda x: x[0], params)
-    else:
-        init = get_model(cfg.model.name).init
-        like = jax.eval_shape(
-            lambda: init(jax.random.key(0), cfg.model, dataset.test_images.shape[1:], num_classes)
-        )
-        if seeds > 1:
-            like = jax.tree.map(lambda x: jax.ShapeDtypeStruct((seeds, *x.shape), x.dtype), like)
-        params = jax.device_put(rundir.load_params(path / rundir.PARAMS_FILE, like))
-    test_set = place_eval_data(dataset.test_images, dataset.test_labels, cfg.train.eval_batch_size)
-    if seeds > 1:
-        return {**_evaluate_seeds(run_dir, cfg, dataset, params, test_set, num_classes), **where}
-    test = compile_evaluate(cfg.model, params, test_set, num_classes)(params, test_set)
-    train_set = place_eval_data(
-        dataset.train_images, dataset.train_labels, cfg.train.eval_batch_size
-    )
-    train = compile_evaluate(cfg.model, params, train_set, num_classes)(params, train_set)
-    return {
-        "run_dir": str(run_dir),
-        "dataset": dataset.spec.name,
-        "test_accuracy": test.accuracy,
-        "test_loss": test.loss,
-        "num_test_examples": test.count,
-        "train_accuracy": train.accuracy,
-        "train_loss": train.loss,
-        "num_train_examples": train.count,
-        "class_names": list(dataset.spec.class_names),
-        "confusion_matrix": test.confusion.tolist(),
-        **where,
-    }
-
-
-def _read_config(path) -> dict:
-    import json
-
-    try:
-        return {"config": json.loads((path / "config.json").read_text())}
-    except (OSError, ValueError) as e:
-        raise JaxmnistError(f"{path / 'config.json'}: cannot read the run's config ({e})") from None
-
-
-def _checkpoint_params(path, cfg, dataset) -> tuple[Any, dict]:
-    """Every member's parameters (member axis first) from an unfinished run's newest intact
-    checkpoint, on the default device; and {"checkpoint_step", "checkpoint_epoch"}."""
-    from jaxmnist.runs import checkpoint
-
-    return checkpoint.newest_params(
-        path,
-        cfg,
-        len(dataset.train_labels),
-        dataset.train_images.shape[1:],
-        len(dataset.spec.class_names),
-    )
-
-
-def _evaluate_seeds(run_dir, cfg, dataset, params, test_set, num_classes: int) -> dict:
-    train_set = place_eval_data(
-        dataset.train_images, dataset.train_labels, cfg.train.eval_batch_size
-    )
-    test = evaluate_stacked(cfg.model, params, test_set, num_classes)
-    train = evaluate_stacked(cfg.model, params, train_set, num_classes)
-    return {
-        "run_dir": str(run_dir),
-        "dataset": dataset.spec.name,
-        "test_accuracy": float(np.mean([r.accuracy for r in test])),
-        "test_loss": float(np.mean([r.loss for r in test])),
-        "num_test_examples": test[0].count,
-        "train_accuracy": float(np.mean([r.accuracy for r in train])),
-        "train_loss": float(np.mean([r.loss for r in train])),
-        "num_train_examples": train[0].count,
-        "seeds": [cfg.train.seed + i for i in range(cfg.train.seeds)],
-        "test_accuracy_per_seed": [r.accuracy for r in test],
-        "test_loss_per_seed": [r.loss for r in test],
-        "train_accuracy_per_seed": [r.accuracy for r in train],
-        "class_names": list(dataset.spec.class_names),
-        "confusion_matrix": test[0].confusion.tolist(),
-    }

@@ -30,9 +30,10 @@ import jax.extend
 import numpy as np
 
 from jaxmnist.errors import ConfigError
+from jaxmnist.models import get_model
 
 MB = 2**20
-TRANSIENT_SAFETY = 2.0  # XLA temporaries, fusion buffers, allocator slack: measured well under this
+TRANSIENT_SAFETY = 2.0  # XLA temporaries, fusion buffers, allocator slack (a bound)
 # Headroom: the estimate is of the run's arrays, not of the allocator's slack, the
 # compiler's own buffers or (on CPU) the rest of the process, so a run is planned
 # into only part of what is free.
@@ -69,8 +70,6 @@ def activation_bytes_per_example(
     a time.
 
     cfg: Config; params_shapes: the model's parameters as shapes."""
-    from jaxmnist.models import get_model
-
     apply = get_model(cfg.model.name).apply
     batch = 2  # not 1: a size-1 batch axis may be squeezed away in the trace
     x = jax.ShapeDtypeStruct((batch, *input_shape), np.float32)

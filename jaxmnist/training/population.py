@@ -35,6 +35,7 @@ import numpy as np
 
 from jaxmnist import optim
 from jaxmnist.training import evaluate as evaluate_lib
+from jaxmnist.training.hooks import Evaluation
 from jaxmnist.training.step import (
     EpochMetrics,
     EpochPlan,
@@ -73,13 +74,12 @@ def member_keys(seed: int, num_epochs: int):
     return init_key, jax.random.split(shuffle_key, num_epochs)
 
 
-class Evaluation(NamedTuple):
-    """One evaluation set, every member: arrays with a leading member axis (N,)."""
+class EpochTotals(NamedTuple):
+    """An epoch's training figures on the host, every member (leading axis N)."""
 
-    loss: np.ndarray  # float64 (N,): mean cross-entropy over the real examples
-    accuracy: np.ndarray  # float64 (N,)
-    confusion: np.ndarray  # int64 (N, C, C)
-    count: int
+    losses: np.ndarray  # float32 (N, steps): each step's mean batch loss
+    correct: np.ndarray  # int (N,): training examples classified right in the epoch's batches
+    learning_rates: np.ndarray | None  # float64 (N,): the last update's; None: not tracked
 
 
 def _wrap(raw):
@@ -242,13 +242,12 @@ class Population:
             out_metrics.append(m)
         return out_states, out_metrics
 
-    def host_metrics(self, states, metrics, num_steps: int):
-        """(losses float32 (N, num_steps), correct int (N,), learning rates float64 (N,) or
-        None) on the host, for an epoch of `num_steps` steps."""
+    def host_metrics(self, states, metrics, num_steps: int) -> EpochTotals:
+        """The epoch's figures on the host, for an epoch of `num_steps` steps."""
         host = jax.device_get(metrics)
         losses = np.concatenate([np.asarray(m.loss)[:, :num_steps] for m in host])
         correct = np.concatenate([np.asarray(m.correct).reshape(-1) for m in host])
-        return losses, correct, self.learning_rates(states)
+        return EpochTotals(losses, correct, self.learning_rates(states))
 
     def evaluate(self, states, name: str, data: evaluate_lib.PlacedEval) -> Evaluation:
         """Exact evaluation of every member on the set compiled as `name`."""
@@ -258,12 +257,12 @@ class Population:
                 for size, s in zip(self.chunks, states, strict=True)
             ]
         )
-        loss_sum, correct, confusion = (np.concatenate([p[k] for p in parts]) for k in range(3))
+        sums = evaluate_lib.EvalSums(*(np.concatenate(field) for field in zip(*parts)))
         count = data.count
         return Evaluation(
-            loss_sum.astype(np.float64) / count,
-            correct.astype(np.float64) / count,
-            confusion.astype(np.int64),
+            sums.loss_sum.astype(np.float64) / count,
+            sums.correct.astype(np.float64) / count,
+            sums.confusion.astype(np.int64),
             count,
         )
 

@@ -1,9 +1,11 @@
 """Exporting a trained model as one file that runs with only `jax` installed.
 
 The file is a JSON header on its first line, then the bytes of a `jax.export`
-serialisation: the StableHLO of `images uint8 (batch, 28, 28) -> probabilities
-float32 (batch, C)` with a symbolic batch size and the trained parameters
-embedded as constants. Loading it needs `json`, `jax` and nothing of jaxmnist:
+serialisation: the StableHLO of `images uint8 (batch, *image_shape) -> probabilities
+float32 (batch, C)` with a symbolic batch size and the trained parameters embedded as
+constants. `image_shape` is the dataset's, (H, W) or (H, W, C); the header says it, and
+how a person's image is made into one. Loading it needs `json`, `jax` and nothing of
+jaxmnist:
 
     with open(path, "rb") as f:
         header = json.loads(f.readline())
@@ -18,7 +20,6 @@ export never leaves a file that looks complete.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import tempfile
@@ -28,8 +29,10 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
+from jaxmnist.data.registry import get_spec
 from jaxmnist.errors import ConfigError, JaxmnistError
-from jaxmnist.models import conv
+from jaxmnist.models import get_model
+from jaxmnist.use import preprocess
 from jaxmnist.use.predict import TrainedModel, probabilities_fn
 
 FORMAT = "jaxmnist-export/1"
@@ -57,16 +60,14 @@ def make_header(model: TrainedModel, exported: jax.export.Exported, platforms) -
         version = metadata.version("jaxmnist")
     except metadata.PackageNotFoundError:
         version = None
-    h, w = model.image_shape
+    spec = get_spec(model.dataset)
     return {
         "format": FORMAT,
         "class_names": list(model.class_names),
         "input": {
-            "shape": ["batch", h, w],
+            "shape": ["batch", *spec.image_shape],
             "dtype": "uint8",
-            "scaling": "0 = black background .. 255 = white ink; the model divides by 255",
-            "preprocessing": "as MNIST: longer side of the ink scaled to 20 px, centre of mass "
-            "at pixel (14, 14) of the 28x28 field",
+            **preprocess.describe(spec),  # "scaling" and "preprocessing", in words
         },
         "output": {"shape": ["batch", len(model.class_names)], "dtype": "float32"},
         "output_meaning": "class probabilities (softmax), in class_names order",
@@ -89,9 +90,8 @@ def export_model(model: TrainedModel, out, platforms=("cpu", "cuda", "tpu")) -> 
         )
     path = check_output(out)
     params = jax.device_get(model.params)  # host arrays: embedded in the module as constants
-    # A convolution that is a custom call of this process (oneDNN) cannot travel.
-    model_cfg = model.config.model
-    model_cfg = dataclasses.replace(model_cfg, conv_impl=conv.portable(model_cfg.conv_impl))
+    # What the family runs everywhere: a custom call of this process (oneDNN) cannot travel.
+    model_cfg = get_model(model.config.model.name).portable(model.config.model)
     probabilities = probabilities_fn(model_cfg)
     (batch,) = jax.export.symbolic_shape("batch")
     spec = jax.ShapeDtypeStruct((batch, *model.image_shape), jnp.uint8)

@@ -1,6 +1,6 @@
 """Using a trained run on people's own inputs: load it, read the inputs, predict top-k classes.
 
-`load_trained` is the one place a run directory becomes a model (config,
+`load_trained` makes a run directory (`runs.reader.open_run`) a model (config,
 parameters, class names); `predict`, `export` and `serve` all start there. A run
 of several seeds keeps its parameters stacked along a leading seed axis; a model
 here is the first seed's, and `TrainedModel.describe` says so. Inputs are image
@@ -11,7 +11,6 @@ error record naming it; it never stops the others.
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 import zipfile
@@ -25,10 +24,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmnist import config as config_lib
-from jaxmnist.data import get_spec
-from jaxmnist.errors import ConfigError, DataError, JaxmnistError
-from jaxmnist.models import apply_uint8, count_params, get_model
-from jaxmnist.runs import rundir
+from jaxmnist.data.registry import DatasetSpec, get_spec
+from jaxmnist.errors import DataError, JaxmnistError
+from jaxmnist.models import apply_uint8, count_params
+from jaxmnist.runs.reader import open_run
 from jaxmnist.use import preprocess
 
 ARRAY_SUFFIXES = (".npy", ".npz")
@@ -76,68 +75,27 @@ class TrainedModel(NamedTuple):
 
 
 def load_trained(run_dir) -> TrainedModel:
-    """The model of a run directory (the first seed's if it has several).
-
-    ConfigError (exit 2) when `run_dir` is not a run with parameters; JaxmnistError
-    when its files are corrupt. This is the only reader of a run's parameters for
-    predict, export and serve; an unfinished run (no params.npz yet) is read from
-    its newest intact checkpoint, and stderr says which step.
-    """
-    path = Path(run_dir)
-    try:
-        run = rundir.read_run(path)
-    except JaxmnistError as e:  # a missing or unfinished run: the argument is wrong
-        raise ConfigError(str(e)) from None
-    try:
-        cfg = config_lib.from_dict(run["config"])
-    except Exception as e:  # noqa: BLE001 -- a hand-edited or foreign config.json
-        raise ConfigError(f"{path}/config.json: not a jaxmnist config ({e})") from None
-    spec = get_spec(cfg.data.dataset)
-    init = get_model(cfg.model.name).init
-    like = jax.eval_shape(
-        lambda: init(jax.random.key(0), cfg.model, spec.image_shape, spec.num_classes)
-    )
-    seeds = cfg.train.seeds
-    from jaxmnist.runs import checkpoint  # the run loop's modules: only for this case
-
-    if not (path / rundir.PARAMS_FILE).exists() and checkpoint.checkpoint_steps(path):
-        # An unfinished run: its newest intact checkpoint (every member, stacked).
-        stacked, where = checkpoint.newest_params(
-            path, cfg, spec.train_size, spec.image_shape, spec.num_classes
-        )
-        print(
-            f"jaxmnist: {path} has not finished: using its checkpoint of step "
-            f"{where['checkpoint_step']} (epoch {where['checkpoint_epoch']})",
-            file=sys.stderr,
-        )
-        params = jax.tree.map(lambda x: x[0], stacked)
-    else:
-        if seeds > 1:
-            like = jax.tree.map(lambda x: jax.ShapeDtypeStruct((seeds, *x.shape), x.dtype), like)
-        params = rundir.load_params(path / rundir.PARAMS_FILE, like)
-        if seeds > 1:
-            params = jax.tree.map(lambda x: x[0], params)
+    """The model of a run directory (the first seed's if it has several), read by
+    `runs.reader.open_run` (its errors: exit 2 for no run, 1 for a corrupt one). An
+    unfinished run is read from its newest intact checkpoint, and stderr says which."""
+    run = open_run(run_dir)
+    if not run.finished:
+        print(f"jaxmnist: {run.path} has not finished: using {run.source}", file=sys.stderr)
+    spec, cfg = run.spec, run.config
+    summary = run.summary() or {}
+    per_seed = summary.get("test_accuracy_per_seed")
     return TrainedModel(
-        path,
+        run.path,
         cfg,
-        jax.device_put(params),
+        jax.device_put(run.member_params(0)),
         spec.name,
         spec.display_name,
         tuple(spec.class_names),
         tuple(spec.image_shape),
         cfg.train.seed,
-        seeds,
-        _first_seed_accuracy(path),
+        run.members,
+        float(per_seed[0]) if per_seed else summary.get("test_accuracy"),
     )
-
-
-def _first_seed_accuracy(path: Path) -> float | None:
-    try:
-        summary = json.loads((path / "summary.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    per_seed = summary.get("test_accuracy_per_seed")
-    return float(per_seed[0]) if per_seed else summary.get("test_accuracy")
 
 
 def probabilities_fn(model_cfg) -> Callable:
@@ -171,12 +129,13 @@ def compile_predict(model: TrainedModel, batch_size: int) -> Callable[[np.ndarra
 
 class Item(NamedTuple):
     name: str  # the file, with [i] or :key[i] for an array's entries
-    image: np.ndarray | None  # uint8 (28, 28): what the model sees; None on error
+    image: np.ndarray | None  # uint8 spec.image_shape: what the model sees; None on error
     error: str | None = None
 
 
-def _array_items(path: Path) -> list[Item]:
-    name = str(path)
+def _array_items(path: Path, image_shape: tuple[int, ...]) -> list[Item]:
+    """The images of an .npy/.npz file: arrays (N, *image_shape) or one `image_shape`."""
+    name, shape = str(path), tuple(image_shape)
     try:
         loaded = np.load(path, allow_pickle=False)
         if isinstance(loaded, np.lib.npyio.NpzFile):
@@ -187,15 +146,16 @@ def _array_items(path: Path) -> list[Item]:
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
         raise DataError(f"{name}: cannot read as a NumPy file ({e})") from None
     # An .npz may hold labels beside the images (Keras's mnist.npz): use the image arrays.
-    images = {k: a for k, a in arrays.items() if a.shape[-2:] == (preprocess.SIZE,) * 2}
+    images = {k: a for k, a in arrays.items() if a.shape[-len(shape) :] == shape}
     if not images:
         shapes = ", ".join(f"{k or 'array'} {a.shape}" for k, a in arrays.items())
-        raise DataError(f"{name}: no (N, 28, 28) or (28, 28) array in it ({shapes or 'empty'})")
+        dims = ", ".join(map(str, shape))
+        raise DataError(f"{name}: no (N, {dims}) or ({dims}) array in it ({shapes or 'empty'})")
     items = []
     for key, array in images.items():
         label = f"{name}:{key}" if key else name
-        batch = preprocess.as_model_input(array, label)
-        if array.ndim == 2:
+        batch = preprocess.as_model_input(array, label, shape)
+        if array.ndim == len(shape):
             items.append(Item(label, batch[0]))
         else:
             items.extend(Item(f"{label}[{i}]", image) for i, image in enumerate(batch))
@@ -203,10 +163,12 @@ def _array_items(path: Path) -> list[Item]:
 
 
 def read_inputs(
-    paths: Sequence[str], preprocess_images: bool = True, dataset: str = "mnist"
+    paths: Sequence[str], preprocess_images: bool = True, dataset: str | DatasetSpec = "mnist"
 ) -> list[Item]:
-    """Every input's model-ready image (images made like `dataset`'s), or its error,
-    in the order given."""
+    """Every input's model-ready image, uint8 of `dataset`'s image shape (image files made
+    like its images, or fed as they are without `preprocess_images`; arrays as they are),
+    or its error, in the order given."""
+    spec = get_spec(dataset)
     items = []
     for p in paths:
         path = Path(p)
@@ -214,13 +176,13 @@ def read_inputs(
             if path.is_dir():
                 raise DataError(f"{p}: is a directory")
             if path.suffix.lower() in ARRAY_SUFFIXES:
-                items.extend(_array_items(path))
+                items.extend(_array_items(path, spec.image_shape))
                 continue
             try:
                 data = path.read_bytes()
             except OSError as e:
                 raise DataError(f"{p}: cannot read ({e.strerror or e})") from None
-            image = preprocess.image_to_model_input(data, p, preprocess_images, dataset)
+            image = preprocess.image_to_model_input(data, p, preprocess_images, spec)
             items.append(Item(p, image))
         except DataError as e:
             items.append(Item(p, None, str(e)))
@@ -251,7 +213,7 @@ def predict_items(model: TrainedModel, items: list[Item], k: int) -> list[dict]:
 
 
 def write_inputs(folder: Path, items: list[Item]) -> list[Path]:
-    """Each good item's 28x28 model input as a PNG, numbered in input order."""
+    """Each good item's model input as a PNG (grayscale or RGB), numbered in input order."""
     written = []
     for i, it in enumerate(items, 1):
         if it.image is None:

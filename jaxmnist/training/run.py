@@ -1,0 +1,185 @@
+"""One run, start to end: `train_and_evaluate(cfg, workdir, callbacks)`.
+
+The recipe of a run, in the order it happens: set up (the mesh, the compilation
+cache, the data, the callbacks that write the run directory), restore (a resumed
+run's newest checkpoint, through `start`), compile and loop (`loop.train_population`),
+summarise (summary.json's figures), and hand the end to every callback. The run
+directory, TensorBoard, checkpoints and the terminal are all callbacks: this
+module writes no file itself. In a multi-process run only process 0 writes the
+run directory; every process checkpoints (an Orbax save is collective).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import jax
+import numpy as np
+
+from jaxmnist import config as config_lib
+from jaxmnist import runtime, stats
+from jaxmnist.data import load_dataset
+from jaxmnist.errors import TrainingError
+from jaxmnist.runs import resume as resume_lib
+from jaxmnist.runs.checkpoint import Checkpointer, CheckpointOptions
+from jaxmnist.runs.writer import RunWriter
+from jaxmnist.training import evaluate as evaluate_lib
+from jaxmnist.training import parallel
+from jaxmnist.training.hooks import Callback, Callbacks, RunEnd, RunResult
+from jaxmnist.training.loop import train_population
+from jaxmnist.training.population import seed_members
+from jaxmnist.training.preemption import Stopped, StopRequest
+
+__all__ = ["train_and_evaluate"]
+
+
+def train_and_evaluate(
+    cfg: config_lib.Config,
+    workdir: str | os.PathLike | None,
+    callbacks: Callback | list[Callback | None] | tuple = (),
+    *,
+    dataset=None,
+    layout: parallel.Layout | None = None,
+    checkpoints: CheckpointOptions | None = None,
+    resume: resume_lib.Resumer | None = None,
+    stop: StopRequest | None = None,
+) -> dict:
+    """Trains and evaluates `cfg.train.seeds` models as `cfg` says; returns the summary.
+
+    With a `workdir`, the run directory is written there (`runs.rundir` lists its
+    files), Orbax checkpoints too with `checkpoints`; `resume` (`runs.resume.Resumer`)
+    continues workdir from its newest checkpoint; `stop` ends the run within about a
+    second, after a checkpoint, with `preemption.Stopped`. `callbacks` get every hook
+    (`hooks.Callback`), in every process. `layout` is the mesh a caller built from a
+    validated `cfg`; without one, this is the entry point: it validates `cfg` and
+    builds the mesh. `dataset` (a `data.Dataset`) skips loading, for tests.
+    """
+    wall_start = time.perf_counter()
+    if layout is None:
+        n_train = None if dataset is None else len(dataset.train_labels)
+        config_lib.validate(cfg, num_train_examples=n_train)
+        layout = parallel.layout_for(cfg)
+    if cfg.compile_cache:
+        runtime.enable_compilation_cache()
+    if dataset is None:
+        dataset = load_dataset(cfg.data.dataset, cfg.data.data_dir, download=cfg.data.download)
+    writes = workdir is not None and parallel.is_main_process()
+    files = RunWriter(workdir, resuming=resume is not None) if writes else None
+    events = _events(workdir) if writes and cfg.tensorboard else None
+    saver = Checkpointer(workdir, checkpoints) if workdir and checkpoints else None
+    calls = Callbacks([*Callbacks(callbacks).items, files, events, saver])
+    try:
+        try:
+            result = train_population(
+                cfg,
+                seed_members(cfg),
+                dataset,
+                calls,
+                layout=layout,
+                start=resume,
+                interrupt=stop and (lambda: stop.requested),
+                every_steps=(checkpoints.every_steps,) if saver else (),
+            )
+        except TrainingError as e:  # a non-finite loss: the bad state was never checkpointed
+            if files and saver:
+                resume_lib.mark_diverged(workdir, str(e))
+            raise
+        finally:
+            if saver:
+                saver.close()  # waits for the last asynchronous write
+        complete = result.steps == result.plan.total_steps or all(result.reached)
+        if result.stopped and not complete:  # a late signal changes nothing
+            raise Stopped(
+                f"stopped at step {result.steps}; resume with: jaxmnist train --resume {workdir}",
+                stop.exit_code,
+            )
+        summary = summarise(cfg, result, dataset, layout, time.perf_counter() - wall_start)
+        params = result.population.params(result.states)  # every process: a collective gather
+        probs = _first_member_probabilities(cfg, params, dataset) if writes else None
+        calls.on_finish(RunEnd(summary, result, params, probs, dataset))
+    finally:
+        if events:
+            events.close()
+    return summary
+
+
+def summarise(cfg, r: RunResult, dataset, layout: parallel.Layout, wall_seconds: float) -> dict:
+    """summary.json: the final figures, timings and, with several models, their spread."""
+    models = len(r.population)
+    summary = {
+        "dataset": dataset.spec.name,
+        "test_accuracy": float(r.test.accuracy.mean()),
+        "test_loss": float(r.test.loss.mean()),
+        "train_loss": r.records[-1]["train_loss"],
+        "train_accuracy": r.records[-1]["train_accuracy"],
+        "num_test_examples": r.test.count,
+        "num_params": r.info["num_params"],
+        "epochs": len(r.records),
+        "steps": r.steps,
+        "compile_seconds": r.compile_seconds,
+        "train_seconds": r.train_seconds,
+        "eval_seconds": r.eval_seconds,
+        "examples_per_second": r.steps * cfg.train.batch_size * models / r.train_seconds,
+        "steady_epoch_seconds": _steady_epoch_seconds(r.records, r.plan),
+        "devices": layout.size,
+        "mesh": layout.describe()["mesh"],
+        "wall_seconds": wall_seconds,
+    }
+    if models > 1:
+        summary.update(_seed_summary(r))
+    if cfg.train.target_accuracy is not None:
+        summary.update(_target_summary(cfg, r))
+    return summary
+
+
+def _seed_summary(r: RunResult) -> dict:
+    """The multi-seed fields: the seeds, the test accuracy's mean, std, 95% CI, min and
+    max, and the per-seed figures."""
+    acc = r.test.accuracy
+    return {
+        "seeds": [m.seed for m in r.population.members],
+        **stats.spread(acc).to_json("test_accuracy"),
+        "test_accuracy_per_seed": acc.tolist(),
+        "test_loss_per_seed": r.test.loss.tolist(),
+        "train_accuracy_per_seed": r.records[-1]["train_accuracy_per_seed"],
+        "chunks": list(r.population.chunks),
+    }
+
+
+def _target_summary(cfg, r: RunResult) -> dict:
+    reached = r.reached[0]
+    return {
+        "target_accuracy": cfg.train.target_accuracy,
+        "target_reached": reached is not None,
+        "epochs_planned": len(r.plan.epoch_steps),
+        "epochs_to_target": reached and reached["epoch"],
+        "time_to_target_seconds": reached and reached["train_seconds"],
+        "time_to_target_with_compile_seconds": reached
+        and reached["train_seconds"] + r.compile_seconds,
+    }
+
+
+def _steady_epoch_seconds(records: list[dict], plan) -> float | None:
+    """Median time of full epochs after the first (which may still warm caches)."""
+    full = [
+        r["epoch_seconds"]
+        for r, n in zip(records, plan.epoch_steps, strict=False)
+        if n == plan.steps_per_epoch
+    ]
+    return float(np.median(full[1:])) if len(full) > 1 else None
+
+
+def _first_member_probabilities(cfg, params, dataset) -> np.ndarray:
+    """float32 (N, C): the first member's test-set probabilities, for reports."""
+    first = jax.device_put(jax.tree.map(lambda x: x[0], params), parallel.default_device())
+    return evaluate_lib.predict_probabilities(
+        cfg.model, first, dataset.test_images, cfg.train.eval_batch_size
+    )
+
+
+def _events(workdir):
+    """TensorBoard's callback; imported only when asked for (start-up: tensorboardX)."""
+    from jaxmnist.report.tensorboard import Events  # start-up: tensorboardX and matplotlib
+
+    return Events(workdir)

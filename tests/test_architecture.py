@@ -1,0 +1,152 @@
+"""The package's shape: no import cycle, no hidden local import, every module importable.
+
+Read from the source with `ast`, so the checks do not depend on the order in which
+modules happen to be imported: an import cycle that works in one order and fails in
+another is still found.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "jaxmnist"
+# A function-local import of the package's own modules needs a comment saying why.
+REASONS = ("optional extra", "start-up")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imported(node: ast.Import | ast.ImportFrom) -> list[str]:
+    """The package's own modules an import statement depends on: `from pkg import sub`
+    needs the submodule only (Python loads it even while pkg's __init__ is running),
+    `from pkg import name` needs pkg itself."""
+    if isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+    elif node.level == 0 and node.module:
+        names = [
+            f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES else node.module
+            for a in node.names
+        ]
+    else:
+        names = []
+    return sorted({n for n in names if n in MODULES})
+
+
+def imports(path: Path) -> tuple[set[str], list[tuple[int, list[str]]]]:
+    """(modules imported at module level, [(line, modules)] imported inside functions)."""
+    tree = ast.parse(path.read_text())
+    top, local = set(), []
+
+    def visit(node, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            inside = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+            if isinstance(child, (ast.Import, ast.ImportFrom)) and imported(child):
+                if in_function:
+                    local.append((child.lineno, imported(child)))
+                else:
+                    top.update(imported(child))
+            visit(child, inside)
+
+    visit(tree, False)
+    return top, local
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of `graph` as a list of modules (first repeated last), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def dfs(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state and (cycle := dfs(nxt)):
+                return cycle
+        state[node] = 2
+        path.pop()
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := dfs(node)):
+            return cycle
+    return None
+
+
+def test_no_import_cycle():
+    graph = {name: imports(path)[0] - {name} for name, path in MODULES.items()}
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+
+
+def test_the_cycle_check_finds_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_local_imports_of_the_package_say_why():
+    unexplained = []
+    for name, path in MODULES.items():
+        lines = path.read_text().splitlines()
+        for lineno, modules in imports(path)[1]:
+            said = _comment_block(lines, lineno)
+            if not any(reason in said for reason in REASONS):
+                unexplained.append(f"{name}:{lineno} imports {', '.join(modules)}")
+    assert not unexplained, "function-local imports without a reason:\n" + "\n".join(unexplained)
+
+
+def _comment_block(lines: list[str], lineno: int) -> str:
+    """Line `lineno` (1-based) and the comment and import lines right above it: where the
+    reason for a group of local imports is written."""
+    start = lineno - 1
+    while start > 0 and _quiet(lines[start - 1]):
+        start -= 1
+    return "\n".join(lines[start:lineno])
+
+
+def _quiet(line: str) -> bool:
+    """A blank, comment or import line: one that may stand between a reason and its import."""
+    text = line.strip()
+    return not text or text.startswith(("#", "import ", "from "))
+
+
+@pytest.mark.parametrize("floor", ["jaxmnist.training.hooks", "jaxmnist.runs.rundir"])
+def test_the_loop_vocabulary_and_the_run_files_depend_on_nothing_above(floor):
+    """The bottom floors of the run layer import nothing from the loop, the run
+    directory's readers or the commands above them."""
+    above = ("jaxmnist.training.loop", "jaxmnist.training.run", "jaxmnist.runs.", "jaxmnist.cli")
+    above += ("jaxmnist.commands",)
+    graph = {name: imports(path)[0] for name, path in MODULES.items()}
+    seen, todo = set(), [floor]
+    while todo:
+        for nxt in graph[todo.pop()] - seen:
+            seen.add(nxt)
+            todo.append(nxt)
+    assert not [m for m in seen if m.startswith(above) and m != floor]
+
+
+def test_every_module_imports_in_a_fresh_interpreter():
+    code = "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\n"
+    optional = {"jaxmnist.use.serve.app", "jaxmnist.use.serve.server"}  # the serve extra
+    names = [n for n in MODULES if n != "jaxmnist.__main__"]
+    names = [n for n in names if n not in optional or _has("starlette")]
+    argv = [sys.executable, "-c", code, *names]
+    done = subprocess.run(argv, check=False, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def _has(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
