@@ -150,3 +150,51 @@ def _has(module: str) -> bool:
     import importlib.util
 
     return importlib.util.find_spec(module) is not None
+
+
+def config_walk(argv: list[str], stop_at: str = "make_train_steps") -> list[str]:
+    """The package files a `Config` passes through, in order, while `jaxmnist <argv>` runs
+    up to the call of `stop_at`: every function that takes the config as an argument,
+    consecutive calls within one file counted once (the config's own methods and
+    comprehensions aside)."""
+    from jaxmnist import cli
+    from jaxmnist.config import Config
+
+    walk: list[str] = []
+
+    class Reached(Exception):
+        pass
+
+    def profile(frame, event, arg) -> None:
+        code = frame.f_code
+        if event != "call" or not code.co_filename.startswith(str(PACKAGE)):
+            return
+        args = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
+        given = [frame.f_locals.get(a) for a in args]
+        if code.co_name.startswith("<") or not any(isinstance(v, Config) for v in given):
+            return
+        if isinstance(given[0], Config) and args[0] == "self":
+            return  # the config asking itself
+        where = str(Path(code.co_filename).relative_to(PACKAGE.parent))
+        if not walk or walk[-1] != where:
+            walk.append(where)
+        if code.co_name == stop_at:
+            raise Reached
+
+    sys.setprofile(profile)
+    try:
+        cli.main(argv)
+    except Reached:
+        pass
+    finally:
+        sys.setprofile(None)
+    return walk
+
+
+def test_the_config_walks_a_short_way_from_the_train_command_to_the_step(train_argv, tmp_path):
+    """Issue #20 asked for at most 8 files and 3 climbs back; the walk is at 9 files (the
+    memory estimate takes the config: #23 rewrites it). This guards what was reached."""
+    walk = config_walk(train_argv(tmp_path / "run", "--no-report", "--steps", "2"))
+    climbs = len(walk) - len(set(walk))
+    assert walk[-1] == "jaxmnist/training/step.py"
+    assert len(set(walk)) <= 9 and climbs <= 3, walk
