@@ -119,6 +119,7 @@ def test_a_registered_family_trains_evaluates_exports_and_serves_through_the_cli
     with TestClient(app_lib.create_app(trained), base_url="http://127.0.0.1") as client:
         info = client.get("/api/model").json()
         assert info["model"] == "tempered" and info["model_config"]["temperature"] == 2.0
+        assert info["description"] == _describe(trained.config.model)  # the family's words
         reply = client.post("/api/predict", json={"image": images[3].tolist()}).json()
     np.testing.assert_allclose(reply["probabilities"], probs[3], atol=1e-6)
 

@@ -76,6 +76,10 @@ def test_model_and_health(client, model):
     info = client.get("/api/model").json()
     assert info["class_names"] == list(model.class_names) and info["input_shape"] == [28, 28]
     assert info["model"] == "mlp" and info["handwritten"] is True
+    assert (
+        info["description"]
+        == "mlp in → " + " → ".join(map(str, model.config.model.hidden)) + " → out"
+    )
     assert info["max_body_bytes"] == app_lib.MAX_BODY_BYTES
 
 

@@ -26,7 +26,7 @@ import numpy as np
 from jaxmnist import config as config_lib
 from jaxmnist.data.registry import DatasetSpec, get_spec
 from jaxmnist.errors import DataError, JaxmnistError
-from jaxmnist.models import apply_uint8, count_params
+from jaxmnist.models import apply_uint8, count_params, get_model
 from jaxmnist.runs.reader import open_run
 from jaxmnist.use import preprocess
 
@@ -61,6 +61,7 @@ class TrainedModel(NamedTuple):
         """What the model is, as JSON-ready values (the API's and the export's header)."""
         return {
             "model": self.config.model.name,
+            "description": get_model(self.config.model.name).describe(self.config.model),
             "model_config": self.config.to_dict()["model"],
             "num_params": count_params(self.params),
             "dataset": self.dataset,

@@ -236,7 +236,8 @@ async function start() {
     model.test_accuracy == null ? "" : `, test accuracy ${percent(model.test_accuracy, 2)}`;
   const seeds =
     model.seeds_in_run > 1 ? ` (seed ${model.seed}, the first of ${model.seeds_in_run})` : "";
-  $("model").textContent = `${model.model} trained on ${model.display_name}${seeds}${accuracy}`;
+  $("model").textContent =
+    `${model.description} trained on ${model.display_name}${seeds}${accuracy}`;
   buildBars();
   setUpSeen();
   if (model.handwritten) {
