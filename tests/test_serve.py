@@ -15,13 +15,14 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import jax
 import numpy as np
 import pytest
-from PIL import Image, ImageDraw
+from PIL import Image, ImageDraw, ImageFile
 from starlette.testclient import TestClient
 
 from jaxmnist.cli import main
@@ -276,3 +277,120 @@ def test_a_fashion_model_reads_photos_like_fashion_mnist(tiny_model_run, tmp_pat
         seen = c.post("/api/predict", content=png(photo)).json()["input"]
     assert info["handwritten"] is False and info["class_names"][0] == "T-shirt/top"
     assert extent(np.asarray(seen)) == (28, 14)
+
+
+def png_of_size(width: int, height: int) -> bytes:
+    """A real, decodable PNG of `width` x `height` black pixels: a few kilobytes on the
+    wire however many pixels it declares (zlib squeezes a blank image a thousandfold)."""
+    return png(Image.new("1", (width, height)))
+
+
+def test_too_many_pixels_is_413_before_decoding(model, monkeypatch):
+    """The header's size is checked before a pixel is decoded: the decoder never runs."""
+    width = app_lib.MAX_PIXELS // 1000 + 1  # 1000 rows: just over the cap
+    body = png_of_size(width, 1000)
+    assert len(body) < app_lib.MAX_BODY_BYTES
+    decoded = []
+    real_load = ImageFile.ImageFile.load
+
+    def load(self):
+        decoded.append(self.size)
+        return real_load(self)
+
+    monkeypatch.setattr(ImageFile.ImageFile, "load", load)
+    with TestClient(app_lib.create_app(model), base_url=BASE) as c:
+        assert c.get("/api/model").json()["max_pixels"] == app_lib.MAX_PIXELS
+        for query in ("", "?preprocess=false"):
+            reply = c.post(f"/api/predict{query}", content=body)
+            assert reply.status_code == 413, reply.text[:300]
+            assert set(reply.json()) == {"error"} and "megapixels" in reply.json()["error"]
+        assert decoded == []
+        small = c.post("/api/predict", content=png_of_size(width // 4, 1000))
+        assert small.status_code == 200 and set(decoded) == {(width // 4, 1000)}
+
+
+def test_decodes_run_a_few_at_a_time(model, monkeypatch):
+    """However many requests arrive at once, at most `DECODE_SLOTS` decode together."""
+    running, most = [0], [0]
+    lock = threading.Lock()
+    real = app_lib.preprocess.image_to_model_input
+
+    def counted(*args, **kwargs):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.05)
+        try:
+            return real(*args, **kwargs)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    monkeypatch.setattr(app_lib.preprocess, "image_to_model_input", counted)
+    with TestClient(app_lib.create_app(model), base_url=BASE) as c:
+        body = drawing()
+        with ThreadPoolExecutor(12) as pool:
+            codes = list(
+                pool.map(lambda _: c.post("/api/predict", content=body).status_code, range(24))
+            )
+    assert codes == [200] * 24
+    assert most[0] == app_lib.DECODE_SLOTS
+
+
+def test_json_too_deep_to_parse_is_400_without_a_traceback(model, caplog):
+    with TestClient(app_lib.create_app(model), base_url=BASE, raise_server_exceptions=False) as c:
+        for depth in (100_000, 5_000, 900):
+            for body in ("[" * depth + "]" * depth, '{"image": ' + "[" * depth + "]" * depth + "}"):
+                reply = c.post(
+                    "/api/predict", content=body, headers={"content-type": "application/json"}
+                )
+                assert reply.status_code == 400, (depth, reply.text)
+                assert set(reply.json()) == {"error"} and "\n" not in reply.json()["error"]
+    assert all(r.exc_info is None and "\n" not in r.getMessage() for r in caplog.records)
+
+
+@contextlib.contextmanager
+def live_server(run_dir):
+    """`jaxmnist serve`'s own uvicorn server on a free loopback port, in a thread."""
+    from jaxmnist.use.serve import server as server_lib
+
+    sock = server_lib.bind("127.0.0.1", 0)
+    server = server_lib.make_server(predict.load_trained(run_dir), sock, "127.0.0.1")
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]})
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.01)
+        yield server_lib.url_of(sock)
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+def test_every_client_reads_the_413(tiny_model_run):
+    """A client that sends its whole body before reading (as urllib does) reads the 413
+    rather than a reset connection: the server drains what it refuses."""
+    body = b"\0" * (3 * 1024 * 1024)
+    with live_server(tiny_model_run) as url:
+        for _ in range(20):
+            request = urllib.request.Request(
+                url + "api/predict", data=body, headers={"content-type": "image/png"}
+            )
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(request, timeout=30).close()
+            with refused.value:
+                assert refused.value.code == 413
+                assert "limit" in json.load(refused.value)["error"]
+        # What is not read on: a client waiting for "100 Continue", and a body declared
+        # beyond DRAIN_BYTES. Both hear 413 at once, with no byte of body sent.
+        host, port = url.split("//")[1].strip("/").rsplit(":", 1)
+        for declared, expect in ((3 * 1024 * 1024, True), (app_lib.DRAIN_BYTES + 1, False)):
+            with socket.create_connection((host, int(port)), timeout=10) as s:
+                s.sendall(
+                    f"POST /api/predict HTTP/1.1\r\nHost: {host}\r\n"
+                    f"Content-Type: image/png\r\nContent-Length: {declared}\r\n".encode()
+                    + (b"Expect: 100-continue\r\n" if expect else b"")
+                    + b"\r\n"
+                )
+                assert s.recv(4096).startswith(b"HTTP/1.1 413 "), (declared, expect)

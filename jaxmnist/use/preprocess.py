@@ -46,11 +46,17 @@ WORKING_SIZE = 512  # huge photos are shrunk to this first (or twice the field, 
 LUMA = np.array([0.299, 0.587, 0.114], np.float32)  # ITU-R 601, as Pillow's "L" mode
 
 
-def decode_image(data: bytes, name: str = "image") -> Image.Image:
+class ImageTooLarge(DataError):
+    """An image whose header declares more pixels than the caller's cap (or Pillow's)."""
+
+
+def decode_image(data: bytes, name: str = "image", max_pixels: int | None = None) -> Image.Image:
     """Pillow image from file bytes; DataError naming `name` for anything unreadable.
 
     Pillow's decompression-bomb warning (over `Image.MAX_IMAGE_PIXELS` pixels) is
-    treated as the error it almost always is for a handwritten digit.
+    treated as the error it almost always is for a handwritten digit. `max_pixels`, if
+    given, is a tighter cap (ImageTooLarge), checked on the size the file's header
+    declares, before a pixel is decoded: `Image.open` reads only the header.
     """
     if not data:
         raise DataError(f"{name}: empty file")
@@ -58,9 +64,17 @@ def decode_image(data: bytes, name: str = "image") -> Image.Image:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             image = Image.open(io.BytesIO(data))
+            width, height = image.size
+            if max_pixels is not None and width * height > max_pixels:
+                raise ImageTooLarge(
+                    f"{name}: {width}x{height} pixels ({width * height / 1e6:.1f} megapixels), "
+                    f"over the limit of {max_pixels / 1e6:g} megapixels"
+                )
             image.load()  # decode now: a truncated file fails here, not later
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
-        raise DataError(f"{name}: too many pixels, refused as a decompression bomb ({e})") from None
+        raise ImageTooLarge(
+            f"{name}: too many pixels, refused as a decompression bomb ({e})"
+        ) from None
     except Image.UnidentifiedImageError:
         raise DataError(f"{name}: not an image Pillow can read") from None
     except (OSError, SyntaxError, ValueError, EOFError) as e:
@@ -256,12 +270,17 @@ def as_is(image: Image.Image, name: str = "image", image_shape=MNIST.image_shape
 
 
 def image_to_model_input(
-    data: bytes, name: str = "image", preprocess: bool = True, dataset: str | DatasetSpec = "mnist"
+    data: bytes,
+    name: str = "image",
+    preprocess: bool = True,
+    dataset: str | DatasetSpec = "mnist",
+    max_pixels: int | None = None,
 ) -> np.ndarray:
     """uint8 `spec.image_shape` from the bytes of an image file, made like `dataset`'s
-    images (or as it is, when not `preprocess`); DataError if unusable."""
+    images (or as it is, when not `preprocess`); DataError if unusable, ImageTooLarge
+    if it declares more than `max_pixels` (None: Pillow's own limit)."""
     spec = get_spec(dataset)
-    image = decode_image(data, name)
+    image = decode_image(data, name, max_pixels)
     if spec.channels not in (1, 3):
         raise DataError(
             f"{name}: {spec.display_name}'s images have {spec.channels} channels, which no "

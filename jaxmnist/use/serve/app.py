@@ -5,8 +5,11 @@ request goes through that one compiled function under a lock, so concurrent
 requests are served one model call at a time and nothing compiles again.
 Decoding, preprocessing and the model call run in Starlette's thread pool, off
 the event loop.
-Bodies over `MAX_BODY_BYTES` get 413 before they are read whole; malformed ones
-get 400; every error is JSON `{"error": "..."}` and never carries a traceback.
+Bodies over `MAX_BODY_BYTES` get 413 (read on and dropped, up to `DRAIN_BYTES`, so
+that every client can read the answer), and so do images whose header declares
+more than `MAX_PIXELS`, before a pixel is decoded; at most `DECODE_SLOTS` requests
+decode at once. Malformed bodies, JSON too deep to parse among them, get 400; every
+error is JSON `{"error": "..."}` and never carries a traceback.
 Every response carries a Content-Security-Policy that lets the page load
 nothing but its own files and talk to nothing but this server.
 """
@@ -24,7 +27,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, JSONResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
@@ -35,6 +38,20 @@ from jaxmnist.use import preprocess
 from jaxmnist.use.predict import TrainedModel, compile_predict, top_k
 
 MAX_BODY_BYTES = 2 * 1024 * 1024
+# A body over the limit is read on and dropped, up to this much, before the 413 goes out
+# (see `read_body`): a few times the limit, so that a client that overshoots reads its
+# answer, while nobody can make the server read without end.
+DRAIN_BYTES = 4 * MAX_BODY_BYTES
+# Decoded pixels allowed per image, far below Pillow's own bomb limit (which admits about
+# 90 megapixels, hundreds of MB once decoded and converted). A digit drawn on the page is
+# a few hundred pixels a side, a phone's photo of a garment 12 megapixels (4032 x 3024),
+# and preprocessing shrinks everything to a 512 px working size first, so pixels beyond
+# this buy only memory: 16 megapixels of RGBA are 64 MB decoded.
+MAX_PIXELS = 16_000_000
+# Requests decoding and preprocessing at once. Each may hold a few copies of an image up
+# to `MAX_PIXELS`, so this bounds the server's peak memory; more would not answer sooner,
+# as the model call after the decode is one at a time anyway.
+DECODE_SLOTS = 2
 STATIC = Path(__file__).parent / "static"
 CSP = (
     b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
@@ -82,28 +99,54 @@ class SecurityHeaders:
         await self.app(scope, receive, send_with_headers)
 
 
-async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
-    """The request body; 413 as soon as it is known to exceed `limit` bytes."""
+async def read_body(
+    request: Request, limit: int = MAX_BODY_BYTES, drain: int = DRAIN_BYTES
+) -> bytes:
+    """The request body; 413 if it exceeds `limit` bytes.
+
+    A refused body is still read, and dropped, up to `drain` bytes before the 413 goes
+    out. Most clients (urllib, requests) send the whole body before reading; answering
+    and closing mid-body makes their writes fail, and the reset that the kernel sends for
+    unread data throws away the 413 before they read it. Reading on works for every
+    client and keeps the connection usable; it costs reading, not holding, at most
+    `drain` bytes. A body declared larger than that is answered at once (reading it all
+    would let anyone make the server read without end), as is one whose client waits for
+    "100 Continue" before sending it (it then sends nothing: curl does this).
+    """
     declared = request.headers.get("content-length")
     if declared is not None and not declared.isdigit():
         raise HTTPException(400, "malformed Content-Length")
+    too_large = HTTPException(413, f"body over the {limit // 1024 // 1024} MB limit")
     if declared is not None and int(declared) > limit:
-        raise HTTPException(413, f"body over the {limit // 1024 // 1024} MB limit")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise HTTPException(413, f"body over the {limit // 1024 // 1024} MB limit")
+        waiting = request.headers.get("expect", "").lower() == "100-continue"
+        if waiting or int(declared) > drain:
+            raise too_large
+    body, seen = bytearray(), 0
+    try:
+        async for chunk in request.stream():
+            seen += len(chunk)
+            if seen <= limit:
+                body += chunk
+            elif seen > drain:
+                break
+    except ClientDisconnect:  # nobody is left to answer; no traceback in the log either
+        raise HTTPException(400, "the client left before sending its body") from None
+    if seen > limit:
+        raise too_large
     return bytes(body)
 
 
 def parse_input(
-    body: bytes, content_type: str, preprocess_image: bool, dataset: str | DatasetSpec = "mnist"
+    body: bytes,
+    content_type: str,
+    preprocess_image: bool,
+    dataset: str | DatasetSpec = "mnist",
+    max_pixels: int | None = MAX_PIXELS,
 ) -> np.ndarray:
     """uint8 `spec.image_shape` from a request body: image file bytes (made like `dataset`'s
     images, as `predict` makes them), or JSON `{"image": H x W (x C) numbers}` (integers
     0..255, or floats in [0, 1], as the dataset's images are, used as is). DataError for
-    anything else."""
+    anything else; `preprocess.ImageTooLarge` for an image over `max_pixels`."""
     spec = get_spec(dataset)
     dims = "x".join(map(str, spec.image_shape))
     if content_type.split(";")[0].strip().lower() == "application/json":
@@ -111,6 +154,8 @@ def parse_input(
             payload = json.loads(body)
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise DataError(f"body is not valid JSON ({e})") from None
+        except RecursionError:  # the parser recurses once per level of nesting
+            raise DataError("body is JSON nested too deeply to parse") from None
         if not isinstance(payload, dict) or "image" not in payload:
             raise DataError(f'JSON body must be an object {{"image": {dims} numbers}}')
         try:
@@ -120,7 +165,7 @@ def parse_input(
         if array.ndim != len(spec.image_shape):
             raise DataError(f"image must be a {dims} array, not shape {array.shape}")
         return preprocess.as_model_input(array, "image", spec.image_shape)[0]
-    return preprocess.image_to_model_input(body, "image", preprocess_image, spec)
+    return preprocess.image_to_model_input(body, "image", preprocess_image, spec, max_pixels)
 
 
 def create_app(
@@ -132,6 +177,8 @@ def create_app(
     loopback server through a DNS name it controls); ("*",) accepts any.
     """
     engine = Engine(model)
+    # A thread's semaphore, not the event loop's: it works whichever loop runs the app.
+    decode_slots = threading.BoundedSemaphore(DECODE_SLOTS)
     spec = get_spec(model.dataset)
     info = {
         **model.info(),
@@ -143,6 +190,7 @@ def create_app(
         # Digits and letters can be drawn on the page's pad; other classes come as photos.
         "handwritten": spec.preprocessing == "mnist",
         "max_body_bytes": MAX_BODY_BYTES,
+        "max_pixels": MAX_PIXELS,
     }
 
     async def page(request: Request):
@@ -162,11 +210,14 @@ def create_app(
         content_type = request.headers.get("content-type", "application/octet-stream")
 
         def answer():  # one trip to the thread pool per request: decode, then the model
-            image = parse_input(body, content_type, flag in ("true", "1"), spec)
+            with decode_slots:
+                image = parse_input(body, content_type, flag in ("true", "1"), spec)
             return image, engine(image)
 
         try:
             image, probs = await run_in_threadpool(answer)
+        except preprocess.ImageTooLarge as e:
+            raise HTTPException(413, str(e)) from None
         except DataError as e:
             raise HTTPException(400, str(e)) from None
         return JSONResponse(
