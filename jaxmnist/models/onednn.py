@@ -6,7 +6,11 @@ forward, input-gradient and weight-gradient primitives run here as three XLA FFI
 calls (`onednn_conv.cc`, beside this file), with the VJP written out in terms of them.
 Activations stay NHWC in place; weights go into the kernel's preferred layout by a
 reorder (the weight gradient comes back through one). A population's vmap reaches the
-handlers as leading dimensions (`vmap_method="expand_dims"`), which they loop over.
+handlers as leading dimensions (`vmap_method="expand_dims"`), which they loop over. Each
+primitive runs with a scratchpad of its own, not oneDNN's thread-local shared one, since
+XLA runs a cached primitive on whichever of its threads is free (`onednn_conv.cc` says
+more). Shapes the handlers cannot compute as `lax.conv_general_dilated` does are refused
+with a ValueError before the call (`_check_shapes`); the CNN's config never produces one.
 
 The library is not a runtime dependency: the `onednn` extra installs Intel's oneDNN
 wheels (the OpenMP CPU build, headers included) into the environment, and the first use
@@ -184,9 +188,30 @@ def _pad(w: jax.Array, padding: str) -> int:
     return w.shape[0] // 2 if padding == "same" else 0
 
 
+def _check_shapes(x_shape, w_shape, padding: str) -> None:
+    """Raises ValueError, in one line, for a convolution the handlers cannot compute as
+    `lax.conv_general_dilated` would: their padding is k // 2 on every side, which is
+    "same" only for odd k (lax pads an even kernel unevenly), and "valid" needs the
+    kernel to fit the map. A kernel larger than the map is fine with "same"."""
+    if padding not in ("same", "valid"):
+        raise ValueError(f"oneDNN conv: padding 'same' or 'valid', got {padding!r}")
+    if len(x_shape) != 4 or len(w_shape) != 4:
+        raise ValueError(
+            f"oneDNN conv: x (B, H, W, C) and w (k, k, C, O), got {x_shape} and {w_shape}"
+        )
+    (_, h, wd, c), (k, k2, c2, _) = x_shape, w_shape
+    if k != k2 or c != c2 or k < 1:
+        raise ValueError(f"oneDNN conv: w (k, k, {c}, O) for x {x_shape}, got {w_shape}")
+    if padding == "same" and k % 2 == 0:
+        raise ValueError(f"oneDNN conv: 'same' padding takes an odd kernel, got k={k}")
+    if padding == "valid" and (k > h or k > wd):
+        raise ValueError(f"oneDNN conv: a {k}x{k} kernel does not fit {h}x{wd} maps ('valid')")
+
+
 def _forward(x, w, padding):
     if x.dtype != w.dtype or x.dtype not in DTYPES:
         raise TypeError(f"oneDNN conv takes float32 or bfloat16, got {x.dtype} and {w.dtype}")
+    _check_shapes(x.shape, w.shape, padding)
     k, p = w.shape[0], _pad(w, padding)
     b, h, wd, _ = x.shape
     out = jax.ShapeDtypeStruct((b, h + 2 * p - k + 1, wd + 2 * p - k + 1, w.shape[3]), x.dtype)

@@ -7,7 +7,19 @@
 // a reorder. Dimensions before the last four are vmap's: each handler loops
 // over them, broadcasting an operand whose size there is 1
 // (vmap_method="expand_dims").
+//
+// Every primitive here runs with a scratchpad it owns (scratchpad_mode::user,
+// one buffer per plan). oneDNN's default, the library-managed "global"
+// scratchpad that some implementations use (the gemm-based weight gradient
+// among them), is a thread_local buffer sized when the primitive is created,
+// on the creating thread; a cached plan executed later on another of XLA's
+// threads reads that thread's buffer instead, which may be absent or smaller:
+// writes through a null or short buffer (segfaults, a corrupted heap, possibly
+// wrong numbers), for kernels large enough that oneDNN picks the gemm weight
+// gradient with its large im2col scratchpad. The plan's mutex makes its own
+// buffer safe to reuse; the cost is one buffer per plan instead of one shared.
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -46,19 +58,29 @@ struct Shape {
   }
 };
 
-// A primitive for one shape, and the reorder between HWIO weights and its layout.
+// A primitive for one shape, the reorder between HWIO weights and its layout,
+// and the scratchpads of both (see the top of this file for why they are ours).
 struct Plan {
-  std::mutex mu;  // one execution at a time: the primitive owns its scratchpad
+  std::mutex mu;  // one execution at a time: the scratchpads are the plan's
   dnnl::primitive primitive;
+  memory scratchpad;
   memory::desc weights_desc;
   bool plain_weights = true;
   dnnl::reorder reorder;
+  memory reorder_scratchpad;
 };
+
+dnnl::primitive_attr UserScratchpad() {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return attr;
+}
 
 dnnl::convolution_forward::primitive_desc ForwardDesc(const Shape& s) {
   return {Engine(), dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
           s.src(),  s.weights(Tag::any),               s.dst(),
-          {1, 1},   {s.pad, s.pad},                    {s.pad, s.pad}};
+          {1, 1},   {s.pad, s.pad},                    {s.pad, s.pad},
+          UserScratchpad()};
 }
 
 void SetWeights(Plan& plan, const Shape& s, const memory::desc& desc, bool out) {
@@ -66,9 +88,17 @@ void SetWeights(Plan& plan, const Shape& s, const memory::desc& desc, bool out) 
   memory::desc hwio = s.weights(Tag::hwio);
   plan.plain_weights = desc == hwio;
   if (!plan.plain_weights) {
-    plan.reorder = out ? dnnl::reorder({Engine(), desc, Engine(), hwio})
-                       : dnnl::reorder({Engine(), hwio, Engine(), desc});
+    dnnl::reorder::primitive_desc pd =
+        out ? dnnl::reorder::primitive_desc(Engine(), desc, Engine(), hwio, UserScratchpad())
+            : dnnl::reorder::primitive_desc(Engine(), hwio, Engine(), desc, UserScratchpad());
+    plan.reorder = dnnl::reorder(pd);
+    plan.reorder_scratchpad = memory(pd.scratchpad_desc(), Engine());
   }
+}
+
+void SetPrimitive(Plan& plan, dnnl::primitive primitive, const memory::desc& scratchpad) {
+  plan.primitive = std::move(primitive);
+  plan.scratchpad = memory(scratchpad, Engine());
 }
 
 void Build(Plan& plan, Kind kind, const Shape& s) {
@@ -76,19 +106,19 @@ void Build(Plan& plan, Kind kind, const Shape& s) {
   auto algorithm = dnnl::algorithm::convolution_direct;
   if (kind == kForward) {
     auto pd = ForwardDesc(s);
-    plan.primitive = dnnl::convolution_forward(pd);
+    SetPrimitive(plan, dnnl::convolution_forward(pd), pd.scratchpad_desc());
     SetWeights(plan, s, pd.weights_desc(), false);
   } else if (kind == kBackwardData) {
-    dnnl::convolution_backward_data::primitive_desc pd(Engine(), algorithm, s.src(),
-                                                       s.weights(Tag::any), s.dst(), strides,
-                                                       pad, pad, ForwardDesc(s));
-    plan.primitive = dnnl::convolution_backward_data(pd);
+    dnnl::convolution_backward_data::primitive_desc pd(
+        Engine(), algorithm, s.src(), s.weights(Tag::any), s.dst(), strides, pad, pad,
+        ForwardDesc(s), UserScratchpad());
+    SetPrimitive(plan, dnnl::convolution_backward_data(pd), pd.scratchpad_desc());
     SetWeights(plan, s, pd.weights_desc(), false);
   } else {
-    dnnl::convolution_backward_weights::primitive_desc pd(Engine(), algorithm, s.src(),
-                                                          s.weights(Tag::any), s.dst(),
-                                                          strides, pad, pad, ForwardDesc(s));
-    plan.primitive = dnnl::convolution_backward_weights(pd);
+    dnnl::convolution_backward_weights::primitive_desc pd(
+        Engine(), algorithm, s.src(), s.weights(Tag::any), s.dst(), strides, pad, pad,
+        ForwardDesc(s), UserScratchpad());
+    SetPrimitive(plan, dnnl::convolution_backward_weights(pd), pd.scratchpad_desc());
     SetWeights(plan, s, pd.diff_weights_desc(), true);
   }
 }
@@ -111,27 +141,36 @@ Plan& GetPlan(Kind kind, const Shape& s) {
 void Run(Plan& plan, Kind kind, const Shape& s, void* a, void* b, void* out) {
   std::lock_guard<std::mutex> lock(plan.mu);
   dnnl::stream stream(Engine());
+  auto reorder = [&](const memory& from, const memory& to) {
+    plan.reorder.execute(stream, {{DNNL_ARG_FROM, from},
+                                  {DNNL_ARG_TO, to},
+                                  {DNNL_ARG_SCRATCHPAD, plan.reorder_scratchpad}});
+  };
   if (kind == kBackwardWeights) {
     memory src(s.src(), Engine(), a), diff_dst(s.dst(), Engine(), b);
     memory hwio(s.weights(Tag::hwio), Engine(), out);
     memory diff_weights = plan.plain_weights ? hwio : memory(plan.weights_desc, Engine());
     plan.primitive.execute(stream, {{DNNL_ARG_SRC, src},
                                     {DNNL_ARG_DIFF_DST, diff_dst},
-                                    {DNNL_ARG_DIFF_WEIGHTS, diff_weights}});
-    if (!plan.plain_weights) plan.reorder.execute(stream, diff_weights, hwio);
+                                    {DNNL_ARG_DIFF_WEIGHTS, diff_weights},
+                                    {DNNL_ARG_SCRATCHPAD, plan.scratchpad}});
+    if (!plan.plain_weights) reorder(diff_weights, hwio);
   } else {
     memory hwio(s.weights(Tag::hwio), Engine(), b);
     memory weights = plan.plain_weights ? hwio : memory(plan.weights_desc, Engine());
-    if (!plan.plain_weights) plan.reorder.execute(stream, hwio, weights);
+    if (!plan.plain_weights) reorder(hwio, weights);
     if (kind == kForward) {
       memory src(s.src(), Engine(), a), dst(s.dst(), Engine(), out);
-      plan.primitive.execute(
-          stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DST, dst}});
+      plan.primitive.execute(stream, {{DNNL_ARG_SRC, src},
+                                      {DNNL_ARG_WEIGHTS, weights},
+                                      {DNNL_ARG_DST, dst},
+                                      {DNNL_ARG_SCRATCHPAD, plan.scratchpad}});
     } else {
       memory diff_dst(s.dst(), Engine(), a), diff_src(s.src(), Engine(), out);
       plan.primitive.execute(stream, {{DNNL_ARG_DIFF_DST, diff_dst},
                                       {DNNL_ARG_WEIGHTS, weights},
-                                      {DNNL_ARG_DIFF_SRC, diff_src}});
+                                      {DNNL_ARG_DIFF_SRC, diff_src},
+                                      {DNNL_ARG_SCRATCHPAD, plan.scratchpad}});
     }
   }
   stream.wait();
@@ -168,8 +207,16 @@ ffi::Error Handle(Kind kind, ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::AnyBuffer 
   // x (n, h, w, c) and weights (k, k, c, o), wherever each comes from.
   const Split& x = kind == kBackwardData ? so : sa;
   const Split& w = kind == kForward ? sb : kind == kBackwardData ? sb : so;
+  const Split& y = kind == kForward ? so : kind == kBackwardData ? sa : sb;
   Shape s{x.d[0], x.d[1], x.d[2], x.d[3], w.d[0], w.d[3], pad,
           type == ffi::DataType::BF16 ? memory::data_type::bf16 : memory::data_type::f32};
+  // oneDNN trusts the descriptors: a shape that disagrees with them would have it
+  // read or write outside XLA's buffers, so any mismatch is refused here.
+  if (w.d[1] != s.k || w.d[2] != s.c || s.k < 1 || pad < 0 || 2 * pad > s.k - 1 ||
+      s.ho() < 1 || s.wo() < 1 || y.d[0] != s.n || y.d[1] != s.ho() || y.d[2] != s.wo() ||
+      y.d[3] != s.o) {
+    return ffi::Error::InvalidArgument("onednn conv: operand shapes do not agree");
+  }
   size_t bytes = type == ffi::DataType::BF16 ? 2 : 4;
   // Row-major strides over the vmap dimensions; 0 where an operand broadcasts.
   size_t rank = so.lead.size();
@@ -186,6 +233,10 @@ ffi::Error Handle(Kind kind, ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::AnyBuffer 
       *n *= size;
     }
     count *= so.lead[i];
+  }
+  if (sa.inner() == 0 || sb.inner() == 0) {  // an empty batch or channel: sums of nothing
+    std::memset(out.untyped_data(), 0, out.size_bytes());
+    return ffi::Error::Success();
   }
   try {
     Plan& plan = GetPlan(kind, s);
