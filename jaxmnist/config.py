@@ -42,6 +42,10 @@ from jaxmnist.training import parallel
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULES = ("constant", "cosine", "warmup_cosine", "onecycle")
+# jax.random.key keeps only a seed's low 32 bits (as uint32) when 64-bit types are off, as
+# they are here: 2**32 + 1 and -2**32 + 1 give seed 1's key, and a seed outside int64
+# overflows. Seeds 0 ... 2**32 - 1 are the ones that give distinct random streams.
+MAX_SEED = 2**32 - 1
 
 
 @dataclass(frozen=True)
@@ -191,6 +195,10 @@ def _parse_value(text: str, typ, key: str):
         return _parse_value(text, args[0], key)
     if origin is tuple:
         parts = [p for p in text.replace(",", " ").split() if p]
+        if not parts and text.strip():  # "" is the empty tuple (model.hidden: a linear model)
+            raise ConfigError(
+                f"{key}: {text!r} holds no numbers; to give none, give an empty value ({key}=)"
+            )
         return tuple(_parse_value(p, int, key) for p in parts)
     if typ is bool:
         lowered = text.lower()
@@ -316,6 +324,13 @@ def validate(cfg: Config, *, num_train_examples: int | None = None) -> None:
     model.validate(cfg.model)  # the family's own fields
     if cfg.data.max_shift < 0:
         raise ConfigError(f"data.max_shift must be >= 0 pixels, got {cfg.data.max_shift}")
+    side = min(spec.height, spec.width)
+    if cfg.data.max_shift >= side / 2:  # the image would move out of its own frame
+        raise ConfigError(
+            f"data.max_shift must be smaller than half the image's side: at most "
+            f"{(side - 1) // 2} pixels for {spec.name}'s {spec.height}x{spec.width} images, "
+            f"got {cfg.data.max_shift}"
+        )
     if not 0 <= cfg.data.max_rotation <= 180:
         raise ConfigError(f"data.max_rotation: degrees in [0, 180], got {cfg.data.max_rotation}")
     t, o = cfg.train, cfg.optimizer
@@ -332,6 +347,12 @@ def validate(cfg: Config, *, num_train_examples: int | None = None) -> None:
         raise ConfigError(f"eval batch size must be positive, got {t.eval_batch_size}")
     if t.seeds <= 0:
         raise ConfigError(f"seeds must be a positive number of models, got {t.seeds}")
+    if not 0 <= t.seed <= t.seed + t.seeds - 1 <= MAX_SEED:
+        last = f" to {t.seed + t.seeds - 1} (--seed {t.seed} --seeds {t.seeds})" * (t.seeds > 1)
+        raise ConfigError(
+            f"seeds must lie in 0..{MAX_SEED}, got {t.seed}{last}: JAX's random keys keep "
+            "a seed's low 32 bits, so any other seed would repeat one of those"
+        )
     if t.target_accuracy is not None and not 0 < t.target_accuracy <= 1:
         raise ConfigError(
             f"target accuracy is a fraction in (0, 1], e.g. 0.973; got {t.target_accuracy:g}"

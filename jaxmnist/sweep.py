@@ -64,8 +64,13 @@ def format_value(value) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def parse_grid(specs: list[str], base: config_lib.Config) -> list[Axis]:
-    """Typed axes from `section.field=v1,v2,...` strings; ConfigError (one line) if malformed."""
+def parse_grid(specs: list[str], base: config_lib.Config, given=()) -> list[Axis]:
+    """Typed axes from `section.field=v1,v2,...` strings; ConfigError (one line) if malformed.
+
+    `given`: the fields the command line set besides the grid. The duration follows
+    train's rule (`config.apply_overrides`): steps win over epochs, so a grid over
+    `train.epochs` with `train.steps` given (or swept) would train every point alike and
+    is refused; without it, the grid's epochs replace a preset's steps (`run_sweep`)."""
     if not specs:
         raise ConfigError("a sweep needs at least one --grid section.field=v1,v2,...")
     axes, known = [], config_lib.field_names(base)
@@ -83,6 +88,15 @@ def parse_grid(specs: list[str], base: config_lib.Config) -> list[Axis]:
             )
         if any(a.key == key for a in axes):
             raise ConfigError(f"--grid {key} given twice; list all its values in one --grid")
+        steps_given = "train.steps" in given or any(
+            s.partition("=")[0].strip() == "train.steps" for s in specs
+        )
+        if key == "train.epochs" and steps_given:
+            raise ConfigError(
+                "--grid train.epochs: train.steps is given too (--steps, or a grid over it), "
+                "and steps win over epochs, so every point would train the same steps; drop "
+                "one of them"
+            )
         raw = [v.strip() for v in text.split(",")]
         if "" in raw:
             raise ConfigError(f"--grid {spec!r}: an empty value (values are separated by commas)")
@@ -211,6 +225,10 @@ def run_sweep(
     """
     wall_start = time.perf_counter()
     log = log or (lambda line: None)
+    if any(a.key == "train.epochs" for a in axes):
+        # The grid's epochs replace a preset's steps, as train's --epochs does; sweep.json's
+        # config then says what every point ran: epochs, not the preset's steps.
+        base = config_lib.apply_overrides(base, {"train.epochs": base.train.epochs})
     if base.compile_cache:
         runtime.enable_compilation_cache()
     points = expand_grid(base, axes)
@@ -237,7 +255,7 @@ def run_sweep(
             f" ({', '.join(f'{k}={v}' for k, v in fixed.items())})" if fixed else ""
         )
         reporter = SweepReporter(log, title, point_of, len(group))
-        layout = layout_for(cfg, num_models=len(members))
+        layout = layout_for(cfg.parallel, num_models=len(members), batch_size=cfg.train.batch_size)
         r = train_population(
             cfg, members, data, reporter, points=point_of, stop_on_nonfinite=False, layout=layout
         )

@@ -322,6 +322,39 @@ def test_resume_refuses_what_changes_the_maths(finished, flags, field, capsys):
     assert snapshot(finished) == before
 
 
+@pytest.mark.parametrize(
+    "flags, field, change",
+    [
+        (["--preset", "codelab"], "data.dataset", "'tiny' -> 'fashion_mnist'"),
+        (["--preset", "codelab", "--dataset", "tiny"], "model.activation", "'relu' -> 'gelu'"),
+        (
+            ["--preset", "cnn", "--dataset", "tiny", "data.augment=false"],
+            "model.name",
+            "'mlp' -> 'cnn'",
+        ),
+        (["--preset", "tpu101", "--dataset", "tiny"], "train.batch_size", "32 -> 128"),
+    ],
+)
+def test_resume_refuses_a_preset_that_changes_the_maths(finished, flags, field, change, capsys):
+    """A preset given with --resume is a changed config like any other: its fields, with
+    the command line's on top, must be the run's (outside what a resume may change)."""
+    before = snapshot(finished)
+    assert main(["train", "--resume", str(finished), *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert f"--resume: {field} would change the run ({change}); it cannot change" in err
+    assert f"from --preset {flags[1]}" in err
+    assert snapshot(finished) == before
+
+
+def test_resume_accepts_the_preset_the_run_was_trained_with(finished, capsys):
+    before = snapshot(finished)
+    flags = ["--preset", "tpu101", "--dataset", "tiny", "--batch-size", "32", "--devices", "1"]
+    assert main(["train", "--resume", str(finished), *flags]) == 0  # epochs: the run's, not 5
+    assert "already finished" in capsys.readouterr().out
+    assert snapshot(finished) == before
+
+
 def test_resuming_a_finished_run_says_so(finished, capsys):
     before = snapshot(finished)
     assert main(["train", "--resume", str(finished), "--devices", "1"]) == 0

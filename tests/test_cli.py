@@ -363,3 +363,118 @@ print(len(cli.COMMANDS))
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "12"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--seed", "4294967297"],  # JAX would give seed 1's keys
+        ["--seed", str(-(2**63))],  # ... and seed 0's
+        ["--seed", "-1"],
+        ["--seed", "99999999999999999999"],  # an OverflowError in jax.random.key
+        ["--seed", "9223372036854775807", "--seeds", "2"],
+        ["--seed", "4294967295", "--seeds", "2"],  # the second seed is out of range
+    ],
+)
+def test_seeds_that_would_repeat_another_seeds_keys_are_refused(args, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", "--run-dir", str(run), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "seeds must lie in 0..4294967295" in err, err
+    assert not run.exists()
+
+
+def test_seeds_are_accepted_exactly_where_jax_keys_are_distinct():
+    """Without 64-bit types, jax.random.key(s) is the key (0, s mod 2**32): the accepted
+    range holds one seed per key, and what lies beyond it repeats a seed in it."""
+    import numpy as np
+
+    from jaxmnist.config import MAX_SEED
+
+    def key(seed):
+        return np.asarray(jax.random.key_data(jax.random.key(seed))).tolist()
+
+    for seed in (0, 1, 2**31, MAX_SEED - 1, MAX_SEED):
+        assert key(seed) == [0, seed]
+    assert key(MAX_SEED + 2) == key(1) and key(-1) == key(MAX_SEED) and key(-(2**63)) == key(0)
+
+
+def test_the_largest_seeds_train(train_argv, tmp_path, capsys):
+    run = tmp_path / "run"
+    argv = train_argv(run, "--seed", "4294967294", "--seeds", "2", "--steps", "3", "--json")
+    assert main([*argv, "--no-report"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["seeds"] == [4294967294, 4294967295]
+    assert summary["test_loss_per_seed"][0] != summary["test_loss_per_seed"][1]  # two models
+
+
+def tree(path) -> dict:
+    return {str(p.relative_to(path)): p.is_file() and p.read_bytes() for p in path.rglob("*")}
+
+
+def test_a_run_refused_before_it_starts_leaves_no_directory_it_made(
+    train_argv, tmp_path, capsys, monkeypatch
+):
+    too_many = ("--seeds", "100000", "memory_budget_mb=64")  # refused by the memory estimate
+    assert main(train_argv(tmp_path / "new" / "run", *too_many)) == 2
+    assert "models need about" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()  # nor the folder above it, made for it
+
+    monkeypatch.chdir(tmp_path)  # the default run directory, runs/<preset>-<dataset>-<time>
+    argv = ["train", "--data-dir", str(tmp_path / "no-data"), "data.download=false"]
+    assert main([*argv, "--no-compile-cache"]) == 1
+    assert "not found" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_refused_overwrite_keeps_the_old_run_as_it_was(train_argv, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(train_argv(run, "--epochs", "1", "--quiet", "--no-report")) == 0
+    assert (run / "command.txt").is_file() and (run / "checkpoints").is_dir()
+    before = tree(run)
+    assert main(train_argv(run, "--overwrite", "--seeds", "100000", "memory_budget_mb=64")) == 2
+    assert "models need about" in capsys.readouterr().err
+    assert tree(run) == before  # checkpoints, parameters and command.txt: all the old run's
+
+    kept = tmp_path / "mine"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine")
+    assert main(train_argv(kept, "--seeds", "100000", "memory_budget_mb=64")) == 2
+    assert sorted(p.name for p in kept.iterdir()) == [".lock", "notes.txt"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["data.max_shift=100"], "data.max_shift must be smaller than half the image's side"),
+        (["data.max_shift=14"], "at most 13 pixels for mnist's 28x28 images, got 14"),
+        (["--hidden", ",,,"], "model.hidden: ',,,' holds no numbers"),
+        (["model.hidden= , "], "model.hidden: ',' holds no numbers"),
+    ],
+)
+def test_values_that_would_train_something_else_are_refused(args, message, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", "--run-dir", str(run), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err, err
+    assert not run.exists()
+
+
+@pytest.mark.parametrize("args", [["--hidden", ""], ["model.hidden="]])
+def test_an_empty_hidden_list_is_a_linear_model(args, capsys):
+    assert main(["config", *args, "data.max_shift=13"]) == 0
+    cfg = json.loads(capsys.readouterr().out)
+    assert cfg["model"]["hidden"] == [] and cfg["data"]["max_shift"] == 13
+
+
+def test_resume_with_overwrite_is_refused(train_argv, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(train_argv(run, "--steps", "2", "--quiet", "--no-report")) == 0
+    capsys.readouterr()
+    before = tree(run)
+    assert main(["train", "--resume", str(run), "--overwrite", "--epochs", "4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "jaxmnist train: error: --resume continues RUN_DIR and --overwrite replaces it; choose one"
+    )
+    assert tree(run) == before

@@ -6,6 +6,7 @@ test set; its predictions must give `jaxmnist eval`'s confusion matrix exactly.
 """
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -149,3 +150,20 @@ def test_a_failed_write_leaves_no_file_and_keeps_the_old_one(
     assert "No space left on device" in capsys.readouterr().err
     assert out.read_bytes() == b"the previous export"
     assert [p.name for p in tmp_path.iterdir()] == ["model.jaxexport"]  # no temporary left
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002])
+def test_the_file_follows_the_umask_as_run_files_do(tiny_model_run, tmp_path, umask, capsys):
+    out = tmp_path / "model.jaxexport"
+    old = os.umask(umask)
+    try:
+        assert main(["export", str(tiny_model_run), "--out", str(out), "--platforms", "cpu"]) == 0
+    finally:
+        os.umask(old)
+    assert oct(out.stat().st_mode & 0o777) == oct(0o666 & ~umask)  # not mkstemp's 0600
+
+
+def test_the_help_names_what_the_file_needs(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "needs only jax and flatbuffers" in " ".join(capsys.readouterr().out.split())

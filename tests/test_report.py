@@ -276,10 +276,13 @@ DAMAGE = {
 }
 
 
+NOT_A_RUN = {"no config", "no summary"}  # what the user named wrongly: exit 2, as eval does
+
+
 @pytest.mark.parametrize("how", list(DAMAGE))
 def test_report_on_a_damaged_run_is_one_line_and_exit_1(run_copy, how, capsys):
     _damage(run_copy, how)
-    assert main(["report", str(run_copy)]) == 1
+    assert main(["report", str(run_copy)]) == (2 if how in NOT_A_RUN else 1)
     captured = capsys.readouterr()
     err = captured.err.strip()
     assert captured.out == "" and len(err.splitlines()) == 1, err
@@ -288,9 +291,9 @@ def test_report_on_a_damaged_run_is_one_line_and_exit_1(run_copy, how, capsys):
 
 
 def test_report_on_a_folder_that_is_not_a_run(tmp_path, capsys):
-    assert main(["report", str(tmp_path)]) == 1
+    assert main(["report", str(tmp_path)]) == 2
     assert "not a run directory" in capsys.readouterr().err
-    assert main(["report", str(tmp_path / "nowhere")]) == 1
+    assert main(["report", str(tmp_path / "nowhere")]) == 2
     err = capsys.readouterr().err.strip()
     assert err == f"jaxmnist report: error: {tmp_path / 'nowhere'}: no such run directory"
 
@@ -320,7 +323,7 @@ def test_compare_page(run_dir, tiny_dataset, tmp_path_factory, tmp_path, capsys)
     "args, message, code",
     [
         (["compare", "{run}"], "at least two run directories", 2),
-        (["compare", "{run}", "{tmp}/missing"], "no such run directory", 1),
+        (["compare", "{run}", "{tmp}/missing"], "no such run directory", 2),
         (["compare", "{run}", "{run}", "--out", "{tmp}"], "is a directory", 2),
     ],
 )

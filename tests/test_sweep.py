@@ -208,6 +208,10 @@ def test_cli_shape_changing_grid_runs_separate_programs(tiny_data_dir, tmp_path,
         (["--grid", "optimizer.nope=1,2"], "unknown config field"),
         (["--grid", "optimizer.lr=1e-3", "--seeds", "0"], "seeds must be a positive number"),
         (["--grid", "optimizer.lr=1e-3,-1"], "grid point optimizer.lr=-1: learning rate"),
+        # Steps win over epochs (train's rule): every point would train 20 steps.
+        (["--steps", "20", "--grid", "train.epochs=1,2"], "steps win over epochs"),
+        (["train.steps=20", "--grid", "train.epochs=1,2"], "steps win over epochs"),
+        (["--grid", "train.epochs=1,2", "--grid", "train.steps=5,9"], "steps win over epochs"),
     ],
 )
 def test_cli_bad_sweeps_exit_2_in_one_line(extra, message, tmp_path, capsys):
@@ -250,3 +254,16 @@ def test_programs_table_says_what_its_chunks_are():
     assert "Memory chunks" in one and "1 of 24 models" in one
     two = programs_table({"groups": [{**group, "chunks": [16, 8]}]})
     assert "2: 16 + 8 models" in two
+
+
+def test_a_grid_over_epochs_replaces_the_presets_steps_and_says_so(tiny_data_dir, tmp_path, capsys):
+    """codelab plans 400 steps; a grid over train.epochs wins over it, as train's --epochs
+    does, and sweep.json's config records what the points ran."""
+    out = tmp_path / "sweep"
+    args = ["sweep", "--preset", "codelab", "--dataset", "tiny", "--data-dir", str(tiny_data_dir)]
+    args += ["--out", str(out), "--batch-size", "32", "--hidden", "16", "--no-compile-cache"]
+    assert main([*args, "--grid", "train.epochs=1,2", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert [(g["epochs"], g["steps"]) for g in result["groups"]] == [(1, 20), (2, 40)]
+    assert result["config"]["train"]["steps"] is None  # not codelab's 400
+    assert result == json.loads((out / "sweep.json").read_text())

@@ -1,4 +1,5 @@
-"""`jaxmnist export RUN_DIR --out FILE`: one file that runs the trained model with only jax.
+"""`jaxmnist export RUN_DIR --out FILE`: one file that runs the trained model with only jax
+(and flatbuffers, which jax.export's deserialisation needs).
 
 The file holds StableHLO for each platform asked for, the parameters and a JSON header;
 the output path is checked before the run is read.
@@ -14,7 +15,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "export",
         allow_abbrev=False,
-        help="one file (StableHLO + parameters + JSON header) that only needs jax to run",
+        help="one file (StableHLO + parameters + JSON header) that needs only jax and "
+        "flatbuffers to run",
     )
     p.add_argument("run_dir", metavar="RUN_DIR")
     p.add_argument("--out", required=True, metavar="FILE", help="the file to write")

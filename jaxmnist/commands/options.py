@@ -32,7 +32,7 @@ FLAGS = {
     ),
     # jaxmnist.models imports jax, which `--help` must not wait for: no list of families here.
     "--model": ("model.name", str, "model family (a name in jaxmnist.models.MODELS)"),
-    "--hidden": ("model.hidden", str, "hidden sizes, e.g. 256,128"),
+    "--hidden": ("model.hidden", str, "hidden sizes, e.g. 256,128 ('': none, a linear model)"),
     "--activation": ("model.activation", str, "relu or gelu"),
     "--dtype": ("model.dtype", str, "compute dtype: float32 or bfloat16"),
     "--optimizer": ("optimizer.name", str, "sgd, adam or adamw"),
@@ -72,12 +72,22 @@ FLAGS = {
 }
 
 
+DEFAULT_PRESET = "tpu101"
+
+
+def preset_name(args: argparse.Namespace) -> str:
+    """The preset the command line names, or the default one."""
+    return args.preset if args.preset is not None else DEFAULT_PRESET
+
+
 def add_config_args(p: argparse.ArgumentParser) -> None:
     """--preset, the flags of `FLAGS`, the compile cache and TensorBoard switches, KEY=VALUE."""
     p.add_argument(
         "--preset",
-        default="tpu101",
-        help=f"starting config: {', '.join(config_lib.PRESETS)} (default tpu101)",
+        # None, not tpu101: `train --resume` must tell a preset given from none (see
+        # `preset_name`, where None becomes the default).
+        default=None,
+        help=f"starting config: {', '.join(config_lib.PRESETS)} (default {DEFAULT_PRESET})",
     )
     for flag, (key, _, help_) in FLAGS.items():
         p.add_argument(
@@ -127,9 +137,10 @@ def resolve_config(
 ) -> tuple[config_lib.Config, str]:
     """Preset, then plain flags, then KEY=VALUE overrides; validated. Returns (cfg, preset)."""
     overrides = explicit_overrides(args, leave_out)
-    cfg = config_lib.apply_overrides(config_lib.get_preset(args.preset), overrides)
+    preset = preset_name(args)
+    cfg = config_lib.apply_overrides(config_lib.get_preset(preset), overrides)
     config_lib.validate(cfg)
-    return cfg, args.preset
+    return cfg, preset
 
 
 def add_process_args(p: argparse.ArgumentParser) -> None:
@@ -171,7 +182,8 @@ def start_processes(args: argparse.Namespace, cfg: config_lib.Config):
         auto=args.distributed,
         timeout_seconds=args.process_timeout,
     )
-    return parallel.layout_for(cfg)  # checked for the seeds and the batch size
+    t = cfg.train  # the mesh, checked for the seeds and the batch size
+    return parallel.layout_for(cfg.parallel, num_models=t.seeds, batch_size=t.batch_size)
 
 
 def timestamp() -> str:

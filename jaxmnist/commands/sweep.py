@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     from jaxmnist.runs import rundir  # start-up: imports jax
 
     cfg, preset = options.resolve_config(args)
-    axes = sweep.parse_grid(args.grid or [], cfg)
+    axes = sweep.parse_grid(args.grid or [], cfg, given=options.explicit_overrides(args))
     sweep.expand_grid(cfg, axes)  # every point validated before anything is loaded
     out = rundir.check_writable(args.out or options.default_out("sweep", preset))
     log = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))

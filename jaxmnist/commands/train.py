@@ -9,6 +9,7 @@ writes the report and says whether the target accuracy was reached (exit 3 when 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import sys
@@ -104,30 +105,27 @@ def run(args: argparse.Namespace) -> int:
         workdir = Path(args.run_dir) if args.run_dir else options.default_run_dir(preset, cfg)
     layout = options.start_processes(args, cfg)
     main = parallel.is_main_process()
-    lock = None
-    if main:
-        rundir.check_writable(workdir)
-        lock = rundir.lock_run_dir(workdir)  # held until this command returns or dies
+    # Process 0 holds the directory's lock until this command returns or dies; a run
+    # refused before it started leaves no directory it made (`rundir.claim`).
+    claim = rundir.claim(workdir) if main else contextlib.nullcontext()
     try:
-        if main:
-            if not args.resume:
+        with claim:
+            if main and not args.resume:
                 rundir.check_reusable(workdir, args.overwrite)
-            rundir.write_command(workdir, ["jaxmnist", *args.argv])
-        mode = "json" if args.json else "quiet" if args.quiet else "normal"
-        # Only process 0 prints; the others say nothing but errors.
-        callbacks = [TerminalReporter(mode, workdir)] if main else []
-        if main and not args.no_report:
-            # matplotlib is slow to import; do it while the device trains, not after.
-            threading.Thread(
-                target=importlib.import_module, args=("jaxmnist.report.run_report",), daemon=True
-            ).start()
-        summary = _train(args, cfg, workdir, callbacks, layout)
+            mode = "json" if args.json else "quiet" if args.quiet else "normal"
+            # Only process 0 prints; the others say nothing but errors.
+            callbacks = [TerminalReporter(mode, workdir)] if main else []
+            if main and not args.no_report:
+                # matplotlib is slow to import; do it while the device trains, not after.
+                threading.Thread(
+                    target=importlib.import_module,
+                    args=("jaxmnist.report.run_report",),
+                    daemon=True,
+                ).start()
+            summary = _train(args, cfg, workdir, callbacks, layout)
     except Stopped as e:  # a signal: checkpoint saved, no summary; not an error
         print(f"jaxmnist train: {e}", file=sys.stderr)
         return e.exit_code
-    finally:
-        if lock is not None:
-            lock.release()
     if not main:
         return 0
     report = None
@@ -154,7 +152,9 @@ def _resume_config(args: argparse.Namespace) -> tuple[config_lib.Config, Path, b
     workdir = Path(args.resume)
     if args.run_dir and Path(args.run_dir).resolve() != workdir.resolve():
         raise ConfigError("--resume RUN_DIR writes into RUN_DIR; drop --run-dir")
-    cfg, extended = resume.prepare(workdir, options.explicit_overrides(args))
+    if args.overwrite:
+        raise ConfigError("--resume continues RUN_DIR and --overwrite replaces it; choose one")
+    cfg, extended = resume.prepare(workdir, options.explicit_overrides(args), preset=args.preset)
     return cfg, workdir, extended
 
 
@@ -181,6 +181,7 @@ def _train(args, cfg, workdir: Path, callbacks: list, layout) -> dict:
             checkpoints=checkpoints,
             resume=resumer,
             stop=stop,
+            command=["jaxmnist", *args.argv],
         )
     finally:
         stop.uninstall()

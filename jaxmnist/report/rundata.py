@@ -3,9 +3,11 @@
 `load_run(path)` reads every file a report needs (config, environment, summary,
 per-epoch metrics, per-step losses, confusion matrix, test predictions, the
 command) and checks that they agree with each other, so a report is never drawn
-from a half-written or hand-damaged run. Anything wrong is a `JaxmnistError`
-naming the file and what is wrong with it; nothing here needs the dataset or the
-parameters.
+from a half-written or hand-damaged run. Anything wrong is one line
+naming the file and what is wrong with it, with the run reader's exit codes
+(`runs.reader`): `NotARunError` (exit 2) for a path that names no finished run (no
+such directory, no config.json, no summary.json yet), `CorruptRunError` (exit 1) for
+a damaged file; nothing here needs the dataset or the parameters.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxmnist.errors import JaxmnistError
+from jaxmnist.errors import CorruptRunError, NotARunError
 from jaxmnist.report.predictions import Predictions, load_test_predictions
 from jaxmnist.runs.rundir import COMMAND_FILE
 
@@ -48,23 +50,23 @@ def _read_json(path: Path, what: str):
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
-        raise JaxmnistError(f"{path}: missing ({what})") from None
+        raise CorruptRunError(f"{path}: missing ({what})") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise JaxmnistError(f"{path}: corrupt JSON ({e})") from None
+        raise CorruptRunError(f"{path}: corrupt JSON ({e})") from None
     except OSError as e:
-        raise JaxmnistError(f"{path}: cannot read ({e.strerror or e})") from None
+        raise CorruptRunError(f"{path}: cannot read ({e.strerror or e})") from None
 
 
 def _require(cond: bool, path: Path, problem: str) -> None:
     if not cond:
-        raise JaxmnistError(f"{path}: {problem}")
+        raise CorruptRunError(f"{path}: {problem}")
 
 
 def _read_records(path: Path) -> list[dict]:
     try:
         lines = path.read_text().splitlines()
     except FileNotFoundError:
-        raise JaxmnistError(f"{path}: missing (per-epoch metrics)") from None
+        raise CorruptRunError(f"{path}: missing (per-epoch metrics)") from None
     records = []
     needed = ("epoch", "step", "train_loss", "train_accuracy", "test_loss", "test_accuracy")
     for i, line in enumerate(lines, start=1):
@@ -73,7 +75,7 @@ def _read_records(path: Path) -> list[dict]:
         try:
             rec = json.loads(line)
         except json.JSONDecodeError as e:
-            raise JaxmnistError(f"{path}: line {i} is corrupt JSON ({e})") from None
+            raise CorruptRunError(f"{path}: line {i} is corrupt JSON ({e})") from None
         _require(
             isinstance(rec, dict) and all(isinstance(rec.get(k), (int, float)) for k in needed),
             path,
@@ -93,14 +95,14 @@ def _read_step_losses(path: Path) -> tuple[np.ndarray, np.ndarray]:
     try:
         lines = path.read_text().splitlines()
     except FileNotFoundError:
-        raise JaxmnistError(f"{path}: missing (per-step training loss)") from None
+        raise CorruptRunError(f"{path}: missing (per-step training loss)") from None
     _require(bool(lines) and lines[0].strip() == "step,loss", path, "not a step,loss CSV")
     try:
         rows = [line.split(",") for line in lines[1:] if line.strip()]
         steps = np.array([int(r[0]) for r in rows], np.int64)
         losses = np.array([float(r[1]) for r in rows], np.float64)
     except (ValueError, IndexError):
-        raise JaxmnistError(f"{path}: corrupt (a row is not step,loss)") from None
+        raise CorruptRunError(f"{path}: corrupt (a row is not step,loss)") from None
     return steps, losses
 
 
@@ -110,7 +112,9 @@ def _read_confusion(path: Path) -> tuple[list[str], np.ndarray]:
         names = [str(n) for n in obj["class_names"]]
         matrix = np.array(obj["matrix"], dtype=np.int64)
     except (KeyError, TypeError, ValueError):
-        raise JaxmnistError(f"{path}: corrupt (needs class_names and an integer matrix)") from None
+        raise CorruptRunError(
+            f"{path}: corrupt (needs class_names and an integer matrix)"
+        ) from None
     _require(
         matrix.shape == (len(names), len(names)) and len(names) > 0 and (matrix >= 0).all(),
         path,
@@ -120,15 +124,16 @@ def _read_confusion(path: Path) -> tuple[list[str], np.ndarray]:
 
 
 def load_run(run_dir: str | os.PathLike, *, predictions: bool = True) -> RunData:
-    """Reads a finished run directory; JaxmnistError (one line) if it is not one or is damaged."""
+    """Reads a finished run directory; NotARunError (exit 2) if it is not one, CorruptRunError
+    (exit 1) if a file is damaged: one line either way."""
     path = Path(run_dir)
     if not path.is_dir():
-        raise JaxmnistError(f"{path}: no such run directory")
+        raise NotARunError(f"{path}: no such run directory")
     if not (path / "config.json").exists():
-        raise JaxmnistError(f"{path}: not a run directory (no config.json)")
+        raise NotARunError(f"{path}: not a run directory (no config.json)")
     config = _read_json(path / "config.json", "the run's config")
     if not (path / "summary.json").exists():
-        raise JaxmnistError(f"{path}: the run did not finish (no summary.json)")
+        raise NotARunError(f"{path}: the run did not finish (no summary.json)")
     summary = _read_json(path / "summary.json", "final figures")
     environment = _read_json(path / "environment.json", "versions and devices")
     for name, obj, keys in (

@@ -173,7 +173,9 @@ class Checkpointer(Callback):
         self.records: list = []
         self.path = checkpoint_dir(run_dir)
         self.threaded = jax.process_count() == 1
-        self.manager = _manager(self.path, keep=options.keep, asynchronous=not self.threaded)
+        # Made at the first save, which creates the folder: a run refused before it
+        # started leaves none, and a new run's writer may first remove an old run's.
+        self.manager = None
         self.pool = None
         if self.threaded:
             self.pool = ThreadPoolExecutor(1, "jaxmnist-checkpoint", initializer=_yield_cpu)
@@ -242,6 +244,9 @@ class Checkpointer(Callback):
     def _write(self, step: int, state, metrics, progress: dict) -> None:
         import orbax.checkpoint as ocp
 
+        if self.manager is None:  # the first save, in every process at once (it is collective)
+            keep, asynchronous = self.options.keep, not self.threaded
+            self.manager = _manager(self.path, keep=keep, asynchronous=asynchronous)
         progress["fingerprint"] = fingerprint(state)
         items = {"state": ocp.args.StandardSave(state)}
         if metrics is not None:
@@ -265,12 +270,14 @@ class Checkpointer(Callback):
             if self.pool is not None:
                 self.pool.shutdown(wait=True)
             try:
-                self.manager.wait_until_finished()
+                if self.manager is not None:  # None: nothing was saved
+                    self.manager.wait_until_finished()
             except Exception as e:  # noqa: BLE001 -- an earlier failed save, reported above
                 if sys.exc_info()[0] is None:
                     raise _write_error(self.path, e) from None
             finally:
-                self.manager.close()
+                if self.manager is not None:
+                    self.manager.close()
 
 
 def _yield_cpu() -> None:

@@ -87,9 +87,16 @@ def _get(cfg, key: str):
     return _flat(cfg)[key]
 
 
-def prepare(run_dir, overrides: dict, warn=None) -> tuple[config_lib.Config, bool]:
+def prepare(
+    run_dir, overrides: dict, warn=None, *, preset: str | None = None
+) -> tuple[config_lib.Config, bool]:
     """(config to continue with, whether the run is extended). ConfigError (exit 2) for a
-    refused field; `reader.open_run`'s errors for a directory that holds no run to resume."""
+    refused field; `reader.open_run`'s errors for a directory that holds no run to resume.
+
+    `preset`: a preset named on the command line too. Its config, with `overrides` on
+    top, must agree with the saved one outside `RESUMABLE`, as an override must: the run
+    continues with its saved config (and `overrides`), so a preset that differs in what
+    the run computes would otherwise be ignored without a word."""
     warn = warn or _warn
     path = Path(run_dir)
     old = read_config(path)
@@ -107,10 +114,15 @@ def prepare(run_dir, overrides: dict, warn=None) -> tuple[config_lib.Config, boo
                 if key in AFTER_DIVERGENCE
                 else ""
             )
-            raise ConfigError(
-                f"--resume: {key} would change the run ({before.get(key)!r} -> {after[key]!r}); "
-                f"it cannot change when resuming{why}"
-            )
+            _refuse(key, before.get(key), after[key], why)
+    if preset is not None:
+        claimed = _flat(config_lib.apply_overrides(config_lib.get_preset(preset), overrides))
+        for key in [*claimed, *(k for k in before if k not in claimed)]:
+            # A key of `overrides` was checked above; RESUMABLE ones keep the run's values.
+            skip = key in RESUMABLE or key in overrides
+            if not skip and claimed.get(key) != before.get(key):
+                why = f" (from --preset {preset}; without it, the saved config continues)"
+                _refuse(key, before.get(key), claimed.get(key), why)
     extended = any(k in ("train.epochs", "train.steps") for k in changed)
     if extended:
         _check_extension(old, new)
@@ -120,6 +132,13 @@ def prepare(run_dir, overrides: dict, warn=None) -> tuple[config_lib.Config, boo
             "checkpoint: the result is no longer the original run's"
         )
     return new, extended
+
+
+def _refuse(key: str, before, after, why: str) -> None:
+    raise ConfigError(
+        f"--resume: {key} would change the run ({before!r} -> {after!r}); "
+        f"it cannot change when resuming{why}"
+    )
 
 
 def _warn(message: str) -> None:

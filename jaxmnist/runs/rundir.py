@@ -21,16 +21,20 @@ or interrupted run never leaves a file that looks complete; the two growing file
 back to the last whole line. summary.json is written last: its presence marks a
 finished run. Files get the umask's permissions, so run directories can be shared.
 An OSError while writing becomes a `WriteError`: one line naming the file (exit 1).
+`claim` makes the directory and holds its lock for a run: a run refused before it
+started leaves no directory it made.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import json
 import os
 import secrets
 import shlex
+import shutil
 import zipfile
 import zlib
 from pathlib import Path
@@ -187,16 +191,36 @@ def lock_run_dir(workdir: str | os.PathLike):
 
 
 def check_reusable(workdir: str | os.PathLike, overwrite: bool) -> None:
-    """A directory that already holds a run is only trained into again with `overwrite`
-    (then its checkpoints go too); ConfigError (exit 2) without it, nothing changed."""
+    """A directory that already holds a run is only trained into again with `overwrite`;
+    ConfigError (exit 2) without it. Nothing is changed here: the new run's writer
+    (`writer.RunWriter`) removes the old run's files, checkpoints too, once it starts."""
     path = Path(workdir)
-    if not (path / CONFIG_FILE).exists():
-        return
-    if not overwrite:
+    if (path / CONFIG_FILE).exists() and not overwrite:
         finished = (path / SUMMARY_FILE).exists()
         what = "a finished run" if finished else "an unfinished run (--resume continues it)"
         raise ConfigError(f"{path} already holds {what}; --overwrite replaces it")
-    import shutil
 
-    shutil.rmtree(path / CHECKPOINT_DIR, ignore_errors=True)
-    (path / DIVERGED_FILE).unlink(missing_ok=True)
+
+@contextlib.contextmanager
+def claim(workdir: str | os.PathLike):
+    """Creates `workdir` if needed (`check_writable`) and holds its lock (`lock_run_dir`)
+    for the block. If the block fails before the run started (no config.json: the run's
+    writer writes it first), the folders this made are removed, so a refused run leaves
+    no directory behind; one that was there keeps what it had (and a .lock file)."""
+    path = Path(workdir)
+    made = [p for p in (path, *path.parents) if not p.exists()]  # deepest first
+    check_writable(path)
+    lock = lock_run_dir(path)
+    try:
+        yield path
+    except BaseException:
+        if made and not (path / CONFIG_FILE).exists():
+            shutil.rmtree(path, ignore_errors=True)
+            for parent in made[1:]:  # only if empty: another run may be starting there
+                try:
+                    parent.rmdir()
+                except OSError:
+                    break
+        raise
+    finally:
+        lock.release()

@@ -1,14 +1,16 @@
 """The run directory as a run-loop callback: its files written as the run goes.
 
-`RunWriter` writes config.json, environment.json, data.json and the header of
-step_loss.csv when the run starts, a line of metrics.jsonl and the epoch's step
-losses after every epoch, and test_predictions.npz, confusion_matrix.json,
+`RunWriter` writes config.json, environment.json, data.json, command.txt and the
+header of step_loss.csv when the run starts, a line of metrics.jsonl and the epoch's
+step losses after every epoch, and test_predictions.npz, confusion_matrix.json,
 params.npz and summary.json (last: it marks a finished run) when it finishes
-(`rundir` lists the files and how each is written safely).
+(`rundir` lists the files and how each is written safely). Nothing is written or
+removed before the run starts (`on_start`): a run refused while it is set up (no
+data, too little memory) leaves the directory as it found it.
 
-A new run first removes what an earlier run left in the directory, so nothing of
-the old run can be taken for the new one's. A resumed run keeps its files and
-rewinds metrics.jsonl and step_loss.csv to the checkpoint it continues from
+A new run first removes what an earlier run left in the directory (its checkpoints
+too), so nothing of the old run can be taken for the new one's. A resumed run keeps
+its files and rewinds metrics.jsonl and step_loss.csv to the checkpoint it continues from
 (`RunStart.progress`), so epochs that ran after that checkpoint (and were lost)
 are neither duplicated nor missing.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import jax
@@ -42,19 +45,29 @@ FINAL_FILES = (rundir.PARAMS_FILE, rundir.CONFUSION_FILE)
 
 
 class RunWriter(Callback):
-    """Writes one run's directory (see the module doc); `resuming`: continue its files."""
+    """Writes one run's directory (see the module doc); `resuming`: continue its files;
+    `command`: the command line, for command.txt."""
 
-    def __init__(self, workdir: str | os.PathLike, resuming: bool = False):
+    def __init__(
+        self, workdir: str | os.PathLike, resuming: bool = False, command: list[str] | None = None
+    ):
         self.path = rundir.check_writable(workdir)
-        self.resuming = resuming
-        stale = RESULT_FILES if resuming else (*RESULT_FILES, *PROGRESS_FILES, *FINAL_FILES)
+        self.resuming, self.command = resuming, command
+
+    def _remove_stale(self) -> None:
+        stale = RESULT_FILES if self.resuming else (*RESULT_FILES, *PROGRESS_FILES, *FINAL_FILES)
         for name in stale:
             try:
                 (self.path / name).unlink(missing_ok=True)
             except OSError as e:
                 raise WriteError.from_os_error(e, self.path / name) from None
+        if not self.resuming:  # before the first save (`Checkpointer` makes the folder then)
+            shutil.rmtree(self.path / rundir.CHECKPOINT_DIR, ignore_errors=True)
 
     def on_start(self, start: RunStart) -> None:
+        self._remove_stale()
+        if self.command is not None:
+            rundir.write_command(self.path, self.command)
         rundir.write_json(self.path / rundir.CONFIG_FILE, start.cfg.to_dict())
         env = {**runtime.environment(), **start.info}
         if self.resuming:

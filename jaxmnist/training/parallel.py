@@ -258,17 +258,17 @@ def check_layout(layout: Layout, *, num_models: int, batch_size: int) -> None:
         )
 
 
-def layout_for(cfg, num_models: int | None = None) -> Layout:
-    """The mesh `cfg.parallel` asks for, checked for `num_models` models (default: the
-    config's seeds) and the batch size: a ConfigError, one line, when it cannot be had."""
-    num_models = cfg.train.seeds if num_models is None else num_models
-    mesh = parse_mesh(cfg.parallel.mesh)
-    if cfg.parallel.devices is None:  # one device, unless a mesh names more
+def layout_for(where, *, num_models: int, batch_size: int) -> Layout:
+    """The mesh a config's `parallel` section (`where`: config.ParallelConfig) asks for,
+    checked for `num_models` models and the batch size: a ConfigError, one line, when it
+    cannot be had. The section alone: where a run happens is all this module reads."""
+    mesh = parse_mesh(where.mesh)
+    if where.devices is None:  # one device, unless a mesh names more
         devices = mesh["members"] * mesh["data"] if mesh else 1
     else:
-        devices = parse_devices(cfg.parallel.devices)
+        devices = parse_devices(where.devices)
     layout = build_layout(devices, mesh, num_models=num_models)
-    check_layout(layout, num_models=num_models, batch_size=cfg.train.batch_size)
+    check_layout(layout, num_models=num_models, batch_size=batch_size)
     return layout
 
 

@@ -44,6 +44,7 @@ def train_and_evaluate(
     checkpoints: CheckpointOptions | None = None,
     resume: resume_lib.Resumer | None = None,
     stop: StopRequest | None = None,
+    command: list[str] | None = None,
 ) -> dict:
     """Trains and evaluates `cfg.train.seeds` models as `cfg` says; returns the summary.
 
@@ -53,19 +54,21 @@ def train_and_evaluate(
     second, after a checkpoint, with `preemption.Stopped`. `callbacks` get every hook
     (`hooks.Callback`), in every process. `layout` is the mesh a caller built from a
     validated `cfg`; without one, this is the entry point: it validates `cfg` and
-    builds the mesh. `dataset` (a `data.Dataset`) skips loading, for tests.
+    builds the mesh. `dataset` (a `data.Dataset`) skips loading, for tests. `command`:
+    the command line, written to command.txt when the run starts.
     """
     wall_start = time.perf_counter()
     if layout is None:
         n_train = None if dataset is None else len(dataset.train_labels)
         config_lib.validate(cfg, num_train_examples=n_train)
-        layout = parallel.layout_for(cfg)
+        t = cfg.train
+        layout = parallel.layout_for(cfg.parallel, num_models=t.seeds, batch_size=t.batch_size)
     if cfg.compile_cache:
         runtime.enable_compilation_cache()
     if dataset is None:
         dataset = load_dataset(cfg.data.dataset, cfg.data.data_dir, download=cfg.data.download)
     writes = workdir is not None and parallel.is_main_process()
-    files = RunWriter(workdir, resuming=resume is not None) if writes else None
+    files = RunWriter(workdir, resuming=resume is not None, command=command) if writes else None
     events = _events(workdir) if writes and cfg.tensorboard else None
     saver = Checkpointer(workdir, checkpoints) if workdir and checkpoints else None
     calls = Callbacks([*Callbacks(callbacks).items, files, events, saver])

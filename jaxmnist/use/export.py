@@ -1,11 +1,11 @@
-"""Exporting a trained model as one file that runs with only `jax` installed.
+"""Exporting a trained model as one file that runs with only `jax` and `flatbuffers` installed.
 
 The file is a JSON header on its first line, then the bytes of a `jax.export`
 serialisation: the StableHLO of `images uint8 (batch, *image_shape) -> probabilities
 float32 (batch, C)` with a symbolic batch size and the trained parameters embedded as
 constants. `image_shape` is the dataset's, (H, W) or (H, W, C); the header says it, and
-how a person's image is made into one. Loading it needs `json`, `jax` and nothing of
-jaxmnist:
+how a person's image is made into one. Loading it needs `json`, `jax` (with `flatbuffers`,
+which `jax.export.deserialize` imports) and nothing of jaxmnist:
 
     with open(path, "rb") as f:
         header = json.loads(f.readline())
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import tempfile
 from importlib import metadata
 from pathlib import Path
@@ -108,9 +109,11 @@ def export_model(model: TrainedModel, out, platforms=("cpu", "cuda", "tpu")) -> 
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    # open(..., "x"), as `runs.rundir.atomic_write` does: the file gets the umask's
+    # permissions (mkstemp's 0600 would keep the model from anyone the folder is shared with).
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
-        with os.fdopen(fd, "wb") as f:
+        with open(tmp, "xb") as f:
             f.write(data)
         os.replace(tmp, path)
     except OSError as e:
