@@ -230,15 +230,14 @@ def run_bench(
     `dataset` (a `jaxmnist.data.Dataset`) skips loading; otherwise the real data
     are loaded, or random data of their shape with `opts.synthetic`. `log` gets
     a line as each measurement starts; `preset` and `command` are recorded as
-    given. Raises ConfigError for bad options or a dtype the backend lacks.
+    given. `cfg` arrives validated and `opts` checked (`options.make_options`), as the
+    command makes them; raises ConfigError for a dtype the backend lacks.
     """
     wall_start = time.perf_counter()
     log = log or (lambda line: None)
     # A persistent-cache hit would report a cache load as compile time: the cache
     # stays off, and the saved config says so.
     cfg = dataclasses.replace(cfg, compile_cache=False)
-    options_lib.validate_options(opts)
-    config_lib.validate(cfg)
     variants = []
     if opts.variant_key:
         spec = dataset.spec if dataset is not None else get_spec(cfg.data.dataset)
