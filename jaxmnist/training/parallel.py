@@ -26,11 +26,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import socket
 import sys
 import threading
 
 import jax
 import numpy as np
+from jax._src import distributed as jax_distributed
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -50,12 +52,16 @@ def initialize_distributed(
     """Joins a multi-process run (call before anything else touches JAX).
 
     With a coordinator `HOST:PORT`, the process count and this process's id are
-    required; with `auto`, `jax.distributed.initialize()` detects the cluster. A
-    peer that is not there within `timeout_seconds`, or that stops sending
-    heartbeats for `timeout_seconds` during the run, makes the others fail
-    instead of hang: the first with one line and exit 1 (a watchdog here, since
-    the coordination service itself aborts the process with a C++ stack trace),
-    the second through the coordination service, which ends the process.
+    required; with `auto`, `jax.distributed.initialize()` detects the cluster.
+    Process 0's coordinator listens on HOST only (not on every interface), unless
+    JAX_COORDINATOR_BIND_ADDRESS says otherwise. A peer that is not there within
+    `timeout_seconds` makes the others fail instead of hang, with one line and
+    exit 1 (a watchdog here). A peer that stops sending heartbeats for
+    `timeout_seconds` during the run ends the others through the coordination
+    service, which aborts them in C++ (jaxlib's `missed_heartbeat_callback` cannot
+    be a Python function: handing it the status throws std::bad_cast). A second
+    process 0 is refused before it starts a coordinator; processes that disagree
+    on --num-processes stop with a ConfigError once they have joined.
     """
     if coordinator is None and not auto:
         return
@@ -71,11 +77,16 @@ def initialize_distributed(
         kwargs.update(
             coordinator_address=coordinator, num_processes=num_processes, process_id=process_id
         )
+        if process_id == 0 and not os.environ.get("JAX_COORDINATOR_BIND_ADDRESS"):
+            # jax's default is [::]:PORT, every interface: listen where the user said.
+            kwargs["coordinator_bind_address"] = coordinator
+            _check_port_free(coordinator)
     where = f" at {coordinator}" if coordinator else ""
-    peers = f"all {num_processes} processes" if num_processes else "the other processes"
+    peers = f"the {num_processes} processes" if num_processes else "the processes"
     message = (
-        f"jaxmnist: error: {peers} did not join the distributed run{where} within "
-        f"{timeout_seconds} s (is every process started, with the same --coordinator?)\n"
+        f"jaxmnist: error: {peers} did not all join the distributed run{where} within "
+        f"{timeout_seconds} s (is every process started, with the same --coordinator "
+        f"and --num-processes, and a --process-id of its own?)\n"
     )
     watchdog = threading.Timer(timeout_seconds, _give_up, args=(message,))
     watchdog.daemon = True
@@ -87,12 +98,70 @@ def initialize_distributed(
         raise ConfigError(f"could not join the distributed run{where}: {first}") from None
     finally:
         watchdog.cancel()
+    if num_processes is not None:
+        _check_same_process_count(num_processes, process_id, timeout_seconds)
+    if jax.process_index() != 0:
+        # Only process 0 speaks; gloo's C++ start-up lines ("[Gloo] Rank 1 is connected
+        # to ...") reach stdout below Python, so the descriptor itself goes quiet.
+        # Errors and the stop line go to stderr, which stays.
+        sys.stdout.flush()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)
 
 
 def _give_up(message: str) -> None:
     sys.stderr.write(message)
     sys.stderr.flush()
     os._exit(1)
+
+
+def _check_port_free(coordinator: str) -> None:
+    """ConfigError when process 0's port is taken. gRPC binds with SO_REUSEPORT, so a
+    second process 0 (or any program doing the same) would share the port silently and
+    the two coordinators would each get part of the connections; a plain bind sees it."""
+    host, _, port = coordinator.rpartition(":")
+    host = host.strip("[]")
+    try:
+        infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+        family, _, _, _, address = infos[0]
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.bind(address)
+    except socket.gaierror as e:
+        raise ConfigError(f"--coordinator {coordinator}: unknown host ({e.strerror})") from None
+    except OSError as e:
+        raise ConfigError(
+            f"--coordinator {coordinator}: cannot listen there ({e.strerror}); is another "
+            f"process already started with --process-id 0, or another program on port {port}?"
+        ) from None
+
+
+def _check_same_process_count(num_processes: int, process_id: int, timeout_seconds: int) -> None:
+    """ConfigError on every process when they were started with different
+    --num-processes (process 0's count rules the coordinator, so the others would
+    otherwise run along with a count of their own). Each publishes its count in the
+    coordinator's key-value store; process 0 reads every other's, the others read 0's."""
+    # jax has no public key-value store: its distributed client is internal. Where a
+    # jax release moves it, the count the coordinator holds is the check left.
+    client = getattr(getattr(jax_distributed, "global_state", None), "client", None)
+    if client is None:
+        if jax.process_count() != num_processes:
+            raise ConfigError(
+                f"this process was started with --num-processes {num_processes}, but the "
+                f"run's coordinator counts {jax.process_count()}"
+            )
+        return
+    client.key_value_set(f"jaxmnist/num_processes/{process_id}", str(num_processes))
+    others = range(1, num_processes) if process_id == 0 else [0]
+    for other in others:
+        theirs = int(
+            client.blocking_key_value_get(f"jaxmnist/num_processes/{other}", timeout_seconds * 1000)
+        )
+        if theirs != num_processes:
+            raise ConfigError(
+                f"the processes disagree on --num-processes: process {process_id} was "
+                f"started with {num_processes}, process {other} with {theirs}"
+            )
 
 
 def check_process_args(coordinator, num_processes, process_id) -> None:

@@ -150,23 +150,90 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _processes(tiny_data_dir, run_dir, count, *extra):
+def _processes(tiny_data_dir, run_dir, count, *extra, port=None, ids=None, totals=None):
+    """`count` processes of one 2-process run (ids 0, 1, ... and --num-processes 2
+    unless `ids` and `totals` say otherwise, one value per process)."""
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
     args = [
         "train", "--dataset", "tiny", "--data-dir", str(tiny_data_dir), "--batch-size", "32",
         "--no-compile-cache", "--no-report", "--devices", "all", "--run-dir", str(run_dir),
-        "--coordinator", f"127.0.0.1:{_free_port()}", "--num-processes", "2", *extra,
+        "--coordinator", f"127.0.0.1:{port or _free_port()}", *extra,
     ]  # fmt: skip
+    ids = ids or range(count)
+    totals = totals or [2] * count
     return [
         subprocess.Popen(
-            [sys.executable, str(RUNNER), *args, "--process-id", str(i)],
+            [sys.executable, str(RUNNER), *args, "--num-processes", str(n), "--process-id", str(i)],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
-        for i in range(count)
+        for i, n in zip(ids, totals, strict=True)
     ]
+
+
+def _listening(port: int) -> list[str]:
+    """The local addresses (hex, as /proc/net/tcp* writes them) listening on `port`."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, _, hex_port = local.rpartition(":")
+            if state == "0A" and int(hex_port, 16) == port:
+                found.append(address)
+    return found
+
+
+def _wait_listening(port: int, proc, seconds: float = 30) -> list[str]:
+    deadline = time.monotonic() + seconds
+    while not (found := _listening(port)):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.1)
+    return found
+
+
+def test_the_coordinator_listens_only_on_the_host_it_was_given(tiny_data_dir, tmp_path):
+    """127.0.0.1 binds the loopback address alone, as IPv4 or as IPv4 mapped into IPv6
+    (jax's default, [::]:PORT, listens on every interface)."""
+    port = _free_port()
+    (alone,) = _processes(tiny_data_dir, tmp_path / "run", 1, "--process-timeout", "20", port=port)
+    try:
+        found = _wait_listening(port, alone)
+    finally:
+        alone.kill()
+        alone.communicate()
+    loopback = {"0100007F", "0000000000000000FFFF00000100007F"}
+    assert found and set(found) <= loopback, found
+
+
+def test_a_second_process_0_is_one_line_and_the_first_goes_on(tiny_data_dir, tmp_path):
+    """gRPC shares a port (SO_REUSEPORT): a second coordinator on it used to take part of
+    the connections, abort the first in C++ and time out itself."""
+    port = _free_port()
+    run = tmp_path / "run"
+    (first,) = _processes(tiny_data_dir, run, 1, "--steps", "5", port=port, ids=[0])
+    try:
+        _wait_listening(port, first)
+        (second,) = _processes(tiny_data_dir, run, 1, "--steps", "5", port=port, ids=[0])
+        _, err = second.communicate(timeout=60)
+        assert second.returncode == 2 and len(err.strip().splitlines()) == 1, err
+        assert "another process already started with --process-id 0" in err
+        (peer,) = _processes(tiny_data_dir, run, 1, "--steps", "5", port=port, ids=[1])
+        outs = [p.communicate(timeout=240) for p in (first, peer)]
+        assert [first.returncode, peer.returncode] == [0, 0], outs
+    finally:
+        first.kill()
+
+
+def test_processes_that_disagree_on_the_count_stop_with_one_line(tiny_data_dir, tmp_path):
+    procs = _processes(tiny_data_dir, tmp_path / "run", 2, "--steps", "5", totals=[2, 3])
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [2, 2], outs
+    for _, err in outs:
+        (line,) = err.strip().splitlines()
+        assert "disagree on --num-processes" in line and "with 2" in line and "with 3" in line
+    assert not (tmp_path / "run" / "summary.json").exists()
 
 
 def test_two_processes_equal_one_process_with_four_devices(tiny_data_dir, train_argv, tmp_path):
@@ -178,6 +245,7 @@ def test_two_processes_equal_one_process_with_four_devices(tiny_data_dir, train_
     gloo = r"\[Gloo\] Rank |\d+ is connected to \d+ peer ranks\. [^\n]*?: \d+"
     quiet = re.sub(gloo, "", outs[1][0])
     assert "test accuracy" in outs[0][0] and quiet.split() == []
+    assert outs[1][0] == ""  # not even gloo's lines: process 1 says nothing
     assert main(train_argv(tmp_path / "one", "--steps", "30", "--devices", "4", "--no-report")) == 0
     with (
         np.load(tmp_path / "one" / "params.npz") as a,
@@ -194,7 +262,9 @@ def test_a_missing_process_is_one_line_within_the_timeout(tiny_data_dir, tmp_pat
     (alone,) = _processes(tiny_data_dir, tmp_path / "run", 1, "--process-timeout", "3")
     _, err = alone.communicate(timeout=60)
     assert alone.returncode == 1 and time.monotonic() - start < 40
-    assert err.strip().splitlines()[-1].startswith("jaxmnist: error: all 2 processes did not join")
+    assert (
+        err.strip().splitlines()[-1].startswith("jaxmnist: error: the 2 processes did not all join")
+    )
 
 
 def test_a_dead_process_stops_the_others(tiny_data_dir, tmp_path):
