@@ -182,3 +182,32 @@ def test_environment_records_the_onednn_found_without_loading_it(monkeypatch):
         "reason": "no oneDNN 3 (headers and libdnnl) in /nonexistent or /nonexistent: "
         "pip install 'jaxmnist[onednn]'",
     }
+
+
+def test_auto_says_once_when_the_onednn_build_cannot_be_written(tmp_path):
+    """A cache folder that cannot be made (a path under a regular file: root ignores
+    permissions) drops oneDNN for im2col with one warning line, as the compile cache does."""
+    import os
+    import subprocess
+    import sys
+
+    try:
+        onednn.find_onednn()
+    except onednn.Unavailable as e:
+        pytest.skip(str(e))
+    (tmp_path / "file").write_text("")
+    code = "from jaxmnist.models import conv; print(conv.resolve('auto'), conv.resolve('auto'))"
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "file" / "cache")}
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "im2col im2col\n"
+    [line] = done.stderr.splitlines()
+    assert line.startswith("the oneDNN convolution cannot be built: cannot write ")
+    assert line.endswith("(Not a directory); conv_impl=auto uses im2col")

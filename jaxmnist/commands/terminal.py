@@ -10,6 +10,7 @@ have been timed.
 
 from __future__ import annotations
 
+import os
 import sys
 
 from jaxmnist import stats
@@ -28,10 +29,32 @@ class TerminalReporter(Callback):
         self.wants_progress = mode == "normal" and sys.stderr.isatty()
         self._bar = None
         self._first_step = 0
+        self.closed = False  # stdout's reader went away (`train | head`)
 
     def _print(self, text: str) -> None:
         if self.mode == "normal":
+            self._write(text)
+
+    def _write(self, text: str) -> None:
+        """One line on stdout. A reader that stops reading (`| head -2`) must not cost the
+        run: the run goes on without printing and finishes, its files complete (stopping
+        instead would leave a half run for a pipe nobody reads). Said once on stderr."""
+        if self.closed:
+            return
+        try:
             print(text, file=self.out, flush=True)
+        except BrokenPipeError:
+            self.closed = True
+            try:  # what is still buffered, and the command's last lines, go nowhere
+                os.dup2(os.open(os.devnull, os.O_WRONLY), self.out.fileno())
+            except (OSError, ValueError, AttributeError):
+                pass  # not a real file (a test's capture): nothing flushes it at exit
+            where = f" (run directory: {self.workdir})" if self.workdir is not None else ""
+            print(
+                f"jaxmnist: stdout was closed; training goes on without printing{where}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def on_start(self, start: RunStart) -> None:
         info = start.info
@@ -40,6 +63,10 @@ class TerminalReporter(Callback):
             f"{plural(info['epochs'], 'epoch')} x {plural(info['steps_per_epoch'], 'step')} | "
             f"{info['backend']}: {info['device']}"
         )
+        p = start.progress
+        if p.step:  # a resumed run: where it continues, once
+            more = f" + {plural(p.epoch_step, 'step')}" if p.epoch_step else ""
+            self._print(f"resumed from step {p.step:,} (epoch {p.epoch}{more})")
         if "models" in info:
             seeds, chunks = info["seeds"], info["chunks"]
             split = (
@@ -107,13 +134,13 @@ class TerminalReporter(Callback):
         )
         if self.mode == "quiet":  # exactly one line, as promised: the result and where it is
             where = f" | run directory: {self.workdir}" if self.workdir is not None else ""
-            print(line + where, file=self.out, flush=True)
+            self._write(line + where)
         elif self.mode != "json":
-            print(line, file=self.out, flush=True)
+            self._write(line)
             for extra in seed_lines(s) + target_lines(s):
-                print(extra, file=self.out, flush=True)
+                self._write(extra)
             if self.workdir is not None:
-                print(f"run directory: {self.workdir}", file=self.out, flush=True)
+                self._write(f"run directory: {self.workdir}")
 
 
 def seed_lines(s: dict) -> list[str]:

@@ -96,9 +96,9 @@ def run(args: argparse.Namespace) -> int:
 
     check_checkpoint_flags(args)
     if args.resume:
-        cfg, workdir, extended = _resume_config(args)
-        if (workdir / "summary.json").exists() and not extended:
-            print(f"{workdir}: the run already finished; nothing to resume (--epochs N extends it)")
+        cfg, workdir, finished = _resume_config(args)
+        if finished:
+            print(f"{workdir}: {finished}")
             return 0
     else:
         cfg, preset = options.resolve_config(args)
@@ -136,18 +136,15 @@ def run(args: argparse.Namespace) -> int:
         if mode == "normal":
             print(f"report: {report}")
     if args.json:
-        print(
-            json.dumps(
-                {"run_dir": str(workdir), "report": report and str(report), **summary}, indent=2
-            )
-        )
+        out = {"run_dir": str(workdir), "report": report and str(report), **summary}
+        print(json.dumps(out, indent=2))
     _check_target(summary)
     return 0
 
 
-def _resume_config(args: argparse.Namespace) -> tuple[config_lib.Config, Path, bool]:
-    """--resume RUN_DIR: (the saved config with the allowed overrides, RUN_DIR, extended)."""
-    from jaxmnist.runs import resume  # start-up: imports jax
+def _resume_config(args: argparse.Namespace) -> tuple[config_lib.Config, Path, str | None]:
+    """--resume RUN_DIR: (its config with the allowed overrides, RUN_DIR, why nothing is left)."""
+    from jaxmnist.runs import reader, resume  # start-up: imports jax
 
     workdir = Path(args.resume)
     if args.run_dir and Path(args.run_dir).resolve() != workdir.resolve():
@@ -155,7 +152,10 @@ def _resume_config(args: argparse.Namespace) -> tuple[config_lib.Config, Path, b
     if args.overwrite:
         raise ConfigError("--resume continues RUN_DIR and --overwrite replaces it; choose one")
     cfg, extended = resume.prepare(workdir, options.explicit_overrides(args), preset=args.preset)
-    return cfg, workdir, extended
+    if not args.no_report and "--no-report" in reader.saved_command(workdir):
+        # Started without a report, resumed so; command.txt keeps it for the next resume.
+        args.no_report, args.argv = True, [*args.argv, "--no-report"]
+    return cfg, workdir, reader.nothing_to_resume(workdir, cfg, extended)
 
 
 def _train(args, cfg, workdir: Path, callbacks: list, layout) -> dict:

@@ -36,6 +36,8 @@ slower. The measured comparisons are in the README ("Results").
 
 from __future__ import annotations
 
+import functools
+import logging
 from functools import partial
 
 import jax
@@ -145,9 +147,18 @@ def resolve(impl: str, backend: str | None = None) -> str:
     backend = backend or jax.default_backend()
     if backend != "cpu":
         return "xla"
-    if jax.device_count() == 1 and onednn.available():
-        return CPU_FASTEST
+    if jax.device_count() == 1:
+        if onednn.available():
+            return CPU_FASTEST
+        if onednn.build_failed():
+            _say_fallback(onednn.unavailable_reason())
     return CPU_FASTEST_XLA
+
+
+@functools.cache
+def _say_fallback(reason: str) -> None:
+    """Once per process, as the compilation cache does: the run goes on, only slower."""
+    logging.getLogger(__name__).warning("%s; conv_impl=auto uses %s", reason, CPU_FASTEST_XLA)
 
 
 def portable(impl: str, backend: str | None = None) -> str:

@@ -139,18 +139,41 @@ def build(root: Path, cache: Path | None = None) -> Path:
 def _load() -> str | None:
     """Builds, loads and registers the handlers once per process; the reason it could
     not, or None."""
+    global _build_failed
     if sys.platform != "linux":
         return "the oneDNN convolution is built for Linux only"
     try:
-        library = ctypes.CDLL(str(build(find_onednn())))
+        root = find_onednn()
+    except Unavailable as e:  # the optional extra is not installed
+        return str(e)
+    _build_failed = True  # installed, yet not usable: `build_failed`
+    try:
+        library = ctypes.CDLL(str(build(root)))
     except Unavailable as e:
         return str(e)
-    except (OSError, subprocess.SubprocessError) as e:
+    except OSError as e:
+        if e.filename:  # an unwritable cache folder
+            return (
+                f"the oneDNN convolution cannot be built: cannot write {e.filename} ({e.strerror})"
+            )
         return f"the oneDNN convolution could not be built or loaded: {e}"
+    except subprocess.SubprocessError as e:
+        return f"the oneDNN convolution could not be built or loaded: {e}"
+    _build_failed = False
     for target, symbol in TARGETS.items():
         capsule = jax.ffi.pycapsule(getattr(library, symbol))
         jax.ffi.register_ffi_target(target, capsule, platform="cpu")
     return None
+
+
+_build_failed = False
+
+
+def build_failed() -> bool:
+    """Whether oneDNN is installed but its convolution could not be built or loaded
+    here (a compiler error, an unwritable cache folder): what `conv_impl=auto` says
+    when it falls back, unlike a missing optional extra."""
+    return unavailable_reason() is not None and _build_failed
 
 
 def describe() -> dict:

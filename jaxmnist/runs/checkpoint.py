@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -313,11 +314,12 @@ def _write_error(path: Path, e: BaseException) -> WriteError:
 
 
 def _quiet_abandoned_writes() -> None:
-    """After a failed save, Orbax's other in-flight TensorStore writes still finish
-    and call back into the event loop the failed save already closed; Python reports
-    each as an unraisable "Event loop is closed" traceback on stderr. The failure
-    is reported in one line (`_write_error`): those echoes of it are dropped, and
-    every other unraisable exception still goes to the previous hook."""
+    """After a failed save or restore, Orbax's other in-flight TensorStore writes or
+    reads still finish and call back into the event loop the failed call already
+    closed; Python reports each as an unraisable "Event loop is closed" traceback on
+    stderr. The failure is reported in one line (`_write_error`, the damaged-checkpoint
+    warning): those echoes of it are dropped, and every other unraisable exception
+    still goes to the previous hook."""
     previous = sys.unraisablehook
 
     def hook(unraisable) -> None:
@@ -334,9 +336,23 @@ def _warn(message: str) -> None:
     print(f"jaxmnist: warning: {message}", file=sys.stderr, flush=True)
 
 
-def _reason(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return (text[0] if text else type(e).__name__)[:200]
+def _reason(e: BaseException, width: int = 120) -> str:
+    """`e` in a few words for a one-line message: TensorStore appends its whole spec
+    and nests one cause in another ("opening X: reading Y: decoding Z: ..."), and
+    some errors carry object reprs; the innermost causes are what says what is wrong,
+    so the tail is kept, whole `: `-separated parts only (no path cut in two)."""
+    text = str(e).strip()
+    text = re.sub(r"\s*\[tensorstore_spec.*", "", text, flags=re.DOTALL)
+    text = re.sub(r"\s*<[^<>]*>", "", text)
+    lines = text.splitlines()
+    text = lines[0].strip() if lines else ""
+    if not text:
+        return type(e).__name__
+    parts = text.split(": ")
+    kept = parts.pop()
+    while parts and len(parts[-1]) + 2 + len(kept) <= width:
+        kept = f"{parts.pop()}: {kept}"
+    return kept if len(kept) <= width else kept[: width - 1] + "…"
 
 
 def checkpoint_steps(run_dir) -> list[int]:
@@ -367,6 +383,7 @@ def restore_newest(run_dir, target, warn=_warn, metrics_target=None) -> Restored
     if not steps:
         return None
     members = jax.tree.leaves(target)[0].shape[0]
+    _quiet_abandoned_writes()  # a damaged one fails while its other reads are in flight
     manager = _manager(path, read_only=True)
     try:
         for step in reversed(steps):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from jaxmnist.data.locate import scan
 from jaxmnist.errors import CorruptRunError, DataError, JaxmnistError, NotARunError
 from jaxmnist.runs import checkpoint, rundir
 from jaxmnist.training import parallel
+from jaxmnist.training.loop import TargetAccuracy
 from jaxmnist.training.step import init_state
 
 
@@ -67,38 +69,78 @@ class Run:
 
     def data_record(self) -> dict | None:
         """data.json (see `writer.RunWriter`), or None if absent or unreadable."""
-        try:
-            record = json.loads((self.path / rundir.DATA_FILE).read_text())
-        except (OSError, ValueError):
-            return None
-        return record if isinstance(record, dict) else None
+        return _data_record(self.path)
 
     def load_dataset(self, data_dir: str | os.PathLike | None = None):
-        """The dataset the run was trained on: from `data_dir`, else where training read it
-        (data.json) if it is still there, else where `data.load_dataset` looks. DataError
-        when the files found have other checksums than the ones it was trained on."""
-        cfg, recorded = self.config, self.data_record()
-        dataset = load_dataset(
-            self.spec,
-            data_dir or _recorded_folder(recorded, self.spec) or cfg.data.data_dir,
-            download=cfg.data.download,
-        )
-        trained_on = (recorded or {}).get("sha256")
-        if isinstance(trained_on, dict) and trained_on != {
-            f.name: f.sha256 for f in dataset.spec.files
-        }:
-            raise DataError(
-                f"{self.path}: trained on {recorded.get('dataset')} data with other "
-                f"checksums than {dataset.source} has; evaluating it there would not "
-                "measure the same thing"
-            )
-        return dataset
+        """The dataset the run was trained on (see `load_run_dataset`)."""
+        return load_run_dataset(self.path, self.config, data_dir)
 
     def where(self) -> dict:
         """{"checkpoint_step", "checkpoint_epoch"} for an unfinished run, else {}."""
         if self.finished:
             return {}
         return {"checkpoint_step": self.checkpoint_step, "checkpoint_epoch": self.checkpoint_epoch}
+
+
+def load_run_dataset(
+    path: str | os.PathLike,
+    cfg: config_lib.Config,
+    data_dir: str | os.PathLike | None = None,
+    doing: str = "evaluating it there would not measure the same thing",
+):
+    """The dataset the run at `path` (config `cfg`) was trained on: from `data_dir`, else
+    where training read it (data.json) if it is still there, else where
+    `data.load_dataset` looks for `cfg`. DataError when the files found have other
+    checksums than the ones it was trained on (`doing`: why that matters, in words)."""
+    spec, recorded = get_spec(cfg.data.dataset), _data_record(Path(path))
+    dataset = load_dataset(
+        spec,
+        data_dir or _recorded_folder(recorded, spec) or cfg.data.data_dir,
+        download=cfg.data.download,
+    )
+    trained_on = (recorded or {}).get("sha256")
+    if isinstance(trained_on, dict) and trained_on != {
+        f.name: f.sha256 for f in dataset.spec.files
+    }:
+        raise DataError(
+            f"{path}: trained on {recorded.get('dataset')} data with other "
+            f"checksums than {dataset.source} has; {doing}"
+        )
+    return dataset
+
+
+def saved_command(path: str | os.PathLike) -> list[str]:
+    """command.txt's arguments (the command the run was last started with); [] if none."""
+    try:
+        return shlex.split((Path(path) / rundir.COMMAND_FILE).read_text())
+    except (OSError, ValueError):
+        return []
+
+
+def nothing_to_resume(path: str | os.PathLike, cfg: config_lib.Config, extended: bool):
+    """Why resuming the run at `path` with `cfg` has nothing to do, in words; None when
+    it has: the run is unfinished (no summary.json), `cfg` plans a longer run
+    (`extended`), or a run its target accuracy stopped early is resumed with a higher
+    target or none. A target still reached is said so, and nothing is rewritten."""
+    path = Path(path)
+    try:
+        summary = json.loads((path / rundir.SUMMARY_FILE).read_text())
+        lines = (path / rundir.METRICS_FILE).read_text().splitlines()
+        records = [json.loads(line) for line in lines if line.strip()]
+    except (OSError, ValueError):  # unfinished, or unreadable: the resume itself says
+        return None
+    target = cfg.train.target_accuracy
+    rule = TargetAccuracy(target, np.zeros(cfg.train.seeds, int))
+    if rule.replay(records):  # the rule the run loop applies to a resumed run
+        return (
+            f"the run reached its target test accuracy of {target:.2%} at epoch "
+            f"{rule.reached[0]['epoch']}; nothing to resume (a higher target, or "
+            "train.target_accuracy=none, trains further)"
+        )
+    stopped_early = summary.get("epochs", 0) < summary.get("epochs_planned", 0)
+    if not extended and not (summary.get("target_reached") and stopped_early):
+        return "the run already finished; nothing to resume (--epochs N extends it)"
+    return None
 
 
 def read_config(path: str | os.PathLike) -> config_lib.Config:
@@ -173,6 +215,14 @@ def _restore_newest(path: Path, cfg: config_lib.Config, spec: DatasetSpec):
         return checkpoint.restore_newest(path, target)
     except JaxmnistError as e:  # every checkpoint damaged
         raise CorruptRunError(str(e)) from None
+
+
+def _data_record(path: Path) -> dict | None:
+    try:
+        record = json.loads((path / rundir.DATA_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def _recorded_folder(recorded: dict | None, spec: DatasetSpec):

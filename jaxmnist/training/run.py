@@ -21,6 +21,7 @@ from jaxmnist import config as config_lib
 from jaxmnist import runtime, stats
 from jaxmnist.data import load_dataset
 from jaxmnist.errors import TrainingError
+from jaxmnist.runs import reader
 from jaxmnist.runs import resume as resume_lib
 from jaxmnist.runs.checkpoint import Checkpointer, CheckpointOptions
 from jaxmnist.runs.writer import RunWriter
@@ -65,7 +66,13 @@ def train_and_evaluate(
         layout = parallel.layout_for(cfg.parallel, num_models=t.seeds, batch_size=t.batch_size)
     if cfg.compile_cache:
         runtime.enable_compilation_cache()
-    if dataset is None:
+    if dataset is None and resume is not None:
+        # Where training found its data (data.json), as `eval` does: $JAXMNIST_DATA_DIR
+        # may be unset where it resumes. cfg's data_dir (training's, or the resume's
+        # --data-dir) comes first; different checksums there are refused.
+        why = "resuming on it would not continue the same run"
+        dataset = reader.load_run_dataset(workdir, cfg, cfg.data.data_dir, why)
+    elif dataset is None:
         dataset = load_dataset(cfg.data.dataset, cfg.data.data_dir, download=cfg.data.download)
     writes = workdir is not None and parallel.is_main_process()
     files = RunWriter(workdir, resuming=resume is not None, command=command) if writes else None
