@@ -69,3 +69,40 @@ def test_a_cnn_with_augmentation_trains_and_evaluates_end_to_end(train_argv, tmp
     assert json.loads((run / "environment.json").read_text())["conv_impl"] == "onednn"
     assert main(["eval", str(run), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["test_accuracy"] == summary["test_accuracy"]
+
+
+def test_every_step_of_an_epoch_augments_with_its_own_key_from_the_plan(tiny_dataset, monkeypatch):
+    """Step i moves its batch with the plan's key i: not one key for the whole epoch, not a
+    constant, not a key of its own making. A spy on `augment` records each key it is called
+    with while the compiled epoch runs."""
+    from jaxmnist import optim
+    from jaxmnist.training import step as step_lib
+    from jaxmnist.training.loop import place_train_data
+
+    cfg = cfg_with(True)
+    num_steps = 6
+    seen = []
+    real_augment = step_lib.augment
+
+    def spy(key, images, data_cfg):
+        jax.debug.callback(
+            lambda k: seen.append(tuple(np.asarray(k).tolist())), jax.random.key_data(key)
+        )
+        return real_augment(key, images, data_cfg)
+
+    monkeypatch.setattr(step_lib, "augment", spy)
+    optimizer = optim.make_optimizer(cfg.optimizer, 100)
+    state = step_lib.init_state(jax.random.key(0), cfg, optimizer, (28, 28), 10)
+    data = place_train_data(tiny_dataset.train_images, tiny_dataset.train_labels)
+    plan_fn = step_lib.make_epoch_plan(cfg, len(tiny_dataset.train_labels), num_steps)
+    plan = plan_fn(jax.random.key(3))
+    planned = [tuple(row) for row in np.asarray(plan.keys).tolist()]
+    assert len(set(planned)) == num_steps  # the plan draws a different key for each step
+    other_epoch = {tuple(row) for row in np.asarray(plan_fn(jax.random.key(4)).keys).tolist()}
+    assert not other_epoch & set(planned)  # and another epoch's key draws other ones
+
+    steps = jax.jit(step_lib.make_train_steps(cfg, optimizer))
+    out = steps(state, step_lib.empty_metrics(num_steps), plan, data, 0, num_steps)
+    jax.block_until_ready(out)
+    jax.effects_barrier()
+    assert sorted(seen) == sorted(planned)

@@ -181,6 +181,29 @@ def test_a_resumed_run_that_had_reached_its_target_trains_no_further(tiny_datase
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 1
 
 
+def test_resuming_a_run_that_reached_its_target_says_so_or_trains_to_a_new_one(
+    tiny_data_dir, tmp_path, capsys
+):
+    """Stopped by its target at epoch 1 of 5: a longer plan alone changes nothing (and
+    rewrites nothing); dropping the target trains the epochs left."""
+    run = tmp_path / "run"
+    argv = ["train", "--dataset", "tiny", "--data-dir", str(tiny_data_dir), "--run-dir"]
+    argv += [str(run), "--batch-size", "32", "--epochs", "5", "--target-accuracy", "0.3"]
+    assert main([*argv, "--no-compile-cache", *QUIET]) == 0
+    assert json.loads((run / "summary.json").read_text())["epochs"] == 1
+    before = snapshot(run)
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run), "--epochs", "6", *QUIET]) == 0
+    assert capsys.readouterr().out == (
+        f"{run}: the run reached its target test accuracy of 30.00% at epoch 1; nothing to "
+        "resume (a higher target, or train.target_accuracy=none, trains further)\n"
+    )
+    assert snapshot(run) == before
+    assert main(["train", "--resume", str(run), "train.target_accuracy=none", *QUIET]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["epochs"] == 5 and "target_reached" not in summary
+
+
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_sigterm_and_ctrl_c_stop_with_a_checkpoint(cli, alone, tmp_path, signum, code):
     start, _, train_argv = cli
@@ -200,6 +223,23 @@ def test_sigterm_and_ctrl_c_stop_with_a_checkpoint(cli, alone, tmp_path, signum,
     assert checkpoint.checkpoint_steps(run) == [100, 120]  # every epoch, the newest 2 kept
     assert_same_params(run, alone())
     assert_metrics_continuous(run, int(EPOCHS))
+
+
+def test_a_closed_stdout_does_not_cost_the_run(cli, tmp_path):
+    """`train | head -2`: the reader goes away after the first lines, before the epochs'
+    lines; the run goes on without printing and finishes."""
+    run = tmp_path / "run"
+    argv = cli[2](run, "--epochs", "20", "--hidden", "512,512,512")
+    proc = cli[0]([a for a in argv if a != "--quiet"])
+    lines = [proc.stdout.readline() for _ in range(2)]
+    proc.stdout.close()
+    with proc.stderr:
+        err = proc.stderr.read()
+    assert proc.wait(timeout=300) == 0, err
+    assert lines[1].startswith("compiled in")
+    note = "jaxmnist: stdout was closed; training goes on without printing"
+    assert err == f"{note} (run directory: {run})\n"
+    assert json.loads((run / "summary.json").read_text())["epochs"] == 20
 
 
 def test_second_ctrl_c_aborts_at_once_and_earlier_checkpoints_survive(cli, alone, tmp_path):
@@ -302,6 +342,24 @@ def test_no_intact_checkpoint_is_one_error_and_exit_1(cli, finished, tmp_path):
     assert result.stderr.strip().splitlines()[-1] == (
         f"jaxmnist train: error: {run / 'checkpoints'}: no intact checkpoint (all 3 are damaged)"
     )
+
+
+def test_an_empty_manifest_is_one_warning_line_and_nothing_else(cli, tmp_path):
+    """A damaged checkpoint fails while its other arrays' reads are in flight: their
+    callbacks into the closed event loop must not reach the terminal. A wide model
+    has enough arrays that some always are."""
+    run = tmp_path / "run"
+    result = cli[1](cli[2](run, "--epochs", "2", "--hidden", "512,512,512"))
+    assert result.returncode == 0, result.stderr
+    (run / "summary.json").unlink()  # as if it had died after its last checkpoint
+    (run / "checkpoints" / "40" / "state" / "manifest.ocdbt").write_bytes(b"")
+    result = cli[1](["eval", str(run)])
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == [
+        f"jaxmnist: warning: checkpoint {run / 'checkpoints' / '40'} is damaged (Error decoding"
+        + " manifest: Encoded length (0) is less than minimum length (16)); trying an earlier one"
+    ]
+    assert "step 20 (epoch 1)" in result.stdout
 
 
 @pytest.mark.parametrize(
@@ -445,6 +503,36 @@ def test_eval_finds_the_data_where_training_found_it(tiny_data_dir, tmp_path, mo
     assert main(["eval", str(run), "--json"]) == 0
 
 
+def test_resume_finds_the_data_where_training_found_it(tiny_data_dir, tmp_path, monkeypatch):
+    """The tiny dataset has no download source: a resume that looked anywhere but where
+    training found it would fail."""
+    run = tmp_path / "run"
+    monkeypatch.setenv("JAXMNIST_DATA_DIR", str(tiny_data_dir))
+    argv = ["train", "--dataset", "tiny", "--run-dir", str(run), "--batch-size", "32"]
+    assert main([*argv, "--epochs", "1", "--no-compile-cache", *QUIET]) == 0
+    monkeypatch.delenv("JAXMNIST_DATA_DIR")  # a new shell
+    assert main(["train", "--resume", str(run), "--epochs", "2", *QUIET]) == 0
+    assert json.loads((run / "summary.json").read_text())["epochs"] == 2
+
+
+def test_a_resume_says_where_it_continues_and_keeps_no_report(tiny_data_dir, tmp_path, capsys):
+    """A run started with --no-report gets no report.html when resumed without the flag,
+    the next resume neither (command.txt, rewritten by each resume, keeps the choice)."""
+    run = tmp_path / "run"
+    argv = ["train", "--dataset", "tiny", "--data-dir", str(tiny_data_dir), "--run-dir"]
+    argv += [str(run), "--batch-size", "32", "--epochs", "2", "--no-compile-cache"]
+    assert main([*argv, "--no-report", "--quiet"]) == 0
+    capsys.readouterr()
+    for epochs in (3, 4):
+        assert main(["train", "--resume", str(run), "--epochs", str(epochs)]) == 0
+        out = capsys.readouterr().out
+        step = 20 * (epochs - 1)
+        assert out.count("resumed from") == 1
+        assert f"resumed from step {step} (epoch {epochs - 1})\n" in out
+        assert "report:" not in out and not (run / "report.html").exists()
+        assert "--no-report" in (run / "command.txt").read_text()
+
+
 def test_tensorboard_events_continue_without_gaps_or_repeats(cli, finished, tmp_path):
     accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
     run = tmp_path / "run"
@@ -535,3 +623,25 @@ def test_predict_on_an_unfinished_run_uses_its_newest_checkpoint(
     accuracy = np.mean(np.asarray(top, int) == tiny_arrays["test_labels"])
     epoch_2 = json.loads((run / "metrics.jsonl").read_text().splitlines()[1])
     assert accuracy == pytest.approx(epoch_2["test_accuracy"])  # the step-40 model's answers
+
+
+def test_a_checkpoint_holding_another_steps_plausible_arrays_is_caught_by_the_fingerprint(
+    cli, alone, finished, tmp_path
+):
+    """Damage only the fingerprint can see: checkpoint 60's arrays replaced by the (intact,
+    finite, trained) arrays of checkpoint 40. Orbax reads them back without complaint and
+    the loss stays finite; only the fingerprint saved with step 60 tells them apart."""
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    newest, older = run / "checkpoints" / "60" / "state", run / "checkpoints" / "40" / "state"
+    shutil.rmtree(newest)
+    shutil.copytree(older, newest)
+    result = resume(cli, run, "--epochs", EPOCHS)
+    assert result.stderr.strip().splitlines()[:1] == [
+        (
+            f"jaxmnist: warning: checkpoint {run / 'checkpoints' / '60'} is damaged (its arrays"
+            " do not match the fingerprint saved with them); trying an earlier one"
+        )
+    ]
+    assert_same_params(run, alone())
+    assert_metrics_continuous(run, int(EPOCHS))

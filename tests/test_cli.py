@@ -478,3 +478,30 @@ def test_resume_with_overwrite_is_refused(train_argv, tmp_path, capsys):
         "jaxmnist train: error: --resume continues RUN_DIR and --overwrite replaces it; choose one"
     )
     assert tree(run) == before
+
+
+def test_data_info_prints_no_python_none(tmp_path, monkeypatch, capsys):
+    """A dataset not found has no location: the line says "none", not Python's None."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("JAXMNIST_DATA_DIR", raising=False)
+    assert main(["data", "info", "mnist", "--data-dir", str(tmp_path / "empty")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert not [line for line in lines if "None" in line]
+    assert "none" in [line.split()[-1] for line in lines if line.startswith("location ")]
+
+
+def test_every_option_of_every_command_has_help():
+    import argparse
+
+    from jaxmnist import cli
+
+    parser = cli.build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    missing = [
+        f"{name} {action.option_strings[-1]}"
+        for name, sub in commands.choices.items()
+        for action in sub._actions
+        if action.option_strings and not action.help and action.dest != "help"
+    ]
+    assert missing == []

@@ -494,3 +494,47 @@ def test_complete_cache_needs_no_lock(tmp_path, monkeypatch, arrays, spec):
     monkeypatch.setattr(filelock, "FileLock", ReadOnly)
     assert download_dataset(spec, tmp_path / "c", sources=[], policy=FAST) == folder
     assert not (folder / ".lock").exists()
+
+
+@pytest.fixture
+def sinks(monkeypatch):
+    """Every transfer's sink, as `(max_bytes, bytes taken, bytes in its file when closed)`."""
+    from jaxmnist.data import transfer
+
+    seen = []
+
+    class Spy(transfer._Sink):
+        def close(self):
+            super().close()
+            seen.append((self.max_bytes, self.count, self.path.stat().st_size))
+
+    monkeypatch.setattr(transfer, "_Sink", Spy)
+    return seen
+
+
+@pytest.mark.parametrize("body", ["endless", "gzip bomb"])
+def test_the_transfer_itself_stops_at_the_cap(tmp_path, server, arrays, spec, sinks, body):
+    """The cap acts while the body streams: the sink takes at most one chunk past
+    `max_bytes` and its file never holds more than the cap (not a refusal of a finished
+    256 MiB body by a later check)."""
+    sent = [0]
+    if body == "endless":
+        server.routes[f"/hostile/{IMAGES}"] = [(200, endless(sent, 256 << 20))]
+    else:
+        bomb = gzip.compress(b"\0\0\x08\x03" + bytes(256 << 20), compresslevel=9)
+
+        def write(handler):
+            handler.send_header("Content-Encoding", "gzip")
+            handler.send_header("Content-Length", str(len(bomb)))
+            handler.end_headers()
+            handler.wfile.write(bomb)
+
+        server.routes[f"/hostile/{IMAGES}"] = [(200, write)]
+    with pytest.raises(DataError) as info:
+        download_dataset(spec, tmp_path / "c", sources=[f"{server.base}/hostile/"], policy=FAST)
+    assert sinks  # one per attempt at the hostile file
+    for max_bytes, taken, stored in sinks:  # the bytes first: the message alone proves nothing
+        assert max_bytes < 1 << 20  # the tiny images file's cap: a few KiB
+        assert taken <= max_bytes + (1 << 16)  # stopped within one chunk of the cap
+        assert stored <= max_bytes
+    assert "sent more than" in str(info.value)

@@ -298,3 +298,33 @@ def test_npz_uses_its_image_arrays_and_bad_arrays_are_one_line_each(
     assert all("top" in r for r in records[:5]) and all("error" in r for r in records[5:])
     errors = [line for line in out.err.splitlines() if "error:" in line]
     assert len(errors) == 4 and all(str(tmp_path) in line for line in errors), errors
+
+
+def test_an_input_with_no_ink_is_predicted_with_a_warning(tiny_model_run, tmp_path, capsys):
+    """White ink on a transparent page and an all-zero array end black after preprocessing:
+    the model still names a class, so predict says, per input, that it read nothing."""
+    white_on_clear = drawn_seven(ink=(255, 255, 255), paper=(0, 0, 0, 0))
+    (tmp_path / "clear.png").write_bytes(png_bytes(white_on_clear))
+    (tmp_path / "seven.png").write_bytes(png_bytes(drawn_seven()))
+    np.save(tmp_path / "zeros.npy", np.zeros((28, 28), np.uint8))
+    names = [str(tmp_path / n) for n in ("clear.png", "seven.png", "zeros.npy")]
+    assert main(["predict", str(tiny_model_run), *names, "--json"]) == 0
+    out = capsys.readouterr()
+    records = [json.loads(line) for line in out.out.splitlines()]
+    assert [r["input"] for r in records] == names and all("top" in r for r in records)
+    assert [r.get("warning") for r in records] == [
+        "no ink after preprocessing",
+        None,
+        "no ink after preprocessing",
+    ]
+    warnings_ = [line for line in out.err.splitlines() if "warning" in line]
+    assert warnings_ == [
+        f"jaxmnist predict: warning: {names[0]}: no ink after preprocessing",
+        f"jaxmnist predict: warning: {names[2]}: no ink after preprocessing",
+    ]
+    assert main(["predict", str(tiny_model_run), names[1], names[2]]) == 0  # the table too
+    out = capsys.readouterr()
+    assert len(out.out.splitlines()) == 3
+    assert out.err.splitlines()[-1] == (
+        f"jaxmnist predict: warning: {names[2]}: no ink after preprocessing"
+    )

@@ -493,3 +493,43 @@ def test_cnn_report_with_damaged_parameters_is_one_line_and_exit_1(cnn_run_dir, 
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "params.npz: corrupt" in err
     assert not (tmp_path / "r.html").exists()
+
+
+def _specificity(selector: str) -> tuple[int, int, int]:
+    """(ids, classes and pseudo-classes, elements) of a simple CSS selector."""
+    s = re.sub(r"\([^)]*\)", "", selector)  # :nth-child(even) counts once, as a pseudo-class
+    ids = s.count("#")
+    classes = len(re.findall(r"\.[\w-]+", s)) + len(re.findall(r"(?<!:):[\w-]+", s))
+    elements = len(re.findall(r"(?:^|[\s>+~])([a-zA-Z][\w-]*)", s))
+    return ids, classes, elements
+
+
+def test_the_highlight_outranks_the_striping_of_even_rows():
+    """The confusion table's "most common mistake" must show on every row: each selector
+    that paints a highlighted cell is more specific than the striping of even rows."""
+    css = re.sub(r"/\*.*?\*/", "", html.CSS.replace("\\\n", ""), flags=re.DOTALL)
+    rules = re.findall(r"([^{}]+)\{([^}]*)\}", css)
+    selectors = lambda want: [
+        s.strip() for sel, body in rules if want(sel, body) for s in sel.split(",")
+    ]
+    stripes = selectors(lambda sel, body: "nth-child(even)" in sel and "background" in body)
+    highlights = selectors(lambda sel, body: ".hl" in sel and "background" in body)
+    assert stripes and highlights
+    weakest = min(_specificity(s) for s in highlights)
+    assert weakest > max(_specificity(s) for s in stripes), (highlights, stripes)
+
+
+def test_a_high_accuracy_runs_axis_has_distinct_tick_labels():
+    from jaxmnist.report import plots
+
+    test = [0.9910, 0.9914, 0.9918, 0.9921, 0.9925]
+    records = [
+        {"epoch": e, "step": 100 * e, "train_accuracy": a + 0.0002, "test_accuracy": a}
+        for e, a in enumerate(test, 1)
+    ]
+    fig = plots.accuracy_curves(records)
+    ax = fig.axes[0]
+    fig.canvas.draw()
+    lo, hi = ax.get_ylim()
+    labels = [t.get_text() for t, v in zip(ax.get_yticklabels(), ax.get_yticks()) if lo <= v <= hi]
+    assert len(labels) >= 3 and len(set(labels)) == len(labels), labels

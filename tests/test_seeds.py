@@ -268,3 +268,32 @@ def test_the_epoch_estimate_comes_once_after_the_second_call(tiny_dataset, paced
     train_population(cfg, population.seed_members(cfg), tiny_dataset, watch)
     assert watch.events[:3] == [("steps", 1), ("estimate", pytest.approx(20)), ("steps", 7)]
     assert [e for e, _ in watch.events].count("estimate") == 1
+
+
+def test_an_accuracy_exactly_at_the_target_reaches_it():
+    """The target is reached at `mean >= target`, so an epoch whose mean test accuracy
+    equals the target exactly stops the run there (live and when a resume replays)."""
+    from jaxmnist.training.loop import TargetAccuracy
+
+    points = np.array([0, 0, 1])
+    rule = TargetAccuracy(0.75, points)
+    assert rule.update(1, np.array([0.5, 1.0, 0.74]), 2.0) is False  # point 0's mean: 0.75
+    assert rule.reached[0] == {"epoch": 1, "train_seconds": 2.0} and rule.reached[1] is None
+    assert rule.update(2, np.array([0.5, 0.5, 0.75]), 4.0) is True  # point 1 exactly at 0.75
+    assert rule.reached[1] == {"epoch": 2, "train_seconds": 4.0}
+    records = [{"epoch": 1, "epoch_seconds": 1.5, "test_accuracy": 0.75}]
+    assert TargetAccuracy(0.75, np.array([0])).replay(records) is True
+
+
+def test_a_run_whose_first_epoch_lands_exactly_on_the_target_stops_there(tiny_dataset, tmp_path):
+    from jaxmnist.training.run import train_and_evaluate
+
+    free = train_and_evaluate(small_cfg(epochs=3), tmp_path / "free", dataset=tiny_dataset)
+    records = (tmp_path / "free" / "metrics.jsonl").read_text().splitlines()
+    first = json.loads(records[0])["test_accuracy"]
+    assert free["epochs"] == 3 and 0 < first < 1
+    summary = train_and_evaluate(
+        small_cfg(epochs=3, target_accuracy=first), tmp_path / "exact", dataset=tiny_dataset
+    )
+    assert summary["target_reached"] is True
+    assert summary["epochs_to_target"] == summary["epochs"] == 1

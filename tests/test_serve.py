@@ -103,6 +103,13 @@ def test_png_and_json_answers_are_the_models(client, model, tiny_arrays):
         np.testing.assert_allclose(result["probabilities"], expected, atol=1e-6)
     as_is = client.post("/api/predict?preprocess=false", content=png(Image.fromarray(image)))
     assert as_is.json()["input"] == image.tolist()
+    assert "warning" not in as_is.json() and "warning" not in result
+
+
+def test_an_image_with_no_ink_is_answered_with_a_warning(client, model):
+    blank = np.zeros(model.image_shape, np.uint8).tolist()
+    result = client.post("/api/predict", json={"image": blank}).json()
+    assert result["warning"] == preprocess.NO_INK and len(result["probabilities"]) == 10
 
 
 def test_over_the_size_limit_is_413(client):

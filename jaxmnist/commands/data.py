@@ -84,4 +84,6 @@ def print_data_info(info: dict) -> None:
             value = ", ".join(value)
         elif isinstance(value, (list, tuple)):
             value = ", ".join(map(str, value))
+        elif value is None:  # for people, not Python's repr
+            value = "none"
         print(f"{key:<{width}}  {value}")

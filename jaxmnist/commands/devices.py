@@ -18,7 +18,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     options.add_config_args(p)
     options.add_process_args(p)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print all of it as one JSON object")
     return p
 
 

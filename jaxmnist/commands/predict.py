@@ -58,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
     for r in records:
         if "error" in r:
             print(f"jaxmnist predict: error: {r['error']}", file=sys.stderr)
+        elif "warning" in r:  # predicted all the same, but the guess reads nothing
+            print(f"jaxmnist predict: warning: {r['input']}: {r['warning']}", file=sys.stderr)
     if show:
         written = predict.write_inputs(show, items)
         print(f"wrote {len(written)} model inputs to {show}", file=sys.stderr)

@@ -67,7 +67,9 @@ tbody th { text-align: left; font-weight: 600; white-space: nowrap; }
 table.kv tbody th { color: var(--muted); font-weight: normal; width: 1%; }
 table.kv td { overflow-wrap: break-word; min-width: 6.5rem; }
 table.kv.pairs td { overflow-wrap: anywhere; min-width: 0; }
-tbody tr .hl, tbody tr.hl td, tbody tr.hl th { background: var(--hl); }
+/* :nth-child(n) matches every row; it lifts the highlight above the even rows' stripes */
+tbody tr:nth-child(n) .hl, tbody tr.hl:nth-child(n) td, tbody tr.hl:nth-child(n) th { \
+background: var(--hl); }
 .best { font-weight: 700; }
 .good { color: var(--good); } .bad { color: var(--bad); }
 figure { margin: 0 0 1.2rem; }

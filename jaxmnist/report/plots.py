@@ -168,9 +168,9 @@ def accuracy_curves(records: list[dict], train_label: str = "train") -> Figure:
         ax = fig.subplots()
         ax.plot(ends, train_acc, "o-", color=TRAIN, ms=4, lw=1.6, label=train_label)
         ax.plot(ends, test_acc, "o-", color=TEST, ms=4, lw=1.6, label="test")
-        ax.yaxis.set_major_formatter(
-            PercentFormatter(decimals=1 if max(train_acc + test_acc) > 95 else 0)
-        )
+        # Decimals from the axis's own range: a run within a tenth of a percent needs two,
+        # or its ticks would repeat one label.
+        ax.yaxis.set_major_formatter(PercentFormatter(decimals=None))
         ax.set(title="Accuracy", xlabel="step")
         ax.legend(fontsize=8, loc="lower right")
         ax.set_xlim(0, max(ends[-1], 1) * 1.02)
@@ -328,7 +328,7 @@ def compare_curves(runs: list[tuple[str, list[dict], np.ndarray, np.ndarray]]) -
             else:
                 ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             if name == "test_accuracy":
-                ax.yaxis.set_major_formatter(PercentFormatter(decimals=1))
+                ax.yaxis.set_major_formatter(PercentFormatter(decimals=None))
             fig.legend(
                 *ax.get_legend_handles_labels(),
                 loc="outside lower center",

@@ -199,18 +199,23 @@ def top_k(probs: np.ndarray, class_names: Sequence[str], k: int) -> list[dict]:
 
 
 def predict_items(model: TrainedModel, items: list[Item], k: int) -> list[dict]:
-    """One record per item: {"input", "top": [...]} or {"input", "error"}."""
+    """One record per item: {"input", "top": [...]} or {"input", "error"}; a record of an
+    input that is black after preprocessing also has {"warning": preprocess.NO_INK}."""
     good = [it for it in items if it.error is None]
     probs = compile_predict(model, min(CLI_BATCH, max(1, len(good))))(
         np.stack([it.image for it in good]) if good else np.zeros((0, *model.image_shape))
     )
     found = iter(probs)
-    return [
-        {"input": it.name, "error": it.error}
-        if it.error
-        else {"input": it.name, "top": top_k(next(found), model.class_names, k)}
-        for it in items
-    ]
+    records = []
+    for it in items:
+        if it.error:
+            records.append({"input": it.name, "error": it.error})
+            continue
+        record = {"input": it.name, "top": top_k(next(found), model.class_names, k)}
+        if not preprocess.has_ink(it.image):
+            record["warning"] = preprocess.NO_INK
+        records.append(record)
+    return records
 
 
 def write_inputs(folder: Path, items: list[Item]) -> list[Path]:

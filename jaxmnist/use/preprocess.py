@@ -319,6 +319,16 @@ def as_model_input(array, name: str = "array", image_shape=None) -> np.ndarray:
     raise DataError(f"{name}: dtype {a.dtype} is not a pixel type (uint8, or float in [0, 1])")
 
 
+NO_INK = "no ink after preprocessing"
+
+
+def has_ink(image_u8: np.ndarray) -> bool:
+    """Whether a model input has any pixel that is not black. A blank page, white ink on
+    a transparent background and an all-zero array all end black, and a model still
+    names a class for them: the caller says so rather than pass the guess off as a reading."""
+    return bool(np.any(image_u8))
+
+
 def to_png(image_u8: np.ndarray) -> bytes:
     """PNG bytes of one uint8 (H, W) or (H, W, 3) image, pixel for pixel."""
     buf = io.BytesIO()

@@ -220,14 +220,15 @@ def create_app(
             raise HTTPException(413, str(e)) from None
         except DataError as e:
             raise HTTPException(400, str(e)) from None
-        return JSONResponse(
-            {
-                "probabilities": [float(p) for p in probs],
-                "class_names": list(model.class_names),
-                "top": top_k(probs, model.class_names, 3),
-                "input": image.tolist(),
-            }
-        )
+        reply = {
+            "probabilities": [float(p) for p in probs],
+            "class_names": list(model.class_names),
+            "top": top_k(probs, model.class_names, 3),
+            "input": image.tolist(),
+        }
+        if not preprocess.has_ink(image):  # predicted all the same, as `predict` says too
+            reply["warning"] = preprocess.NO_INK
+        return JSONResponse(reply)
 
     async def http_error(request: Request, exc: HTTPException):
         return JSONResponse({"error": exc.detail}, status_code=exc.status_code)
