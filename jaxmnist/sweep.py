@@ -36,7 +36,7 @@ from jaxmnist.data import load_dataset
 from jaxmnist.errors import ConfigError
 from jaxmnist.runs.rundir import atomic_write, write_json
 from jaxmnist.training.hooks import Callback, EpochEnd, RunStart
-from jaxmnist.training.loop import train_population
+from jaxmnist.training.loop import run_length, train_population
 from jaxmnist.training.parallel import layout_for
 from jaxmnist.training.population import TRACED_FIELDS, Member
 
@@ -164,7 +164,7 @@ class SweepReporter(Callback):
         split = f", in {len(chunks)} chunks of {max(chunks)}" if len(chunks) > 1 else ""
         self.log(
             f"{self.title}: {info.get('models', 1)} models in one program{split}; "
-            f"{info['epochs']} epoch{'s' * (info['epochs'] != 1)} x {info['steps_per_epoch']} steps"
+            f"{run_length(info)}"
         )
 
     def on_compiled(self, seconds: float) -> None:

@@ -645,3 +645,22 @@ def test_a_checkpoint_holding_another_steps_plausible_arrays_is_caught_by_the_fi
     ]
     assert_same_params(run, alone())
     assert_metrics_continuous(run, int(EPOCHS))
+
+
+def test_an_interrupted_saves_temporary_folder_is_removed_when_the_run_goes_on(
+    cli, finished, tmp_path
+):
+    """A save killed mid-write leaves `<step>.orbax-checkpoint-tmp` (Orbax's name while it
+    writes): the resumed run removes it, and every other leftover of that kind, and saves
+    its own checkpoints as usual."""
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    folder = run / "checkpoints"
+    leftovers = [folder / "80.orbax-checkpoint-tmp", folder / "100.orbax-checkpoint-tmp-17"]
+    for left in leftovers:
+        (left / "state").mkdir(parents=True)
+        (left / "state" / "half_written").write_bytes(b"\0" * 100)
+    resume(cli, run, "--epochs", "4")
+    assert not any(p.exists() for p in leftovers)
+    assert sorted(p.name for p in folder.iterdir()) == ["40", "60", "80"]
+    assert checkpoint.remove_unfinished(folder) == []

@@ -505,3 +505,25 @@ def test_every_option_of_every_command_has_help():
         if action.option_strings and not action.help and action.dest != "help"
     ]
     assert missing == []
+
+
+def test_the_start_line_names_every_device_and_a_run_cut_short():
+    """`--devices 4` names the four devices and the mesh, not just the first; a run that a
+    step count cuts inside its first epoch says its steps, not the epoch's."""
+    import io
+
+    from jaxmnist.commands.terminal import TerminalReporter
+    from jaxmnist.training.hooks import Progress, RunStart
+
+    out = io.StringIO()
+    info = {"dataset": "tiny", "source": "memory", "num_params": 10, "epochs": 1}
+    info.update(steps_per_epoch=117, total_steps=100, backend="cpu", device="cpu:0")
+    info.update(devices=[f"cpu:{i}" for i in range(4)], mesh={"members": 1, "data": 4})
+    TerminalReporter("normal", stream=out).on_start(RunStart(None, info, Progress()))
+    line = out.getvalue().splitlines()[0]
+    assert line.endswith("| 100 steps | cpu: 4 devices (cpu:0-3), mesh members 1 x data 4")
+    out = io.StringIO()
+    info.update(epochs=2, total_steps=200, devices=["cpu:0"], mesh={"members": 1, "data": 1})
+    TerminalReporter("normal", stream=out).on_start(RunStart(None, info, Progress()))
+    line = out.getvalue().splitlines()[0]
+    assert line.endswith("| 200 steps in 2 epochs of up to 117 | cpu: cpu:0")

@@ -297,3 +297,32 @@ def test_a_run_whose_first_epoch_lands_exactly_on_the_target_stops_there(tiny_da
     )
     assert summary["target_reached"] is True
     assert summary["epochs_to_target"] == summary["epochs"] == 1
+
+
+def test_the_epoch_estimate_waits_for_a_steady_call():
+    """Fake timings shaped like a real CNN run's warm-up (the first step slowest, the
+    second still slow, then steady): the second call (one step) would announce an epoch
+    far longer than it takes, so the estimate waits for a call of several steps (or the
+    third call); a call slow enough to keep the user waiting is enough."""
+    from jaxmnist.training import pacing
+
+    pacer = pacing.Pacer(target_seconds=0.5)
+    pacer.record(1, 0.270)
+    assert not pacer.settled()
+    assert pacer.next_stop(1, 234, 1) == 2  # the first step's speed fits one step in a call
+    pacer.record(1, 0.069)
+    assert not pacer.settled()
+    pacer.record(7, 0.220)
+    assert pacer.settled()
+    assert pacer.epoch_seconds(234) == pytest.approx(234 * 0.220 / 7)
+
+    slow = pacing.Pacer(target_seconds=0.5)
+    slow.record(1, 0.9)
+    slow.record(1, 0.3)
+    assert not slow.settled()
+    slow.record(1, 0.3)
+    assert slow.settled()  # steps too slow for several in a call: the third call
+
+    first = pacing.Pacer(target_seconds=0.5)
+    first.record(1, 2.5)
+    assert first.settled()

@@ -267,3 +267,17 @@ def test_a_grid_over_epochs_replaces_the_presets_steps_and_says_so(tiny_data_dir
     assert [(g["epochs"], g["steps"]) for g in result["groups"]] == [(1, 20), (2, 40)]
     assert result["config"]["train"]["steps"] is None  # not codelab's 400
     assert result == json.loads((out / "sweep.json").read_text())
+
+
+def test_the_group_line_says_the_steps_of_a_run_shorter_than_an_epoch():
+    """`sweep --steps 100` over 117-step epochs runs 100 steps, and says so."""
+    from jaxmnist.training.hooks import Progress, RunStart
+
+    lines = []
+    reporter = sweep.SweepReporter(lines.append, "group 1", np.zeros(2, int), 1)
+    info = {"models": 2, "epochs": 1, "steps_per_epoch": 117, "total_steps": 100}
+    reporter.on_start(RunStart(None, info, Progress()))
+    assert lines == ["group 1: 2 models in one program; 100 steps"]
+    info.update(total_steps=117)
+    reporter.on_start(RunStart(None, info, Progress()))
+    assert lines[-1] == "group 1: 2 models in one program; 1 epoch x 117 steps"

@@ -267,3 +267,27 @@ def test_pacing_fits_calls_to_the_target_and_to_checkpoint_steps():
     assert fast.next_stop(0, 600, 0) == 600  # 100 left after 500 is a sliver: one call
     assert fast.next_stop(0, 700, 0) == 500
     assert fast.epoch_seconds(700) == pytest.approx(0.7)
+
+
+def test_the_full_training_sets_loss_has_one_name_in_metrics_and_eval(
+    train_argv, tiny_data_dir, tmp_path, capsys
+):
+    """metrics.jsonl's `train_loss` is the epoch's mean batch loss; the full training set's
+    loss after the epoch is `train_set_loss` there, and `jaxmnist eval --json` gives the
+    same figure under the same name (its `train_loss`, kept, is that figure too)."""
+    import json
+
+    from jaxmnist.cli import main
+
+    run = tmp_path / "run"
+    assert main([*train_argv(run, "--epochs", "2", "--quiet", "--no-report")]) == 0
+    last = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["train_loss"] == last["train_loss"]  # the batch loss, as before
+    assert summary["train_set_loss"] == last["train_set_loss"]  # the full set's, beside it
+    capsys.readouterr()
+    assert main(["eval", str(run), "--data-dir", str(tiny_data_dir), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["train_set_loss"] == result["train_loss"]
+    assert last["train_set_loss"] == pytest.approx(result["train_set_loss"], rel=1e-5)
+    assert last["train_set_loss"] != pytest.approx(last["train_loss"], rel=1e-5)

@@ -16,7 +16,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("eval", help="re-evaluate a run's saved parameters")
     p.add_argument("run_dir", metavar="RUN_DIR")
     p.add_argument("--data-dir", help="folder holding <dataset>/...")
-    p.add_argument("--json", action="store_true", help="print the results as one JSON object")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the results as one JSON object; its train_loss (and train_set_loss) is "
+        "the loss over the full training set, not summary.json's train_loss (the last "
+        "epoch's mean batch loss while training)",
+    )
     return p
 
 

@@ -57,11 +57,13 @@ class TerminalReporter(Callback):
             )
 
     def on_start(self, start: RunStart) -> None:
+        # start-up: the loop imports jax and optax, which building train's parser does not need
+        from jaxmnist.training.loop import devices_text, run_length
+
         info = start.info
         self._print(
             f"{info['dataset']} from {info['source']} | {info['num_params']:,} parameters | "
-            f"{plural(info['epochs'], 'epoch')} x {plural(info['steps_per_epoch'], 'step')} | "
-            f"{info['backend']}: {info['device']}"
+            f"{run_length(info)} | {info['backend']}: {devices_text(info)}"
         )
         p = start.progress
         if p.step:  # a resumed run: where it continues, once

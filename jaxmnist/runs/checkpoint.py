@@ -21,7 +21,9 @@ next call (which donates the state's buffers) runs while the files are written.
 A checkpoint that is there but damaged (a file removed or garbled) is caught on
 restore, by Orbax or by the fingerprint (a position-weighted sum of the raw
 bits: any change to one array element changes it), and skipped with a warning
-for the newest earlier one.
+for the newest earlier one. A save cut short (the process killed mid-write)
+leaves its temporary `<step>.orbax-checkpoint-tmp…` folder, never read back: the
+run that goes on removes it (`remove_unfinished`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -44,6 +47,7 @@ from jaxmnist.runs.rundir import CHECKPOINT_DIR
 from jaxmnist.training.hooks import Callback, RunStart
 
 LARGE_BYTES = 256 * 2**20  # a state this large takes seconds to write
+TMP_MARK = ".orbax-checkpoint-tmp"  # in the name of the folder a save is still writing
 
 
 class CheckpointOptions(NamedTuple):
@@ -185,6 +189,11 @@ class Checkpointer(Callback):
 
     def on_start(self, start: RunStart) -> None:
         self.last_epoch = start.info["epochs"]
+        # No save of this run is under way yet (the first comes after an epoch or a
+        # stop), and the run directory's lock keeps other runs out: what is there is
+        # an interrupted run's. Process 0 only: the others share the folder.
+        if jax.process_index() == 0:
+            remove_unfinished(self.path)
         self.records = list(start.progress.records)  # a resumed run's epochs before the restart
 
     def on_epoch_end(self, end) -> None:
@@ -279,6 +288,24 @@ class Checkpointer(Callback):
             finally:
                 if self.manager is not None:
                     self.manager.close()
+
+
+def remove_unfinished(path: Path) -> list[Path]:
+    """Removes, from the checkpoints folder `path`, the temporary folders of saves that
+    never completed; returns them. Call it only when no save into `path` is running."""
+    if not path.is_dir():
+        return []
+    left = sorted(p for p in path.iterdir() if TMP_MARK in p.name)
+    for p in left:
+        # One that cannot be removed does no harm where it is: Orbax never reads it.
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            try:
+                p.unlink(missing_ok=True)
+            except OSError:
+                pass
+    return left
 
 
 def _yield_cpu() -> None:

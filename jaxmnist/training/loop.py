@@ -224,7 +224,7 @@ class _Loop:
         self.setup, self.calls, self.target = run, calls, target
         self.stop_on_nonfinite, self.interrupt = stop_on_nonfinite, interrupt
         self.pacer = pacing.Pacer(every)
-        self.estimated, self.calls_made = False, 0
+        self.estimated = False
 
     def run_steps(self, states, metrics, plans, done: int, num_steps: int, step: int):
         """One call, from step `done` of the epoch; returns (states, metrics, steps run,
@@ -238,10 +238,8 @@ class _Loop:
         # Every process paces by the slowest clock and stops when any is asked to.
         paced, stopping = parallel.agree(seconds, self.interrupt())
         self.pacer.record(stop - done, paced)
-        self.calls_made += 1
-        # The run's first call (one step) still warms up: the estimate waits for the
-        # second, unless that one step was already slow enough to leave the user waiting.
-        if not self.estimated and (self.calls_made >= 2 or paced >= 2.0):
+        # The run's first steps still warm up: the estimate waits for a steady call.
+        if not self.estimated and self.pacer.settled():
             self.estimated = True
             total = self.pacer.epoch_seconds(self.setup.plan.steps_per_epoch)
             self.calls.on_estimate(total, self.pacer.seconds_per_step)
@@ -349,6 +347,43 @@ class _Loop:
                 diverged.append(i)
 
 
+def _plural(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'s' * (n != 1)}"
+
+
+def run_length(info: dict) -> str:
+    """A run's length for a start line, from `setup_run`'s info: `3 epochs x 234 steps`,
+    or what a step count cut it to: `80 steps`, `300 steps in 2 epochs of up to 234`."""
+    epochs, per_epoch = info["epochs"], info["steps_per_epoch"]
+    total = info.get("total_steps", epochs * per_epoch)
+    if total == epochs * per_epoch:
+        return f"{_plural(epochs, 'epoch')} x {_plural(per_epoch, 'step')}"
+    if epochs == 1:
+        return _plural(total, "step")
+    return f"{_plural(total, 'step')} in {epochs:,} epochs of up to {per_epoch:,}"
+
+
+def devices_text(info: dict) -> str:
+    """The devices a run uses, from `setup_run`'s info: `cpu:0`, or for several
+    `4 devices (cpu:0-3), mesh members 1 x data 4` (ids in a row shown as a range)."""
+    devices = info.get("devices") or [info["device"]]
+    if len(devices) == 1:
+        return devices[0]
+    names = [d.rpartition(":") for d in devices]
+    prefixes = {head for head, _, _ in names}
+    ids = [tail for _, _, tail in names]
+    in_a_row = all(i.isdigit() for i in ids) and [int(i) for i in ids] == list(
+        range(int(ids[0]), int(ids[0]) + len(ids))
+    )
+    if len(prefixes) == 1 and in_a_row:
+        which = f"{devices[0]}-{ids[-1]}"
+    else:
+        which = f"{devices[0]}, …, {devices[-1]}"
+    mesh = info.get("mesh") or {}
+    shape = " x ".join(f"{name} {size}" for name, size in mesh.items())
+    return f"{len(devices)} devices ({which})" + (f", mesh {shape}" if shape else "")
+
+
 def epoch_record(
     *,
     epoch: int,
@@ -360,6 +395,10 @@ def epoch_record(
     seconds: float,
 ) -> dict:
     """One metrics.jsonl line; `examples`: training examples per member this epoch.
+
+    `train_loss` is the mean loss of the epoch's batches, as trained; with the full
+    training set evaluated (`eval_train`), `train_accuracy` and `train_set_loss` are
+    its figures after the epoch, as `jaxmnist eval` measures them.
 
     Figures are means over the members, so one member's line is exactly a single
     run's; several members add per-member lists (`*_per_seed`) and the spread of
@@ -381,6 +420,10 @@ def epoch_record(
         "epoch_seconds": seconds,
         "examples_per_second": len(losses) * examples / seconds,
     }
+    if train_eval is not None:
+        # Named apart from `train_loss`, the batches' mean as trained (augmented, dropout
+        # on): this is the figure `jaxmnist eval` reports for the training set.
+        record["train_set_loss"] = float(np.mean(train_eval.loss))
     if len(losses) > 1:
         record.update(
             test_accuracy_std=float(test.accuracy.std(ddof=1)),

@@ -123,6 +123,7 @@ def summarise(cfg, r: RunResult, dataset, layout: parallel.Layout, wall_seconds:
         "test_loss": float(r.test.loss.mean()),
         "train_loss": r.records[-1]["train_loss"],
         "train_accuracy": r.records[-1]["train_accuracy"],
+        **{k: r.records[-1][k] for k in ("train_set_loss",) if k in r.records[-1]},
         "num_test_examples": r.test.count,
         "num_params": r.info["num_params"],
         "epochs": len(r.records),

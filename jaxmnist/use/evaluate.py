@@ -50,6 +50,9 @@ def evaluate_run(run_dir: str | os.PathLike, data_dir: str | os.PathLike | None 
         "num_test_examples": test[0].count,
         "train_accuracy": float(np.mean([r.accuracy for r in train])),
         "train_loss": float(np.mean([r.loss for r in train])),
+        # The same figure under the name metrics.jsonl gives it: there `train_loss` is the
+        # epoch's mean batch loss, as trained; here both are the full training set's.
+        "train_set_loss": float(np.mean([r.loss for r in train])),
         "num_train_examples": train[0].count,
     }
     if run.members > 1:
