@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _resume_config(args: argparse.Namespace) -> tuple[config_lib.Config, Path, str | None]:
     """--resume RUN_DIR: (its config with the allowed overrides, RUN_DIR, why nothing is left)."""
-    from jaxmnist.runs import reader, resume  # start-up: imports jax
+    from jaxmnist.runs import resume  # start-up: imports jax
 
     workdir = Path(args.resume)
     if args.run_dir and Path(args.run_dir).resolve() != workdir.resolve():
@@ -152,10 +152,10 @@ def _resume_config(args: argparse.Namespace) -> tuple[config_lib.Config, Path, s
     if args.overwrite:
         raise ConfigError("--resume continues RUN_DIR and --overwrite replaces it; choose one")
     cfg, extended = resume.prepare(workdir, options.explicit_overrides(args), preset=args.preset)
-    if not args.no_report and "--no-report" in reader.saved_command(workdir):
+    if not args.no_report and "--no-report" in resume.saved_command(workdir):
         # Started without a report, resumed so; command.txt keeps it for the next resume.
         args.no_report, args.argv = True, [*args.argv, "--no-report"]
-    return cfg, workdir, reader.nothing_to_resume(workdir, cfg, extended)
+    return cfg, workdir, resume.nothing_to_resume(workdir, cfg, extended)
 
 
 def _train(args, cfg, workdir: Path, callbacks: list, layout) -> dict:

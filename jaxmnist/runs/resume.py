@@ -18,6 +18,9 @@ callback's `on_start` (`writer.RunWriter` rewinds the run's files to it).
 
 from __future__ import annotations
 
+import json
+import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -31,6 +34,7 @@ from jaxmnist.runs import checkpoint, rundir
 from jaxmnist.runs.reader import read_config
 from jaxmnist.runs.rundir import DIVERGED_FILE
 from jaxmnist.training.hooks import Progress
+from jaxmnist.training.loop import TargetAccuracy
 from jaxmnist.training.step import empty_metrics
 
 # Fields a resumed run may change: where and how fast it runs, how long, what it reports.
@@ -202,3 +206,37 @@ class Resumer:
             out_shardings=pop.layout.by_member,
         )
         return fn(state, lr)
+
+
+def saved_command(path: str | os.PathLike) -> list[str]:
+    """command.txt's arguments (the command the run was last started with); [] if none."""
+    try:
+        return shlex.split((Path(path) / rundir.COMMAND_FILE).read_text())
+    except (OSError, ValueError):
+        return []
+
+
+def nothing_to_resume(path: str | os.PathLike, cfg: config_lib.Config, extended: bool):
+    """Why resuming the run at `path` with `cfg` has nothing to do, in words; None when
+    it has: the run is unfinished (no summary.json), `cfg` plans a longer run
+    (`extended`), or a run its target accuracy stopped early is resumed with a higher
+    target or none. A target still reached is said so, and nothing is rewritten."""
+    path = Path(path)
+    try:
+        summary = json.loads((path / rundir.SUMMARY_FILE).read_text())
+        lines = (path / rundir.METRICS_FILE).read_text().splitlines()
+        records = [json.loads(line) for line in lines if line.strip()]
+    except (OSError, ValueError):  # unfinished, or unreadable: the resume itself says
+        return None
+    target = cfg.train.target_accuracy
+    rule = TargetAccuracy(target, np.zeros(cfg.train.seeds, int))
+    if rule.replay(records):  # the rule the run loop applies to a resumed run
+        return (
+            f"the run reached its target test accuracy of {target:.2%} at epoch "
+            f"{rule.reached[0]['epoch']}; nothing to resume (a higher target, or "
+            "train.target_accuracy=none, trains further)"
+        )
+    stopped_early = summary.get("epochs", 0) < summary.get("epochs_planned", 0)
+    if not extended and not (summary.get("target_reached") and stopped_early):
+        return "the run already finished; nothing to resume (--epochs N extends it)"
+    return None
