@@ -20,6 +20,7 @@ from PIL import Image, ImageDraw
 from scipy import ndimage
 
 from jaxmnist.cli import main
+from jaxmnist.errors import DataError
 from jaxmnist.models import apply_uint8
 from jaxmnist.use import predict, preprocess
 
@@ -328,3 +329,20 @@ def test_an_input_with_no_ink_is_predicted_with_a_warning(tiny_model_run, tmp_pa
     assert out.err.splitlines()[-1] == (
         f"jaxmnist predict: warning: {names[2]}: no ink after preprocessing"
     )
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG", "GIF", "WEBP", "BMP", "TIFF", "PPM"])
+def test_the_raster_formats_a_digit_comes_in_are_read(fmt):
+    buf = io.BytesIO()
+    Image.new("L", (28, 28), 255).save(buf, fmt)
+    assert preprocess.decode_image(buf.getvalue()).size == (28, 28)
+
+
+@pytest.mark.parametrize("fmt", ["EPS", "PCX", "ICO", "TGA"])
+def test_other_formats_pillow_knows_are_refused_before_decoding(fmt):
+    """EPS would run Ghostscript on what a client sent: no format beyond the list is read."""
+    buf = io.BytesIO()
+    Image.new("RGB", (28, 28), "white").save(buf, fmt)
+    Image.open(io.BytesIO(buf.getvalue()))  # Pillow itself would open it
+    with pytest.raises(DataError, match="x.eps: not an image jaxmnist reads"):
+        preprocess.decode_image(buf.getvalue(), "x.eps")

@@ -20,6 +20,7 @@ from jaxmnist import config as config_lib
 from jaxmnist.commands import options
 from jaxmnist.commands.terminal import TerminalReporter, plural
 from jaxmnist.errors import ConfigError, TargetNotReached
+from jaxmnist.training import supervisor
 from jaxmnist.training.preemption import Stopped, StopRequest
 
 
@@ -78,16 +79,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def check_checkpoint_flags(args: argparse.Namespace) -> None:
     """One line and exit 2 for a checkpoint flag out of range, before any work."""
-    for flag, value in (
-        ("--checkpoint-every", args.checkpoint_every),
-        ("--keep-checkpoints", args.keep_checkpoints),
-    ):
-        if value < 1:
+    for flag in ("--checkpoint-every", "--keep-checkpoints"):
+        if (value := getattr(args, flag[2:].replace("-", "_"))) < 1:
             raise ConfigError(f"{flag} must be at least 1, got {value}")
-    if args.checkpoint_every_steps < 0:
-        raise ConfigError(
-            f"--checkpoint-every-steps must be >= 1 (0: off), got {args.checkpoint_every_steps}"
-        )
+    if (steps := args.checkpoint_every_steps) < 0:
+        raise ConfigError(f"--checkpoint-every-steps must be >= 1 (0: off), got {steps}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -103,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         cfg, preset = options.resolve_config(args)
         workdir = Path(args.run_dir) if args.run_dir else options.default_run_dir(preset, cfg)
+    if (code := supervisor.run_watched(args, workdir)) is not None:  # several processes
+        return code
     layout = options.start_processes(args, cfg)
     main = parallel.is_main_process()
     # Process 0 holds the directory's lock until this command returns or dies; a run
@@ -183,6 +181,9 @@ def _train(args, cfg, workdir: Path, callbacks: list, layout) -> dict:
             stop=stop,
             command=["jaxmnist", *args.argv],
         )
+    except Exception as e:  # a lost peer is reported by the supervisor, not here
+        supervisor.wait_for_verdict(e, args.process_timeout)
+        raise
     finally:
         stop.uninstall()
 

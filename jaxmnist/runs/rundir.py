@@ -39,7 +39,6 @@ import zipfile
 import zlib
 from pathlib import Path
 
-import jax
 import numpy as np
 
 from jaxmnist.errors import ConfigError, JaxmnistError, WriteError
@@ -147,6 +146,8 @@ def write_command(workdir: str | os.PathLike, argv: list[str]) -> None:
 
 def save_params(path: Path, params) -> None:
     """One array per leaf, keyed by its pytree path (e.g. `[0]['w']`)."""
+    import jax  # here, not at the top: reading a run back (the report) needs no JAX
+
     flat = {
         jax.tree_util.keystr(k): np.asarray(v)
         for k, v in jax.tree_util.tree_leaves_with_path(params)
@@ -156,6 +157,8 @@ def save_params(path: Path, params) -> None:
 
 def load_params(path: Path, like):
     """Loads params saved by `save_params` into the structure of `like`."""
+    import jax
+
     try:  # from bytes: np.load leaks its file handle when the zip is bad
         with np.load(io.BytesIO(path.read_bytes()), allow_pickle=False) as f:
             stored = {k: f[k] for k in f.files}
@@ -206,9 +209,11 @@ def claim(workdir: str | os.PathLike):
     """Creates `workdir` if needed (`check_writable`) and holds its lock (`lock_run_dir`)
     for the block. If the block fails before the run started (no config.json: the run's
     writer writes it first), the folders this made are removed, so a refused run leaves
-    no directory behind; one that was there keeps what it had (and a .lock file)."""
+    no directory behind; one that was there keeps what it had, and no .lock file that
+    this made."""
     path = Path(workdir)
     made = [p for p in (path, *path.parents) if not p.exists()]  # deepest first
+    lock_made = not (path / LOCK_FILE).exists()
     check_writable(path)
     lock = lock_run_dir(path)
     try:
@@ -221,6 +226,10 @@ def claim(workdir: str | os.PathLike):
                     parent.rmdir()
                 except OSError:
                     break
+        elif lock_made and not (path / CONFIG_FILE).exists():
+            # Removed while still held: a process that opened it meanwhile finds it
+            # locked (and says so), one that comes later makes a new one.
+            (path / LOCK_FILE).unlink(missing_ok=True)
         raise
     finally:
         lock.release()

@@ -126,6 +126,9 @@ def _check_port_free(coordinator: str) -> None:
         infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
         family, _, _, _, address = infos[0]
         with socket.socket(family, socket.SOCK_STREAM) as s:
+            # A port left in TIME_WAIT by a run that just ended is free to listen on
+            # (gRPC can), and a listener is still seen: the restart after a crash works.
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind(address)
     except socket.gaierror as e:
         raise ConfigError(f"--coordinator {coordinator}: unknown host ({e.strerror})") from None

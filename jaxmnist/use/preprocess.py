@@ -44,6 +44,10 @@ MNIST_FIELD, MNIST_BOX, MNIST_CENTRE = 28, 20, 14.0
 INK = 0.15  # after the contrast stretch, pixels above this fraction of white count as ink
 WORKING_SIZE = 512  # huge photos are shrunk to this first (or twice the field, if larger)
 LUMA = np.array([0.299, 0.587, 0.114], np.float32)  # ITU-R 601, as Pillow's "L" mode
+# The raster formats a digit comes in. Pillow would also open others, some through
+# external programs (EPS runs Ghostscript): a server must not, so none of them does.
+FORMATS = ("PNG", "JPEG", "GIF", "WEBP", "BMP", "TIFF", "PPM")
+FORMAT_NAMES = "PNG, JPEG, GIF, WebP, BMP, TIFF or PGM/PPM"
 
 
 class ImageTooLarge(DataError):
@@ -63,7 +67,7 @@ def decode_image(data: bytes, name: str = "image", max_pixels: int | None = None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(data))
+            image = Image.open(io.BytesIO(data), formats=FORMATS)
             width, height = image.size
             if max_pixels is not None and width * height > max_pixels:
                 raise ImageTooLarge(
@@ -76,7 +80,7 @@ def decode_image(data: bytes, name: str = "image", max_pixels: int | None = None
             f"{name}: too many pixels, refused as a decompression bomb ({e})"
         ) from None
     except Image.UnidentifiedImageError:
-        raise DataError(f"{name}: not an image Pillow can read") from None
+        raise DataError(f"{name}: not an image jaxmnist reads ({FORMAT_NAMES})") from None
     except (OSError, SyntaxError, ValueError, EOFError) as e:
         # Pillow reports truncated or corrupt data as any of these.
         raise DataError(f"{name}: corrupt or truncated image ({e})") from None

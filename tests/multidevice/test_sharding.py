@@ -267,21 +267,68 @@ def test_a_missing_process_is_one_line_within_the_timeout(tiny_data_dir, tmp_pat
     )
 
 
-def test_a_dead_process_stops_the_others(tiny_data_dir, tmp_path):
-    procs = _processes(
-        tiny_data_dir, tmp_path / "run", 2, "--epochs", "200", "--process-timeout", "5"
-    )
-    metrics = tmp_path / "run" / "metrics.jsonl"
+def _wait_for_epochs(run: Path, procs, epochs: int) -> None:
+    metrics = run / "metrics.jsonl"
     deadline = time.monotonic() + 120
-    while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+    while not (metrics.exists() and metrics.read_text().count("\n") >= epochs):
         assert time.monotonic() < deadline and procs[0].poll() is None
-        time.sleep(0.2)
-    procs[1].send_signal(signal.SIGKILL)
+        time.sleep(0.05)
+
+
+def _trainer(proc) -> int:
+    """The pid of the child that trains for `jaxmnist train` process `proc` (several
+    processes run under a supervisor: jaxmnist/training/supervisor.py)."""
+    (child,) = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    return int(child)
+
+
+def test_a_lost_process_is_one_line_that_says_which_and_how_to_resume(tiny_data_dir, tmp_path):
+    """kill -9 of process 1's training (its host lost): process 0 ends within the
+    heartbeat bound with one line naming process 1 and the command that resumes it,
+    not the coordination service's C++ abort; that command, run by every process,
+    finishes the run."""
+    run = tmp_path / "run"
+    procs = _processes(tiny_data_dir, run, 2, "--epochs", "30", "--process-timeout", "5")
+    _wait_for_epochs(run, procs, 2)
+    os.kill(_trainer(procs[1]), signal.SIGKILL)
     killed = time.monotonic()
     _, err = procs[0].communicate(timeout=60)
+    _, err1 = procs[1].communicate(timeout=60)
+    assert procs[0].returncode == 1 and time.monotonic() - killed < 30
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith("jaxmnist train: error: process 1 stopped answering"), err
+    assert "ended by SIGKILL" in err1 and procs[1].returncode == 1  # its supervisor says so
+    resume = re.search(r"here: (jaxmnist train --resume .*)$", err.strip()).group(1).split()
+    assert resume[:4] == ["jaxmnist", "train", "--resume", str(run)]
+    pid_at = resume.index("--process-id") + 1
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    again = [
+        subprocess.Popen(
+            [sys.executable, str(RUNNER), *resume[1:pid_at], str(i), *resume[pid_at + 1 :]],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for i in range(2)
+    ]  # fmt: skip
+    outs = [p.communicate(timeout=180) for p in again]
+    assert [p.returncode for p in again] == [0, 0], outs
+    assert json.loads((run / "summary.json").read_text())["epochs"] == 30
+
+
+def test_killing_a_process_s_supervisor_stops_the_run_with_a_checkpoint(tiny_data_dir, tmp_path):
+    """kill -9 of the process a user started (the supervisor) ends its training with
+    SIGTERM (PR_SET_PDEATHSIG): every process stops at one step with a checkpoint."""
+    run = tmp_path / "run"
+    procs = _processes(tiny_data_dir, run, 2, "--epochs", "200", "train.progress_every=7")
+    _wait_for_epochs(run, procs, 2)
+    trainer = _trainer(procs[1])
+    procs[1].send_signal(signal.SIGKILL)
+    _, err = procs[0].communicate(timeout=120)
     procs[1].communicate()
-    assert procs[0].returncode != 0 and time.monotonic() - killed < 30
-    assert "another task died" in err
+    assert procs[0].returncode == 143, err
+    assert "stopped at step" in err.strip().splitlines()[-1]
+    assert checkpoint.checkpoint_steps(run)
+    status = Path(f"/proc/{trainer}/status")  # gone, or a zombie nobody reaped here
+    assert not status.exists() or "State:\tZ" in status.read_text()
 
 
 def test_a_signal_to_one_process_stops_every_process_at_the_same_step(tiny_data_dir, tmp_path):

@@ -1,0 +1,94 @@
+"""The supervisor of a multi-process `train`: what it reads in the coordination
+service's fatal messages, and how it passes the child's stderr on. (The processes
+themselves are killed in tests/multidevice/test_sharding.py.)"""
+
+import argparse
+import os
+import sys
+import time
+
+from jaxmnist.training import supervisor
+
+# What process 0 prints when process 1 stops sending heartbeats (jax 0.10, abridged).
+HEARTBEAT = b"""E1201 15:44:25.122802   30959 coordination_service.cc:1520] [1] Shutdown barrier in coordination service has failed:
+INTERNAL: Barrier failed because: task is set to ERROR: UNAVAILABLE: Task 1 heartbeat timeout. This indicates that the remote task has failed
+E1201 15:44:25.122920   30959 coordination_service.cc:1549] [1] Use error polling to propagate the following error to all tasks: UNAVAILABLE: The following tasks are unhealthy (stopped sending heartbeats):
+1, 3
+The tasks have crashed.
+F1201 15:44:25.123471   30970 client.h:80] Terminating process because the JAX distributed service detected fatal errors. This most likely indicates that another task died
+*** Check failure stack trace: ***
+    @     0x7f268ec58634  absl::lts_20260107::log_internal::LogMessage::SendToLog()
+"""  # noqa: E501
+# What process 1 prints when process 0, the coordinator, is gone.
+COORDINATOR = b"""E1201 15:46:16.357240    1438 coordination_service_agent.cc:289] Polled an error from coordination service (this can be an error from this or another task).
+F1201 15:46:16.357249    1438 client.h:80] Terminating process because the JAX distributed service detected fatal errors. absl::Status: UNAVAILABLE: Failed to send RPC to coordination service. Either the leader task was preempted/died/restarted
+"""  # noqa: E501
+
+
+def test_the_lost_processes_are_named():
+    assert supervisor.peer_lost(HEARTBEAT, 0).startswith("processes 1 and 3 stopped answering")
+    assert supervisor.peer_lost(HEARTBEAT, 3).startswith("process 1 stopped answering")
+    assert supervisor.peer_lost(COORDINATOR, 1).startswith("process 0 (the coordinator) is gone")
+    fatal = HEARTBEAT.split(b"F1201")[1]  # the fatal line alone names nobody
+    assert supervisor.peer_lost(fatal, 0).startswith("another process of the run")
+
+
+def test_an_end_that_is_not_a_lost_peer_is_not_called_one():
+    assert supervisor.peer_lost(HEARTBEAT.replace(b"detected fatal errors", b"x"), 0) is None
+    assert supervisor.peer_lost(b"Traceback ...\nValueError: bad\n", 0) is None
+
+
+def test_log_blocks_are_held_until_quiet_and_other_lines_pass_at_once(monkeypatch, capfd):
+    read, write = os.pipe()
+    os.write(write, b"jaxmnist: a warning\n" + COORDINATOR.splitlines(True)[0] + b"more\n")
+    os.close(write)
+    with os.fdopen(read, "rb") as stream:
+        relay = supervisor._StderrRelay(stream)
+        relay.read()
+    assert capfd.readouterr().err == "jaxmnist: a warning\n"  # the log block is held
+    assert relay.held.endswith(b"more\n")
+    relay.flush_if_quiet()
+    assert capfd.readouterr().err == ""  # not quiet long enough yet
+    monkeypatch.setattr(supervisor, "HOLD_SECONDS", 0.0)
+    time.sleep(0.01)
+    relay.flush_if_quiet()
+    assert capfd.readouterr().err == COORDINATOR.splitlines(True)[0].decode() + "more\n"
+
+
+def _args(**kw):
+    base = {"coordinator": None, "distributed": False, "argv": sys.argv[1:], "resume": None}
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_only_a_command_line_of_several_processes_is_supervised(monkeypatch):
+    monkeypatch.delenv(supervisor.ENV, raising=False)
+    ran = []
+    monkeypatch.setattr(supervisor, "supervise", lambda args, workdir: ran.append(args) or 7)
+    assert supervisor.run_watched(_args(), "run") is None  # one process
+    assert supervisor.run_watched(_args(coordinator="h:1", argv=["x"]), "run") is None  # library
+    assert supervisor.run_watched(_args(coordinator="h:1"), "run") == 7 and len(ran) == 1
+    assert supervisor.run_watched(_args(distributed=True), "run") == 7
+
+
+def test_the_resume_hint_repeats_the_process_flags():
+    args = _args(coordinator="10.0.0.5:1234", num_processes=4, process_id=2, process_timeout=60)
+    hint = supervisor.resume_hint(args, "runs/a b")
+    assert hint.endswith(
+        "jaxmnist train --resume 'runs/a b' --coordinator 10.0.0.5:1234 --num-processes 4 "
+        "--process-id 2"
+    )
+    hint = supervisor.resume_hint(_args(distributed=True, process_timeout=9), "r")
+    assert hint.endswith("jaxmnist train --resume r --distributed --process-timeout 9")
+
+
+def test_a_communication_error_waits_for_the_verdict_only_in_a_child(monkeypatch):
+    waited = []
+    monkeypatch.setattr(supervisor.time, "sleep", waited.append)
+    monkeypatch.setattr(supervisor.time, "monotonic", lambda: len(waited))
+    supervisor.wait_for_verdict(RuntimeError("gloo: Connection reset by peer"), 5)
+    assert waited == []  # not a supervised child: reported at once
+    monkeypatch.setenv(supervisor.ENV, "1")
+    supervisor.wait_for_verdict(ValueError("disk full"), 5)
+    assert waited == []  # not a lost peer: reported at once
+    supervisor.wait_for_verdict(RuntimeError("gloo: Connection reset by peer"), 5)
+    assert len(waited) == 20  # the heartbeat timeout and 15 s of slack, in steps of 0.5 s
