@@ -4,46 +4,46 @@ Each command is a module of `jaxmnist.commands` with its parser and its `run`; t
 module assembles the parsers, dispatches, and turns what a command raises into an exit
 status: a `JaxmnistError` becomes one line on stderr and its exit code; argument errors
 exit with 2 before any work starts.
+
+Parsing comes first and is quick: a command module imports at its top only what its
+parser needs (never jax, numpy, matplotlib, Optax, Orbax or PIL), and its `run` imports
+the rest, so `--help`, `--version` and a mistyped flag answer without loading them
+(tests/test_cli.py pins it; benchmarks/startup.py times it). The modules are named in
+`COMMANDS` and imported by name when the parser is built.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 
 from jaxmnist import __version__, hostmem
-from jaxmnist.commands import (
-    bench,
-    compare,
-    config,
-    data,
-    devices,
-    evaluate,
-    export,
-    predict,
-    report,
-    serve,
-    sweep,
-    train,
-)
 from jaxmnist.errors import JaxmnistError
 
-# In the order `jaxmnist --help` lists them.
+# The modules of jaxmnist.commands, in the order `jaxmnist --help` lists their commands.
 COMMANDS = (
-    train,
-    report,
-    compare,
-    evaluate,
-    config,
-    devices,
-    data,
-    bench,
-    sweep,
-    predict,
-    export,
-    serve,
+    "train",
+    "report",
+    "compare",
+    "evaluate",
+    "config",
+    "devices",
+    "data",
+    "bench",
+    "profile",
+    "sweep",
+    "search",
+    "predict",
+    "export",
+    "serve",
 )
+
+
+def command_modules() -> list:
+    """The command modules of `COMMANDS`, imported (each is light: see above)."""
+    return [importlib.import_module(f"jaxmnist.commands.{name}") for name in COMMANDS]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"jaxmnist {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in COMMANDS:
+    for command in command_modules():
         command.add_parser(sub).set_defaults(run=command.run)
     return parser
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from jaxmnist import config as config_lib
 from jaxmnist.data.registry import DATASETS
+from jaxmnist.models import MODELS  # the registry alone: no family's jax code
 
 
 def one_of(names) -> str:
@@ -30,8 +31,7 @@ FLAGS = {
         str,
         "folder holding <dataset>/... (default: $JAXMNIST_DATA_DIR, cache, system, download)",
     ),
-    # jaxmnist.models imports jax, which `--help` must not wait for: no list of families here.
-    "--model": ("model.name", str, "model family (a name in jaxmnist.models.MODELS)"),
+    "--model": ("model.name", str, f"model family: {one_of(MODELS)}"),
     "--hidden": ("model.hidden", str, "hidden sizes, e.g. 256,128 ('': none, a linear model)"),
     "--activation": ("model.activation", str, "relu or gelu"),
     "--dtype": ("model.dtype", str, "compute dtype: float32 or bfloat16"),
@@ -51,7 +51,18 @@ FLAGS = {
     "--target-accuracy": (
         "train.target_accuracy",
         str,
-        "stop after the first epoch whose (mean) test accuracy reaches this fraction, e.g. 0.973",
+        (
+            "stop after the first epoch whose (mean) test accuracy reaches this fraction, "
+            "e.g. 0.973 (--target-split val: the validation split's)"
+        ),
+    ),
+    "--target-split": (
+        "train.target_split",
+        str,
+        (
+            "the split --target-accuracy watches: test (the default, as speedruns do) or val "
+            "(the examples data.validation=N holds out)"
+        ),
     ),
     "--devices": (
         "parallel.devices",

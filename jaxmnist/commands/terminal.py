@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import sys
 
-from jaxmnist import stats
 from jaxmnist.training.hooks import Callback, EpochEnd, RunEnd, RunStart, StepsEnd
 
 LONG_EPOCH_SECONDS = 30.0  # an epoch longer than this gets an estimate up front
@@ -29,6 +28,7 @@ class TerminalReporter(Callback):
         self.wants_progress = mode == "normal" and sys.stderr.isatty()
         self._bar = None
         self._first_step = 0
+        self._val = False  # the run holds out a validation split: its columns are shown
         self.closed = False  # stdout's reader went away (`train | head`)
 
     def _print(self, text: str) -> None:
@@ -65,6 +65,17 @@ class TerminalReporter(Callback):
             f"{info['dataset']} from {info['source']} | {info['num_params']:,} parameters | "
             f"{run_length(info)} | {info['backend']}: {devices_text(info)}"
         )
+        if "train_eval_subset_seed" in info:  # train acc is not the full training set's
+            self._print(
+                f"train acc: train subset of {info['train_eval_examples']:,} examples "
+                f"(stratified, seed {info['train_eval_subset_seed']}, the same every epoch)"
+            )
+        self._val = "validation_examples" in info
+        if self._val:
+            self._print(
+                f"val: {info['validation_examples']:,} training examples held out, never "
+                f"trained on (stratified, seed {info['validation_seed']})"
+            )
         p = start.progress
         if p.step:  # a resumed run: where it continues, once
             more = f" + {plural(p.epoch_step, 'step')}" if p.epoch_step else ""
@@ -89,7 +100,8 @@ class TerminalReporter(Callback):
         self._print(f"compiled in {seconds:.2f} s")
         self._print(
             f"{'epoch':>5} {'step':>6} {'train loss':>10} {'train acc':>9} "
-            f"{'test loss':>9} {'test acc':>8} {'time s':>7}"
+            + f"{'val loss':>9} {'val acc':>8} " * self._val
+            + f"{'test loss':>9} {'test acc':>8} {'time s':>7}"
         )
 
     def on_epoch_start(self, epoch: int, num_steps: int, first_step: int) -> None:
@@ -122,8 +134,12 @@ class TerminalReporter(Callback):
             spread = (
                 f"  ± {r['test_accuracy_std']:.2%} (mean of {len(r['test_accuracy_per_seed'])})"
             )
+        if "ensemble_test_accuracy" in r:  # the mean of the members' probabilities
+            spread += f"  ensemble {r['ensemble_test_accuracy']:.2%}"
+        val = f"{r['val_loss']:>9.4f} {r['val_accuracy']:>8.2%} " if "val_loss" in r else ""
         self._print(
             f"{r['epoch']:>5} {r['step']:>6} {r['train_loss']:>10.4f} {r['train_accuracy']:>9.2%} "
+            f"{val}"
             f"{r['test_loss']:>9.4f} {r['test_accuracy']:>8.2%} {r['epoch_seconds']:>7.3f}{spread}"
         )
 
@@ -139,7 +155,7 @@ class TerminalReporter(Callback):
             self._write(line + where)
         elif self.mode != "json":
             self._write(line)
-            for extra in seed_lines(s) + target_lines(s):
+            for extra in val_lines(s) + seed_lines(s) + target_lines(s):
                 self._write(extra)
             if self.workdir is not None:
                 self._write(f"run directory: {self.workdir}")
@@ -149,6 +165,8 @@ def seed_lines(s: dict) -> list[str]:
     """The spread over seeds of a multi-seed summary (none for one seed)."""
     if "seeds" not in s:
         return []
+    from jaxmnist import stats  # start-up: numpy, which `train --help` need not wait for
+
     spread = stats.spread(s["test_accuracy_per_seed"])
     per_seed = "  ".join(
         f"{seed}: {a:.2%}" for seed, a in zip(s["seeds"], s["test_accuracy_per_seed"])
@@ -159,13 +177,38 @@ def seed_lines(s: dict) -> list[str]:
             f"min {spread.min:.2%}, max {spread.max:.2%}"
         ),
         f"per seed  {per_seed}",
+        *([ensemble_line(s)] if "ensemble_test_accuracy" in s else []),
     ]
+
+
+def val_lines(s: dict) -> list[str]:
+    """The validation split's figures of a summary (none without one)."""
+    if "val_accuracy" not in s:
+        return []
+    line = (
+        f"validation accuracy {s['val_accuracy']:.2%} ({s['num_val_examples']:,} held-out "
+        f"training examples), validation loss {s['val_loss']:.4f}"
+    )
+    if "val_accuracy_per_seed" in s:
+        from jaxmnist import stats  # start-up: numpy, which `train --help` need not wait for
+
+        spread = stats.spread(s["val_accuracy_per_seed"])
+        line += f"; over {spread.n} seeds: {stats.format_spread(spread)}"
+    return [line]
+
+
+def ensemble_line(s: dict) -> str:
+    """The ensemble of a multi-seed summary: the mean of its members' probabilities."""
+    return (
+        f"ensemble of {s['ensemble_members']} (the mean of their probabilities): test "
+        f"accuracy {s['ensemble_test_accuracy']:.2%}, loss {s['ensemble_test_loss']:.4f}"
+    )
 
 
 def target_lines(s: dict) -> list[str]:
     if "target_accuracy" not in s:
         return []
-    of = "mean test accuracy" if "seeds" in s else "test accuracy"
+    of = target_of(s)
     if not s["target_reached"]:
         return [
             f"target {of} {s['target_accuracy']:.2%} NOT reached in {plural(s['epochs'], 'epoch')}"
@@ -178,6 +221,12 @@ def target_lines(s: dict) -> list[str]:
             f"{s['time_to_target_with_compile_seconds']:.2f} s with compile"
         )
     ]
+
+
+def target_of(s: dict) -> str:
+    """What a summary's target watched: `test accuracy`, `mean validation accuracy`, ..."""
+    split = "validation" if s.get("target_split") == "val" else "test"
+    return f"{'mean ' * ('seeds' in s)}{split} accuracy"
 
 
 def duration(seconds: float) -> str:

@@ -6,13 +6,26 @@ checked against the SHA-256 of its uncompressed IDX content. Modules: `registry`
 preprocessed), `formats` (parsing and checks), `locate` (where
 files may be), `download` (mirrors, retries, cache), `dataset` (this API) and
 `synthetic` (tiny valid datasets for tests).
+
+The names below are imported on first use, so that reading the registry (the command
+line's `--help` lists the datasets) does not import numpy.
 """
 
-from jaxmnist.data.dataset import Dataset, dataset_info, load_dataset, verify_dataset
-from jaxmnist.data.download import DownloadPolicy, download_dataset
-from jaxmnist.data.formats import FileReport
-from jaxmnist.data.locate import default_cache_dir
-from jaxmnist.data.registry import DATASETS, DatasetSpec, get_spec
+import importlib
+
+_PUBLIC = {  # name -> the module that defines it
+    "DATASETS": "jaxmnist.data.registry",
+    "Dataset": "jaxmnist.data.dataset",
+    "DatasetSpec": "jaxmnist.data.registry",
+    "DownloadPolicy": "jaxmnist.data.download",
+    "FileReport": "jaxmnist.data.formats",
+    "dataset_info": "jaxmnist.data.dataset",
+    "default_cache_dir": "jaxmnist.data.locate",
+    "download_dataset": "jaxmnist.data.download",
+    "get_spec": "jaxmnist.data.registry",
+    "load_dataset": "jaxmnist.data.dataset",
+    "verify_dataset": "jaxmnist.data.dataset",
+}
 
 __all__ = [
     "DATASETS",
@@ -27,3 +40,9 @@ __all__ = [
     "load_dataset",
     "verify_dataset",
 ]
+
+
+def __getattr__(name: str):
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'jaxmnist.data' has no attribute {name!r}")
+    return getattr(importlib.import_module(_PUBLIC[name]), name)

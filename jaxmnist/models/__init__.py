@@ -28,24 +28,36 @@ A family provides its config and a few pure functions, gathered in a `Model`:
 Registering is `register(name, Model(...))` (or `MODELS[name] = Model(...)`): `--model
 name`, `model.<field>=...` overrides of the family's own fields, saved runs, eval,
 predict, export, serve and the report then work without editing any other module.
+
+This module imports no jax, and neither do the families' configs: the command line reads
+presets and overrides (`config.PRESETS`) and answers `--help` before anything computes.
+A built-in family is therefore two modules: its config (`mlp_config.MLPConfig`,
+`cnn_config.CNNConfig`, light) and its arithmetic (`mlp`, `cnn`: init, apply and the rest,
+with jax), whose `MODEL` is its entry. `MODELS` knows a built-in family by its name and
+config class, and imports its module the first time its entry is asked for
+(`get_model(name)`, `MODELS[name]`); what needs the config alone (`config_fields`,
+`model_config`, `switch_family`, `unknown_field_message`, iterating over the names) never
+imports it. This rather than functions that import their module on each call: an entry
+holds the family's real functions (`get_model("cnn").apply is cnn.apply`, what jit and
+the tests see), and the config stays a plain dataclass in a module of its own.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import math
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, MutableMapping
 from typing import NamedTuple
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-
 from jaxmnist.errors import ConfigError
-from jaxmnist.models import cnn, conv, layers, mlp
-from jaxmnist.models.cnn import CNNConfig
+from jaxmnist.models.cnn_config import CNNConfig
 from jaxmnist.models.family import ModelConfig
-from jaxmnist.models.mlp import MLPConfig
+from jaxmnist.models.mlp_config import MLPConfig
+
+if typing.TYPE_CHECKING:
+    import jax
 
 
 def _same(model_cfg):
@@ -68,20 +80,53 @@ class Model(NamedTuple):
     first_kernel: str | None = None  # params.npz key of the first layer's image kernels
 
 
-MODELS: dict[str, Model] = {
-    "mlp": Model(mlp.init, mlp.apply, mlp.flops_per_example, mlp.validate, MLPConfig, mlp.describe),
-    "cnn": Model(
-        cnn.init,
-        cnn.apply,
-        cnn.flops_per_example,
-        cnn.validate,
-        CNNConfig,
-        cnn.describe,
-        portable=cnn.portable,
-        run_facts=cnn.run_facts,
-        first_kernel="['conv'][0]['w']",
-    ),
-}
+class _Later(NamedTuple):
+    """A family known by its config class, whose `Model` is `module.MODEL`."""
+
+    config: type
+    module: str
+
+
+class Registry(MutableMapping):
+    """name -> `Model`, in the order of registration. An entry given as `_Later` is loaded
+    (its module imported, jax with it) when it is first read; `config(name)` never loads."""
+
+    def __init__(self, entries: dict[str, Model | _Later]) -> None:
+        self._entries = dict(entries)
+
+    def __getitem__(self, name: str) -> Model:
+        entry = self._entries[name]
+        if isinstance(entry, _Later):
+            # start-up: a family's jax code loads when a command first uses the family
+            entry = self._entries[name] = importlib.import_module(entry.module).MODEL
+        return entry
+
+    def __setitem__(self, name: str, model: Model) -> None:
+        self._entries[name] = model
+
+    def __delitem__(self, name: str) -> None:
+        del self._entries[name]
+
+    def __contains__(self, name: object) -> bool:  # Mapping's would load the entry
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def config(self, name: str) -> type:
+        """Family `name`'s config class, without loading its module; KeyError if none."""
+        return self._entries[name].config
+
+
+MODELS: Registry = Registry(
+    {
+        "mlp": _Later(MLPConfig, "jaxmnist.models.mlp"),
+        "cnn": _Later(CNNConfig, "jaxmnist.models.cnn"),
+    }
+)
 
 
 def register(name: str, model: Model) -> None:
@@ -92,19 +137,32 @@ def register(name: str, model: Model) -> None:
 
 
 def unregister(name: str) -> None:
-    MODELS.pop(name, None)
+    if name in MODELS:  # not pop: it would load a built-in family to drop it
+        del MODELS[name]
+
+
+def _known(name: str) -> str:
+    """`name`, or ConfigError (one line) listing the choices if no family has it."""
+    if name not in MODELS:
+        raise ConfigError(f"unknown model {name!r}; choose from: {', '.join(MODELS)}")
+    return name
 
 
 def get_model(name: str) -> Model:
-    """The registered family `name`; ConfigError (one line) listing the choices if none."""
-    if name not in MODELS:
-        raise ConfigError(f"unknown model {name!r}; choose from: {', '.join(MODELS)}")
-    return MODELS[name]
+    """The registered family `name` (a built-in one's jax code imported on first use);
+    ConfigError (one line) listing the choices if none."""
+    return MODELS[_known(name)]
+
+
+def config_class(name: str) -> type:
+    """Family `name`'s config dataclass, without importing its jax code; ConfigError (one
+    line) listing the choices if none."""
+    return MODELS.config(_known(name))
 
 
 def config_fields(name: str) -> tuple[str, ...]:
     """The field names of family `name`'s config, common ones first."""
-    return tuple(f.name for f in dataclasses.fields(get_model(name).config))
+    return tuple(f.name for f in dataclasses.fields(config_class(name)))
 
 
 def model_config(name: str, **fields) -> ModelConfig:
@@ -114,7 +172,7 @@ def model_config(name: str, **fields) -> ModelConfig:
     unknown = [k for k in fields if k not in known]
     if unknown:
         raise ConfigError(unknown_field_message(name, unknown[0]))
-    return get_model(name).config(**{**fields, "name": name})
+    return config_class(name)(**{**fields, "name": name})
 
 
 def unknown_field_message(name: str, field: str) -> str:
@@ -131,9 +189,9 @@ def switch_family(model_cfg: ModelConfig, name: str) -> ModelConfig:
     type carry over (the common ones always; the MLP's and the CNN's `hidden` too, as when
     one config held every family's fields); the rest take `name`'s defaults. The same
     family: `model_cfg` unchanged."""
-    if name == model_cfg.name and isinstance(model_cfg, get_model(name).config):
+    if name == model_cfg.name and isinstance(model_cfg, config_class(name)):
         return model_cfg
-    target = typing.get_type_hints(get_model(name).config)
+    target = typing.get_type_hints(config_class(name))
     source = typing.get_type_hints(type(model_cfg))
     carried = {
         f.name: getattr(model_cfg, f.name)
@@ -156,14 +214,18 @@ def train_apply_uint8(params, images, cfg, key=None) -> tuple[jax.Array, object]
 
 
 def _scale(images: jax.Array) -> jax.Array:
-    return images.astype(jnp.float32) * (1.0 / 255.0)
+    return images.astype("float32") * (1.0 / 255.0)
 
 
 def count_params(params) -> int:
     """Trainable parameters: running statistics (`params["stats"]`) are not counted."""
-    if isinstance(params, dict) and layers.STATS in params:
-        params = {k: v for k, v in params.items() if k != layers.STATS}
-    return int(sum(np.prod(x.shape) for x in jax.tree.leaves(params)))
+    import jax  # not at the top: this module is read before jax loads (start-up)
+
+    from jaxmnist.models.layers import STATS  # start-up: layers imports jax
+
+    if isinstance(params, dict) and STATS in params:
+        params = {k: v for k, v in params.items() if k != STATS}
+    return int(sum(math.prod(x.shape) for x in jax.tree.leaves(params)))
 
 
 __all__ = [
@@ -172,14 +234,12 @@ __all__ = [
     "MLPConfig",
     "Model",
     "ModelConfig",
+    "Registry",
     "apply_uint8",
-    "cnn",
+    "config_class",
     "config_fields",
-    "conv",
     "count_params",
     "get_model",
-    "layers",
-    "mlp",
     "model_config",
     "register",
     "switch_family",

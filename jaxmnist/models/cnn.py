@@ -33,6 +33,9 @@ without any adapter; it keeps one dependency out; and the convolution's formulat
 which decides CPU speed, is ours to choose per backend (`jaxmnist.models.conv`,
 `model.conv_impl`). Keeping the running statistics in the params pytree (rather than a
 separate collection, as Flax does) leaves every caller but the training step unchanged.
+
+Its config, `CNNConfig`, lives in `cnn_config` (no jax there, for the command line's
+start-up); `MODEL` is the family's registry entry (`jaxmnist.models`).
 """
 
 from __future__ import annotations
@@ -40,30 +43,15 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from jaxmnist.errors import ConfigError
-from jaxmnist.models import conv, onednn
-from jaxmnist.models.family import ModelConfig
+from jaxmnist.models import Model, conv, onednn
+from jaxmnist.models.cnn_config import CNNConfig
 from jaxmnist.models.layers import ACTIVATIONS, STATS, dropout, matmul
-
-
-@dataclass(frozen=True)
-class CNNConfig(ModelConfig):
-    """The CNN's config: the common fields (`family.ModelConfig`), its conv blocks and its
-    dense head."""
-
-    name: str = "cnn"
-    hidden: tuple[int, ...] = (256,)  # dense layers after the convs
-    channels: tuple[int, ...] = (16, 32)  # output channels of each conv + pool block
-    kernel_size: tuple[int, ...] = (3,)  # square kernels, one for all blocks or one each
-    padding: str = "same"  # "same" (zero padding, odd kernels) or "valid" (none)
-    conv_impl: str = "auto"  # auto, xla, im2col, patches, onednn (see models/conv.py)
-    batch_norm: bool = False  # batch normalisation after each convolution
 
 
 def _given_kernel_sizes(cfg) -> tuple[int, ...]:
@@ -305,3 +293,16 @@ def run_facts(cfg) -> dict:
     """What environment.json records of a CNN run: the convolution's formulation, as `auto`
     (or the user) chose it on this backend."""
     return {"conv_impl": conv.resolve(cfg.conv_impl)}
+
+
+MODEL = Model(
+    init,
+    apply,
+    flops_per_example,
+    validate,
+    CNNConfig,
+    describe,
+    portable=portable,
+    run_facts=run_facts,
+    first_kernel="['conv'][0]['w']",
+)

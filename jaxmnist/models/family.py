@@ -7,6 +7,9 @@ the loss stay float32) and `dropout` are the fields every family has, because th
 around the models reads them (the training step asks for dropout keys, the bench varies
 the dtype). Everything else is the family's own. `config.Config.model` is whichever
 family's dataclass, so `config.py` holds no family's fields.
+
+Like the families' config modules (`mlp_config`, `cnn_config`), this module imports no
+jax: the command line reads presets and overrides before anything computes.
 """
 
 from __future__ import annotations
@@ -14,9 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jaxmnist.errors import ConfigError
-from jaxmnist.models.layers import ACTIVATIONS as _ACTIVATION_FNS
 
-ACTIVATIONS = tuple(_ACTIVATION_FNS)  # ("relu", "gelu")
+# Names only: the functions are `layers.ACTIVATIONS`' (jax), keyed by the same names.
+ACTIVATIONS = ("relu", "gelu")
 DTYPES = ("float32", "bfloat16")
 
 

@@ -7,28 +7,23 @@ halves memory traffic on accelerators), and the logits come back as float32 so t
 loss is always computed in float32 — the codelab's mixed-precision scheme. In
 training (`train=True`), with `dropout` set, the input of every dense layer after the
 first (the hidden activations; never the pixels) goes through dropout.
+
+Its config, `MLPConfig`, lives in `mlp_config` (no jax there, for the command line's
+start-up); `MODEL` is the family's registry entry (`jaxmnist.models`).
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
 
 from jaxmnist.errors import ConfigError
-from jaxmnist.models.family import ModelConfig
+from jaxmnist.models import Model
 from jaxmnist.models.layers import ACTIVATIONS, dropout, matmul
-
-
-@dataclass(frozen=True)
-class MLPConfig(ModelConfig):
-    """The MLP's config: the common fields (`family.ModelConfig`) and its hidden layers."""
-
-    name: str = "mlp"
-    hidden: tuple[int, ...] = (256,)  # sizes of the hidden layers; empty: a linear classifier
+from jaxmnist.models.mlp_config import MLPConfig
 
 
 def init(key, cfg, input_shape=(28, 28), num_classes=10) -> list[dict]:
@@ -84,3 +79,6 @@ def validate(cfg) -> None:
 def describe(cfg) -> str:
     """The network in a few words, e.g. "mlp in → 256 → 128 → out"."""
     return f"{cfg.name} " + " → ".join(map(str, ["in", *cfg.hidden, "out"]))
+
+
+MODEL = Model(init, apply, flops_per_example, validate, MLPConfig, describe)

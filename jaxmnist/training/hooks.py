@@ -19,9 +19,10 @@ of them can depend on it and none on another.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-import numpy as np
+if TYPE_CHECKING:  # annotations only: `jaxmnist train --help` imports this without numpy
+    import numpy as np
 
 
 class Evaluation(NamedTuple):
@@ -103,6 +104,9 @@ class RunResult(NamedTuple):
     reached: list  # per point: {"epoch", "train_seconds"} when its mean reached the target
     diverged: list[int]  # members whose loss became non-finite (when not stopping for it)
     stopped: bool = False  # ended early because a stop was asked for (`interrupt`)
+    # The ensemble of every member after the last epoch run (training.evaluate.EvalResult),
+    # on the test set; None for one model, a sweep's points, or none run.
+    ensemble: Any = None
 
 
 class RunEnd(NamedTuple):
