@@ -13,6 +13,7 @@ import html as html_lib
 import json
 
 from jaxmnist.bench.table import breakdown_text, device
+from jaxmnist.profiling.page import profile_section
 from jaxmnist.report.html import cards, figure, html_table, render_page
 
 COLUMNS = ["compile s", "ms/step", "spread", "examples/s", "GFLOP/s", "MFU"]
@@ -207,6 +208,8 @@ def render_bench_page(result: dict, png: bytes, table_text: str) -> str:
                 ),
             )
         )
+    if result.get("profile"):  # `bench --profile-steps N`
+        sections.append(profile_section(result["profile"]))
     sections.append(("Method", _method(result)))
     sections.append(("Terminal output", f"<pre>{html_lib.escape(table_text)}</pre>"))
     env_rows = [

@@ -11,6 +11,7 @@ import shlex
 import sys
 
 from jaxmnist.commands import options
+from jaxmnist.commands.profile import add_profile_steps, check_profile_steps
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -67,6 +68,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--json", action="store_true", help="print bench.json on stdout instead of the table"
     )
+    add_profile_steps(p)  # after the measurements, into OUT, bench.json and bench.html
     return p
 
 
@@ -75,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
     from jaxmnist.bench.output import format_table, to_json, write_outputs  # start-up: jax
     from jaxmnist.runs import rundir  # start-up: imports jax
 
+    check_profile_steps(args.profile_steps)
     cfg, preset = options.resolve_config(args, leave_out=("--devices",))
     opts = make_options(
         devices=getattr(args, "parallel.devices"),
@@ -92,10 +95,18 @@ def run(args: argparse.Namespace) -> int:
     result = run_bench(
         cfg, opts, preset=preset, log=log, command=shlex.join(["jaxmnist", *args.argv])
     )
+    if args.profile_steps:
+        from jaxmnist.profiling.run import profile_bench_config  # start-up: imports jax
+
+        result["profile"] = profile_bench_config(cfg, opts, result, args.profile_steps, out)
     paths = write_outputs(result, out)
     if args.json:
         print(to_json(result), end="")
     else:
         print(format_table(result))
+        if args.profile_steps:
+            from jaxmnist.profiling import breakdown  # start-up: only when asked
+
+            print(breakdown.format_table(result["profile"]))
         print(f"wrote {paths['json']}, {paths['png'].name}, {paths['html'].name}")
     return 0

@@ -1,0 +1,137 @@
+"""Profiling a run's steady steps: trace them, read the trace back, tabulate, write.
+
+`profile_population` is the one recipe, used by `jaxmnist profile` (after a short
+warm-up run of the config, `profile_config`), by `train --profile-steps` (after
+training, `callback.ProfileSteps`) and by `bench --profile-steps`. It traces N
+steps of the population's own compiled program (`trace.capture`), indexes the
+program's optimized HLO (`classify.read_hlo`), reads the operations back from the
+trace with JAX's reader, and splits the measured time by kind (`breakdown`). The
+FLOPs are the model family's analytic count and the peak is `jaxmnist bench`'s
+measured matmul peak (`bench.peak`), so the figures agree with the benchmark's MFU.
+The table is written to profile.json beside the trace; the report and bench.html
+read it from there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import jax
+
+from jaxmnist.bench import peak as peak_lib
+from jaxmnist.bench.run import synthetic_dataset
+from jaxmnist.data import load_dataset
+from jaxmnist.models import get_model
+from jaxmnist.profiling import trace
+from jaxmnist.profiling.breakdown import PROFILE_JSON, breakdown
+from jaxmnist.profiling.classify import read_hlo
+from jaxmnist.runs.rundir import atomic_write
+from jaxmnist.training.loop import place_train_data, train_population
+from jaxmnist.training.population import seed_members
+
+FLOPS_NOTE = (
+    "the model's analytic matmul FLOPs of dense and convolution layers, forward and "
+    "backward (as `jaxmnist bench`), per step of every member"
+)
+
+
+def measure_peak(dtype: str, size: int | None = None) -> float:
+    """FLOP/s of a large square matmul in `dtype` on the default device (`bench.peak`)."""
+    n = size or peak_lib.default_size(jax.default_backend())
+    return peak_lib.measure_matmul_peak(dtype, n, windows=3)["flops_per_second"]["median"]
+
+
+def profile_population(
+    cfg,
+    population,
+    states,
+    dataset,
+    *,
+    steps: int,
+    steps_per_epoch: int,
+    out_dir: str | os.PathLike,
+    peak_flops: float | None = None,
+    peak_size: int | None = None,
+    write: bool = True,
+) -> dict:
+    """Traces `steps` steady steps of `population` (its programs compiled) from `states`
+    (donated) into `out_dir` and returns the table (`breakdown.breakdown`'s dict, plus
+    where the trace is). `peak_flops`: a peak already measured (else measured here, a
+    `peak_size` matmul). With `write`, the table goes to `out_dir`/profile.json."""
+    out_dir = Path(out_dir)
+    data = place_train_data(dataset.train_images, dataset.train_labels, population.layout)
+    cap = trace.capture(population, states, data, steps, steps_per_epoch, out_dir)
+    index = read_hlo(*(program.as_text() for program in population.steps_fns.values()))
+    profile = trace.load(cap.xplane)
+    ops = trace.read_ops(profile, index.instructions)
+    if peak_flops is None:
+        peak_flops = measure_peak(cfg.model.dtype, peak_size)
+    flops = get_model(cfg.model.name).flops_per_example(
+        cfg.model, tuple(dataset.train_images.shape[1:]), len(dataset.spec.class_names)
+    )
+    table = breakdown(
+        ops,
+        index,
+        trace.window(profile),
+        wall_seconds=cap.wall_seconds,
+        steps=steps,
+        flops_per_step=float(flops * cfg.train.batch_size * len(population)),
+        peak_flops_per_second=peak_flops,
+    )
+    table.update(
+        calls=cap.calls,
+        backend=jax.default_backend(),
+        device=str(population.layout.mesh.devices.flat[0]),
+        dtype=cfg.model.dtype,
+        flops_note=FLOPS_NOTE,
+        trace=str(cap.xplane.relative_to(out_dir)),
+        perfetto=str(cap.perfetto.relative_to(out_dir)) if cap.perfetto else None,
+    )
+    if write:
+        atomic_write(out_dir / PROFILE_JSON, (json.dumps(table, indent=2) + "\n").encode())
+    return table
+
+
+def profile_config(
+    cfg,
+    dataset,
+    *,
+    steps: int,
+    out_dir: str | os.PathLike,
+    layout=None,
+    peak_flops: float | None = None,
+    peak_size: int | None = None,
+    callbacks=(),
+) -> dict:
+    """`jaxmnist profile`: the config's population trained for `steps` steps by the run
+    loop (compiling it and warming up, no evaluation of the training set, no target),
+    then `steps` more traced (`profile_population`). `cfg` arrives validated."""
+    t = dataclasses.replace(cfg.train, steps=steps, target_accuracy=None, eval_train=False)
+    warm = dataclasses.replace(cfg, train=t)
+    result = train_population(warm, seed_members(warm), dataset, callbacks, layout=layout)
+    return profile_population(
+        warm,
+        result.population,
+        result.states,
+        dataset,
+        steps=steps,
+        steps_per_epoch=result.plan.steps_per_epoch,
+        out_dir=out_dir,
+        peak_flops=peak_flops,
+        peak_size=peak_size,
+    )
+
+
+def profile_bench_config(cfg, opts, bench_result: dict, steps: int, out_dir) -> dict:
+    """`bench --profile-steps N`: `profile_config` on the benchmark's kind of data (random
+    with `opts.synthetic`, else the real set) and with the peak the benchmark measured."""
+    if opts.synthetic:
+        dataset = synthetic_dataset(cfg.data.dataset, cfg.train.seed, opts.train_examples)
+    else:
+        dataset = load_dataset(cfg.data.dataset, cfg.data.data_dir, download=cfg.data.download)
+    peak = bench_result["peak"].get(cfg.model.dtype, {}).get("flops_per_second", {})
+    cfg = dataclasses.replace(cfg, compile_cache=False)  # as the benchmark ran it
+    return profile_config(cfg, dataset, steps=steps, out_dir=out_dir, peak_flops=peak.get("median"))

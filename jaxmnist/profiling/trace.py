@@ -1,0 +1,127 @@
+"""Capturing a `jax.profiler` trace of N steady training steps, and reading it back.
+
+`capture` runs a population's compiled `train_steps` for N steps once untraced
+(the warm-up: the programs are compiled already, this warms caches and thread
+pools) and once under `jax.profiler.trace`, inside a `TraceAnnotation` that marks
+the timed window, with one `block_until_ready` at its end. JAX writes
+`plugins/profile/<time>/<host>.xplane.pb` (TensorBoard's profile plugin reads it)
+and `perfetto_trace.json.gz` (for ui.perfetto.dev) under the folder given.
+
+`read_ops` opens the XSpace with JAX's own reader (`jax.profiler.ProfileData`)
+and keeps the events of operations: those named by an instruction of the step's
+HLO (a GPU kernel by its `hlo_op`) and a device's memory copies. Where a device
+plane holds operations (GPU, TPU) only device planes count, so that a host's
+launch of a kernel is not taken for the kernel; on the CPU the operations are
+the host threads' events.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+import jax
+
+from jaxmnist.profiling.classify import TRANSFER, OpEvent
+
+WINDOW = "jaxmnist.profile.steps"  # the TraceAnnotation around the timed calls
+
+
+class Capture(NamedTuple):
+    """A traced window of `steps` training steps in `calls` calls."""
+
+    steps: int
+    calls: int
+    wall_seconds: float  # perf_counter around the calls, to their last result
+    folder: Path  # plugins/profile/<time>/
+    xplane: Path  # <host>.xplane.pb
+    perfetto: Path | None  # perfetto_trace.json.gz
+
+
+def step_ranges(num_steps: int, steps_per_epoch: int) -> list[tuple[int, int]]:
+    """The calls that run `num_steps` steps: ranges of one epoch's plan, each as long as
+    the epoch allows (a run's loop makes calls of an epoch or less)."""
+    ranges, left = [], num_steps
+    while left > 0:
+        n = min(left, steps_per_epoch)
+        ranges.append((0, n))
+        left -= n
+    return ranges
+
+
+def capture(population, states, data, num_steps: int, steps_per_epoch: int, out_dir) -> Capture:
+    """Traces `num_steps` steps of `population` (a `training.population.Population`, its
+    programs compiled) from `states` (donated) on `data` (`step.TrainData`) into `out_dir`."""
+    out_dir = Path(out_dir)
+    ranges = step_ranges(num_steps, steps_per_epoch)
+    plans = population.plan_epoch(0)
+
+    def run(states, metrics):
+        for start, stop in ranges:
+            states, metrics = population.train_steps(states, metrics, plans, data, start, stop)
+        return jax.block_until_ready((states, metrics))
+
+    states, metrics = run(states, population.new_metrics())  # the warm-up, untraced
+    root = out_dir / "plugins" / "profile"
+    before = set(root.glob("*")) if root.is_dir() else set()
+    jax.profiler.start_trace(out_dir, create_perfetto_trace=True)
+    try:
+        with jax.profiler.TraceAnnotation(WINDOW):
+            start = time.perf_counter()
+            run(states, metrics)
+            wall = time.perf_counter() - start
+    finally:
+        jax.profiler.stop_trace()
+    new = sorted(set(root.glob("*")) - before, key=lambda p: p.stat().st_mtime)
+    if not new:
+        raise RuntimeError(f"jax.profiler wrote no trace under {root}")
+    folder = new[-1]
+    xplane = next(iter(sorted(folder.glob("*.xplane.pb"))), None)
+    if xplane is None:
+        raise RuntimeError(f"jax.profiler wrote no .xplane.pb in {folder}")
+    perfetto = folder / "perfetto_trace.json.gz"
+    return Capture(
+        num_steps, len(ranges), wall, folder, xplane, perfetto if perfetto.exists() else None
+    )
+
+
+def load(xplane: Path):
+    """The trace as `jax.profiler.ProfileData` (JAX's reader of an XSpace file)."""
+    return jax.profiler.ProfileData.from_file(str(xplane))
+
+
+def window(profile) -> tuple[int, int]:
+    """(start_ns, end_ns) of the timed calls' TraceAnnotation."""
+    for plane in profile.planes:
+        for line in plane.lines:
+            for event in line.events:
+                if event.name == WINDOW:
+                    return event.start_ns, event.end_ns
+    raise RuntimeError(f"the trace has no {WINDOW!r} event")
+
+
+def _hlo_op(event) -> str:
+    """The HLO instruction an event ran: a GPU kernel's `hlo_op` stat, else its name."""
+    for key, value in event.stats:
+        if key == "hlo_op" and isinstance(value, str):
+            return value
+    return event.name
+
+
+def read_ops(profile, known: set[str] | dict) -> list[OpEvent]:
+    """The events of operations (see the module doc): `known` holds the HLO instruction
+    names of the traced programs."""
+    by_plane = []
+    for plane in profile.planes:
+        device = plane.name.startswith("/device:") and "CUSTOM" not in plane.name
+        ops = []
+        for line in plane.lines:
+            for event in line.events:
+                name = _hlo_op(event)
+                if name in known or (device and TRANSFER.search(event.name)):
+                    ops.append(OpEvent(name, event.start_ns, event.end_ns))
+        by_plane.append((device, ops))
+    on_devices = [ops for device, ops in by_plane if device and ops]
+    chosen = on_devices or [ops for _, ops in by_plane]
+    return [e for ops in chosen for e in ops]

@@ -1,0 +1,245 @@
+"""`jaxmnist profile` and `--profile-steps`: the trace JAX's reader opens, a table whose
+shares add up to the measured time, the classification of operations, the CLI."""
+
+import dataclasses
+import gzip
+import json
+
+import jax
+import pytest
+
+from jaxmnist import cli
+from jaxmnist import config as config_lib
+from jaxmnist.profiling import breakdown as breakdown_lib
+from jaxmnist.profiling.classify import OpEvent, read_hlo
+from jaxmnist.profiling.run import profile_config
+
+# A module as `Compiled.as_text()` prints one: a stack-frame table (XLA prints each
+# frame's parent one above its id), fusions and what they call, a oneDNN custom call.
+HLO = """HloModule jit_step, is_scheduled=true
+
+FileNames
+1 "/x/jaxmnist/training/step.py"
+2 "/x/jaxmnist/models/conv.py"
+3 "/x/site-packages/optax/_src/transform.py"
+4 "/x/site-packages/optax/losses/_classification.py"
+5 "/x/jaxmnist/models/layers.py"
+
+FunctionNames
+1 "body"
+2 "_im2col_fwd"
+3 "update_fn"
+4 "softmax_cross_entropy"
+5 "wide_dot"
+
+FileLocations
+1 {file_name_id=1 function_name_id=1 line=10 end_line=10 column=1 end_column=2}
+2 {file_name_id=2 function_name_id=2 line=20 end_line=20 column=1 end_column=2}
+3 {file_name_id=3 function_name_id=3 line=30 end_line=30 column=1 end_column=2}
+4 {file_name_id=4 function_name_id=4 line=40 end_line=40 column=1 end_column=2}
+5 {file_name_id=5 function_name_id=5 line=50 end_line=50 column=1 end_column=2}
+
+StackFrames
+1 {file_location_id=1 parent_frame_id=1}
+2 {file_location_id=2 parent_frame_id=2}
+3 {file_location_id=3 parent_frame_id=1}
+4 {file_location_id=4 parent_frame_id=2}
+5 {file_location_id=5 parent_frame_id=3}
+
+%fused_computation (param_0: f32[4], param_1: f32[4]) -> f32[4] {
+  %param_0 = f32[4]{0} parameter(0)
+  %param_1 = f32[4]{0} parameter(1)
+  %multiply.1 = f32[4]{0} multiply(%param_0, %param_1), metadata={op_name="mul" stack_frame_id=1}
+  ROOT %add.1 = f32[4]{0} add(%multiply.1, %param_1), metadata={op_name="add" stack_frame_id=1}
+}
+
+%fused_computation.1 (param_0.1: f32[4,4], param_1.1: f32[4,4]) -> f32[4,4] {
+  %param_0.1 = f32[4,4]{1,0} parameter(0)
+  %param_1.1 = f32[4,4]{1,0} parameter(1)
+  ROOT %dot.9 = f32[4,4]{1,0} dot(%param_0.1, %param_1.1)
+}
+
+%fused_computation.2 (param_0.2: f32[4]) -> f32[4] {
+  %param_0.2 = f32[4]{0} parameter(0)
+  ROOT %sqrt.1 = f32[4]{0} sqrt(%param_0.2), metadata={op_name="sqrt" stack_frame_id=3}
+}
+
+%fused_computation.3 (param_0.3: f32[4]) -> f32[4] {
+  %param_0.3 = f32[4]{0} parameter(0)
+  ROOT %log.1 = f32[4]{0} log(%param_0.3), metadata={op_name="log" stack_frame_id=4}
+}
+
+%body (p: (s32[], f32[4])) -> (s32[], f32[4]) {
+  %p = (s32[], f32[4]{0}) parameter(0)
+  %g = f32[4]{0} get-tuple-element(%p), index=1
+  ROOT %t = (s32[], f32[4]{0}) tuple(%g, %g)
+}
+
+ENTRY %main (a: f32[4,4], b: f32[4,4], x: f32[1,8,8,1], w: f32[3,3,1,2], v: f32[4]) -> f32[4] {
+  %a = f32[4,4]{1,0} parameter(0)
+  %b = f32[4,4]{1,0} parameter(1)
+  %x = f32[1,8,8,1]{3,2,1,0} parameter(2)
+  %w = f32[3,3,1,2]{3,2,1,0} parameter(3)
+  %v = f32[4]{0} parameter(4)
+  %dot.1 = f32[4,4]{1,0} dot(%a, %b), metadata={op_name="d" stack_frame_id=1}
+  %dot.2 = f32[4,4]{1,0} dot(%a, %b), metadata={op_name="d" stack_frame_id=2}
+  %dot.3 = f32[4,4]{1,0} dot(%a, %b), metadata={op_name="d" stack_frame_id=5}
+  %convolution.1 = f32[1,8,8,2]{3,2,1,0} convolution(%x, %w), dim_labels=b01f_01io->b01f
+  %ffi_call.1 = f32[1,8,8,2] custom-call(%x, %w), custom_call_target="jaxmnist_onednn_conv_forward"
+  %ynn_fusion.1 = f32[4,4]{1,0} fusion(%a, %b), kind=kCustom, calls=%fused_computation.1
+  %multiply_add_fusion = f32[4] fusion(%v, %v), calls=%fused_computation, metadata={op_name="a"}
+  %sqrt_fusion = f32[4]{0} fusion(%v), kind=kLoop, calls=%fused_computation.2
+  %log_fusion = f32[4]{0} fusion(%v), kind=kLoop, calls=%fused_computation.3
+  %copy.1 = f32[4]{0} copy(%v)
+  %sort.1 = f32[4]{0} sort(%v), dimensions={0}, to_apply=%body
+  %while.1 = (s32[], f32[4]{0}) while(%t0), condition=%body, body=%body
+  ROOT %add.2 = f32[4]{0} add(%v, %v)
+}
+"""
+
+KNOWN = {
+    "dot.1": "matmul",
+    "ynn_fusion.1": "matmul",
+    "dot.2": "conv_im2col",
+    "dot.3": "conv_im2col",  # a shared matmul helper, called by conv.py (frame 5's parent)
+    "convolution.1": "conv_xla",
+    "ffi_call.1": "conv_onednn",
+    "multiply_add_fusion": "elementwise",
+    "add.2": "elementwise",
+    "log_fusion": "elementwise",  # the loss is Optax's too, but not its update
+    "sqrt_fusion": "optimizer",
+    "copy.1": "copies",
+    "sort.1": "other",
+    "while.1": None,  # a container: its body's operations are timed themselves
+}
+
+
+@pytest.mark.parametrize("name", KNOWN)
+def test_operations_are_classified_by_what_they_compute(name):
+    assert read_hlo(HLO).kind(name) == KNOWN[name]
+
+
+def test_unknown_events_are_not_operations_but_device_copies_are():
+    index = read_hlo(HLO)
+    assert index.kind("ThunkExecutor::Execute") is None
+    assert index.kind("MemcpyH2D") == "copies"
+
+
+def test_busy_time_is_shared_and_the_rest_is_host_overhead():
+    """A dot alone 0-20 ns, a dot and a convolution at once 20-40 (half each), the
+    convolution alone 40-60; a copy outside the window; 100 ns measured."""
+    ops = [
+        OpEvent("dot.1", 0, 40),
+        OpEvent("convolution.1", 20, 60),
+        OpEvent("copy.1", 200, 300),
+        OpEvent("while.1", 0, 100),
+        OpEvent("ThunkExecutor::Execute", 0, 100),
+    ]
+    table = breakdown_lib.breakdown(
+        ops,
+        read_hlo(HLO),
+        (0, 100),
+        wall_seconds=100e-9,
+        steps=2,
+        flops_per_step=None,
+        peak_flops_per_second=None,
+    )
+    rows = {r["kind"]: r for r in table["rows"]}
+    assert rows["matmul"]["share"] == pytest.approx(0.3)
+    assert rows["conv_xla"]["share"] == pytest.approx(0.3)
+    assert rows["copies"]["share"] == 0
+    assert rows["host"]["share"] == pytest.approx(0.4)
+    assert rows["host"]["seconds_per_step"] == pytest.approx(20e-9)
+    assert sum(r["share"] for r in table["rows"]) == pytest.approx(1.0)
+
+
+def test_flops_go_to_the_one_arithmetic_kind_and_never_to_several():
+    index, window = read_hlo(HLO), (0, 100)
+    kw = {"wall_seconds": 1e-7, "steps": 1, "flops_per_step": 50.0, "peak_flops_per_second": 1e9}
+    alone = breakdown_lib.breakdown([OpEvent("dot.1", 0, 50)], index, window, **kw)
+    rows = {r["kind"]: r for r in alone["rows"]}
+    assert rows["matmul"]["flops_per_second"] == pytest.approx(1e9)
+    assert rows["matmul"]["fraction_of_peak"] == pytest.approx(1.0)
+    assert rows["elementwise"]["flops_per_second"] is None
+    both = breakdown_lib.breakdown(
+        [OpEvent("dot.1", 0, 25), OpEvent("convolution.1", 25, 50)], index, window, **kw
+    )
+    assert all(r["flops_per_second"] is None for r in both["rows"])
+    assert both["arithmetic_together"]["flops_per_second"] == pytest.approx(1e9)
+    assert "—" in breakdown_lib.format_table(both)
+
+
+@pytest.fixture(scope="module")
+def tiny_profile(tmp_path_factory, tiny_dataset):
+    """A profile of 6 steps of the default MLP on the tiny dataset (one call per epoch
+    of 20 steps), with a small peak matmul."""
+    cfg = config_lib.get_preset("tpu101")
+    cfg = dataclasses.replace(
+        cfg, compile_cache=False, train=dataclasses.replace(cfg.train, batch_size=32)
+    )
+    out = tmp_path_factory.mktemp("profile")
+    return out, profile_config(cfg, tiny_dataset, steps=6, out_dir=out, peak_size=256)
+
+
+def test_the_trace_opens_with_the_profilers_own_reader(tiny_profile):
+    out, table = tiny_profile
+    xplane = out / table["trace"]
+    assert xplane.name.endswith(".xplane.pb") and xplane.parent.parent.name == "profile"
+    profile = jax.profiler.ProfileData.from_file(str(xplane))
+    assert [p.name for p in profile.planes if p.name.startswith("/host:")]
+    with gzip.open(out / table["perfetto"]) as f:
+        assert json.load(f)["traceEvents"]
+    assert json.loads((out / "profile.json").read_text()) == json.loads(json.dumps(table))
+
+
+def test_the_shares_add_up_to_the_measured_step_time(tiny_profile):
+    _, table = tiny_profile
+    rows = {r["kind"]: r for r in table["rows"]}
+    assert sum(r["share"] for r in table["rows"]) == pytest.approx(1.0, abs=0.02)
+    seconds = sum(r["seconds_per_step"] for r in table["rows"]) * table["steps"]
+    assert seconds == pytest.approx(table["wall_seconds"], rel=0.02)
+    assert 0 < table["busy_seconds"] <= table["wall_seconds"]
+    assert rows["matmul"]["share"] > 0 and rows["optimizer"]["share"] > 0
+    assert rows["matmul"]["flops_per_second"] > 0  # an MLP: every FLOP is a matmul's
+    assert {o["kind"] for o in table["top_ops"]} <= {*rows, None}
+
+
+def test_the_cli_profiles_end_to_end(tiny_data_dir, tmp_path, capsys):
+    out = tmp_path / "p"
+    argv = ["profile", "--dataset", "tiny", "--data-dir", str(tiny_data_dir), "--batch-size"]
+    argv += ["32", "--profile-steps", "3", "--peak-size", "128", "--no-compile-cache"]
+    assert cli.main([*argv, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "matrix multiplies" in printed and "host overhead" in printed
+    assert "tensorboard --logdir" in printed and "ui.perfetto.dev" in printed
+    assert json.loads((out / "profile.json").read_text())["steps"] == 3
+
+
+@pytest.mark.parametrize("value", ["0", "-2"])
+@pytest.mark.parametrize("command", ["profile", "train", "bench"])
+def test_a_bad_step_count_is_one_line_and_exit_2(command, value, tmp_path, capsys):
+    out = tmp_path / "never"
+    where = ["--run-dir" if command == "train" else "--out", str(out)]
+    assert cli.main([command, "--profile-steps", value, *where]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"jaxmnist {command}: error: --profile-steps must be at least 1, got {value}"]
+    assert not out.exists()
+
+
+def test_train_profile_steps_puts_the_table_in_the_report(train_argv, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert cli.main([*train_argv(run, "--epochs", "1", "--profile-steps", "2")]) == 0
+    assert "where a step's time goes" in capsys.readouterr().out
+    assert json.loads((run / "profile.json").read_text())["steps"] == 2
+    assert list(run.glob("plugins/profile/*/*.xplane.pb"))
+    page = (run / "report.html").read_text()
+    assert "<h2>Where a step&#x27;s time goes</h2>" in page and "matrix multiplies" in page
+
+
+def test_bench_profile_steps_puts_the_table_in_bench_html(tmp_path):
+    out = tmp_path / "b"
+    argv = ["bench", "--quick", "--synthetic", "--no-compile-cache", "--modes", "scan-epoch"]
+    argv += ["--dtypes", "float32", "--batch-sizes", "32", "--batch-size", "32"]
+    assert cli.main([*argv, "--profile-steps", "2", "--out", str(out)]) == 0
+    assert json.loads((out / "bench.json").read_text())["profile"]["steps"] == 2
+    assert "time goes" in (out / "bench.html").read_text()
