@@ -45,7 +45,7 @@ def measure(preset: str, rounds: int, smoke: bool = False) -> dict:
         dataset = load_dataset(cfg.data.dataset, cfg.data.data_dir, download=False)
     run = setup_run(cfg, seed_members(cfg), dataset)
     pop, S = run.population, run.plan.steps_per_epoch
-    pop.compile(run.states, S, run.train_data, {})
+    pop.compile(S, run.train_data, {})
     states, pacer = run.states, Pacer()
     times: dict = {"one call": [], "paced": []}
     calls = []

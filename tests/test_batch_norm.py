@@ -123,17 +123,3 @@ def test_the_written_out_gradient_equals_autodiff_of_the_formula():
     auto = jax.grad(loss(formula), argnums=(0, 1, 2))(x, scale, shift)
     for a, b in zip(ours, auto, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
-
-
-def test_the_memory_estimate_counts_the_training_pass_of_batch_norm():
-    from jaxmnist.training import memory
-
-    def per_example(batch_norm):
-        cfg = config_lib.apply_overrides(
-            config_lib.get_preset("speedrun"), {"model.batch_norm": str(batch_norm).lower()}
-        )
-        shapes = jax.eval_shape(lambda: cnn.init(jax.random.key(0), cfg.model))
-        return memory.activation_bytes_per_example(cfg, shapes, (28, 28), 10)[0]
-
-    # Batch norm keeps the float32 normalised maps of both blocks besides the conv outputs.
-    assert per_example(True) > 1.3 * per_example(False)

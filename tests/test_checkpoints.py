@@ -18,7 +18,6 @@ import sys
 import time
 from pathlib import Path
 
-import jax
 import numpy as np
 import pytest
 
@@ -30,11 +29,10 @@ from jaxmnist.runs import checkpoint, rundir
 from jaxmnist.runs.checkpoint import CheckpointOptions
 from jaxmnist.runs.reader import read_config
 from jaxmnist.runs.resume import Resumer
-from jaxmnist.training import memory
+from jaxmnist.training import memory, parallel, population
 from jaxmnist.training.hooks import Callback
 from jaxmnist.training.preemption import Stopped, StopRequest
 from jaxmnist.training.run import train_and_evaluate
-from jaxmnist.training.step import init_state
 
 RUNNER = Path(__file__).parent / "run_tiny_cli.py"
 EPOCHS = "6"
@@ -561,7 +559,9 @@ class SignalAt(Callback):
             self.stop.signum = signal.SIGTERM
 
 
-def test_members_in_memory_chunks_resume_bit_for_bit_or_regrouped(tiny_dataset, tmp_path):
+def test_members_in_memory_chunks_resume_bit_for_bit_or_regrouped(
+    tiny_dataset, tmp_path, monkeypatch
+):
     """Checkpoints hold the members concatenated, whatever chunks trained them: resumed in
     the same chunks the result is identical; in one chunk, equal to float tolerance.
     The stop comes inside epoch 2 (calls end every 7 steps: the signal at step 21 is
@@ -571,13 +571,20 @@ def test_members_in_memory_chunks_resume_bit_for_bit_or_regrouped(tiny_dataset, 
         base, compile_cache=False, train=dataclasses.replace(base.train, batch_size=32, epochs=4)
     )
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seeds=4))
-    shapes = jax.eval_shape(
-        lambda k: init_state(k, cfg, optim.make_optimizer(cfg.optimizer, 80), (28, 28), 10),
-        jax.random.key(0),
+    pop = population.Population(
+        cfg, optim.make_optimizer(cfg.optimizer, 80), population.seed_members(cfg), (4,),
+        (28, 28), 10, 4, parallel.build_layout(1),
+    )  # fmt: skip
+    est = memory.estimate_for(cfg, pop, 20, tiny_dataset, (4, 1))
+    budget = est.total(4, 2) + est.transient_per_model // 2  # 2 at a time
+    # In bytes (a tiny model's working memory is less than memory_budget_mb's unit), for a
+    # config that sets memory_budget_mb; none when it is unset.
+    monkeypatch.setattr(
+        memory,
+        "device_budget",
+        lambda c: (budget, "the test's") if c.memory_budget_mb else (None, "unknown"),
     )
-    est = memory.estimate_memory(cfg, shapes, (28, 28), 10, 640, 150 + 640)
-    budget = int((est.total(4, 2) + est.transient_per_model // 2) / memory.MB) + 1  # 2 at a time
-    chunked = dataclasses.replace(cfg, memory_budget_mb=budget)
+    chunked = dataclasses.replace(cfg, memory_budget_mb=1)
     stopped, alone = tmp_path / "stopped", tmp_path / "alone"
     stop = StopRequest()
     with pytest.raises(Stopped, match="stopped at step 28;"):

@@ -10,7 +10,7 @@ import pytest
 from jaxmnist import config as config_lib
 from jaxmnist.cli import main
 from jaxmnist.errors import ConfigError
-from jaxmnist.training import memory, population
+from jaxmnist.training import memory, parallel, population
 from jaxmnist.training.hooks import Callback
 from jaxmnist.training.loop import train_population
 
@@ -76,13 +76,14 @@ class CountingReporter(Callback):
         self.seen.append((end.step, end.epoch_step))
 
 
-def test_memory_chunks_give_the_same_result(tiny_dataset, four_seeds, paced_by_steps):
+def test_memory_chunks_give_the_same_result(tiny_dataset, four_seeds, paced_by_steps, monkeypatch):
     cfg = four_seeds.population.cfg
-    est = memory.estimate_memory(cfg, four_seeds.population.state_shapes(), (28, 28), 10, 640, 150)
-    budget_mb = (
-        int((est.total(4, 2) + est.transient_per_model // 2) / memory.MB) + 1
-    )  # room for 2 at a time
-    chunked_cfg = dataclasses.replace(cfg, memory_budget_mb=budget_mb)
+    steps = config_lib.plan_steps(cfg.train, 640).steps_per_epoch
+    est = memory.estimate_for(cfg, four_seeds.population, steps, tiny_dataset, (4, 1))
+    budget = est.total(4, 2) + est.transient_per_model // 2  # room for 2 at a time
+    # In bytes: a tiny model's working memory is less than memory_budget_mb's unit.
+    monkeypatch.setattr(memory, "device_budget", lambda cfg: (budget, "the test's budget"))
+    chunked_cfg = cfg
     reporter = CountingReporter()
     chunked = train_population(
         chunked_cfg, population.seed_members(chunked_cfg), tiny_dataset, reporter
@@ -232,21 +233,33 @@ def test_not_even_one_of_many_models_fits():
 
 
 def test_memory_estimate_counts_what_the_model_computes():
-    """The activation estimate comes from the traced model, so a CNN's im2col buffers
-    (k² times the activation they are cut from) are counted, not an MLP's widths."""
-    from jaxmnist import optim
-    from jaxmnist.training.step import init_state
+    """The estimate comes from the compiled programs, so a CNN's im2col buffers (k² times
+    the activation they are cut from) count for more than an MLP's widths."""
+    from types import SimpleNamespace
 
-    def kept(preset, **model):
+    from jaxmnist import optim
+
+    zeros = np.zeros((), np.uint8)
+    data = SimpleNamespace(
+        train_images=np.broadcast_to(zeros, (640, 28, 28)),
+        train_labels=np.broadcast_to(zeros, (640,)),
+        test_images=np.broadcast_to(zeros, (150, 28, 28)),
+        test_labels=np.broadcast_to(zeros, (150,)),
+    )
+
+    def transient(preset, **model):
         cfg = config_lib.get_preset(preset)
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **model))
         opt = optim.make_optimizer(cfg.optimizer, 10)
-        shapes = jax.eval_shape(lambda k: init_state(k, cfg, opt, (28, 28), 10), jax.random.key(0))
-        return memory.activation_bytes_per_example(cfg, shapes.params, (28, 28), 10)[0]
+        pop = population.Population(
+            cfg, opt, population.seed_members(cfg), (1,), (28, 28), 10, 1,
+            parallel.build_layout(1),
+        )  # fmt: skip
+        return memory.estimate_for(cfg, pop, 2, data, (1,)).transient_per_model
 
-    assert kept("tpu101") >= (784 + 256 + 10) * 4
-    im2col = (28 * 28 * 1 * 9 + 14 * 14 * 16 * 9) * 4  # the two convolutions' patch buffers
-    assert kept("cnn", conv_impl="im2col") >= im2col
+    im2col = 256 * (28 * 28 * 1 * 9 + 14 * 14 * 16 * 9) * 4  # a batch's two patch buffers
+    assert transient("cnn", conv_impl="im2col") >= im2col
+    assert transient("cnn", conv_impl="im2col") > 2 * transient("tpu101")
 
 
 class EstimateWatch(Callback):

@@ -1,23 +1,32 @@
-"""Device memory for many models: an estimate, the budget, and chunks that fit.
+"""Device memory for many models: an estimate from the compiled programs, the budget,
+and chunks that fit.
 
-Training N models in one vmapped program multiplies everything per model by N.
-Before anything is compiled, `estimate_memory` adds up what the run needs from
-the shapes alone (`jax.eval_shape`, nothing allocated):
+Training N models in one vmapped program multiplies everything per model by N. Before
+any data or state is placed, `chunks_for` compiles a chunk's programs from shapes alone
+(`Population.chunk_programs`: `jax.ShapeDtypeStruct`s, nothing allocated; the run then
+uses these very programs) and reads what XLA says they need (`memory_analysis()`), per
+device:
 
-    shared      the training set (uint8) and the padded evaluation sets, once
-    resident    per model, kept for the whole run: parameters and optimizer state,
-                and the epoch's plan (batch indices) and accumulators
-    transient   per model in the program that is running: gradients and updates,
-                the permutation's sort buffers, one step's
-                activations (kept for the backward pass), one evaluation batch's
-                activations; times a safety factor for XLA's temporaries
+    shared      the training set and the padded evaluation sets, as they are placed
+                (replicated, or split over the `data` axis), and the generated code
+    resident    per model, for the whole run: its state and the epoch's accumulators
+                (the `steps` program's output), the epoch's plan (the `plan` program's)
+                and its keys
+    transient   the program that is running: XLA's temporaries, plus whatever it outputs
+                beyond what it writes over its donated inputs; the largest over the
+                chunk's programs (the chunks run one after another)
 
-`plan_chunks` then splits the models into the fewest equal chunks whose
-transient memory fits beside everything resident: the chunks run one after
-another inside each epoch. If even one model at a time does not fit, it fails
-with one line saying what would, before any work starts. The budget is the
-device's free memory (`memory_stats`), the host's available memory on CPU
-(where XLA allocates from the process heap), or `memory_budget_mb` when set.
+The whole population is compiled first: when it fits, that is the plan, and its programs
+are the run's (nothing compiles twice). When it does not, one model per device is
+compiled too, and a chunk's transient memory is taken as affine in its size between
+these two: every buffer of a vmapped program carries the member axis, so it grows in
+proportion to the chunk, and what does not is a constant; both ends are the compiler's
+own figures, so only the chunk sizes in between are interpolated. `plan_chunks` then
+splits the models into the fewest equal chunks whose transient memory fits beside
+everything resident; if even one model at a time does not fit, it fails with one line
+saying what would, before anything is placed. The budget is the device's free memory
+(`memory_stats`), the host's available memory on CPU (where XLA allocates from the
+process heap), or `memory_budget_mb` when set.
 """
 
 from __future__ import annotations
@@ -26,96 +35,139 @@ import math
 from typing import NamedTuple
 
 import jax
-import jax.extend
 import numpy as np
 
 from jaxmnist.errors import ConfigError
-from jaxmnist.models import get_model
+from jaxmnist.training.evaluate import EvalData, train_eval_facts
+from jaxmnist.training.step import TrainData
 
 MB = 2**20
-TRANSIENT_SAFETY = 2.0  # XLA temporaries, fusion buffers, allocator slack (a bound)
-# Headroom: the estimate is of the run's arrays, not of the allocator's slack, the
-# compiler's own buffers or (on CPU) the rest of the process, so a run is planned
-# into only part of what is free.
+# Headroom: the estimate is of the run's arrays and programs, not of the allocator's
+# slack, the compiler's own buffers or (on CPU) the rest of the process, so a run is
+# planned into only part of what is free.
 HOST_FRACTION = 0.7  # of the host's available memory, on CPU
 DEVICE_FRACTION = 0.85  # of an accelerator's free memory
+# XLA:CPU allocates from the process heap, and the process holds more than the compiled
+# programs' buffers: the host copies the data is staged through, the kernels' own working
+# memory (oneDNN's, Eigen's), freed blocks the allocator keeps, per thread, for reuse.
+# What the programs need is scaled by this on CPU (benchmarks/memory_estimate.py measures
+# it against the peak resident set): the smallest factor that keeps every measured case
+# above -10% (an under-estimate is an out-of-memory crash; an over-estimate only splits
+# a population sooner). An accelerator's allocator holds what XLA plans.
+CPU_RUNTIME_FACTOR = 2.2
+# Programs whose output is the resident state, plan or accumulators (counted as such).
+_KEPT_OUTPUTS = ("init", "plan", "metrics")
 
 
 class MemoryEstimate(NamedTuple):
+    """Bytes on one device: `total(n, chunk)` for n models trained `chunk` at a time."""
+
     shared_bytes: int
     resident_per_model: int
     transient_per_model: int
+    transient_fixed: int = 0  # the part of the running program's memory no model adds
 
     def total(self, num_models: int, chunk: int) -> int:
         return (
             self.shared_bytes
             + num_models * self.resident_per_model
+            + self.transient_fixed
             + chunk * self.transient_per_model
         )
 
 
-def _tree_bytes(tree) -> int:
-    return int(sum(np.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree)))
+class ChunkMemory(NamedTuple):
+    """What the compiled programs of one chunk need on one device (bytes)."""
+
+    models: int  # the chunk's models on each device
+    resident: int  # their states, plans, accumulators and keys
+    transient: int  # the largest program's working memory
+    code: int  # the generated code of all the chunk's programs
 
 
-def activation_bytes_per_example(
-    cfg, params_shapes, input_shape, num_classes: int
-) -> tuple[int, int]:
-    """(all, largest): bytes of every intermediate value of one example's training
-    forward pass (`train=True`), and of the largest one, read from the model's traced
-    program (nothing runs). Whatever the family, an im2col buffer (k² times its
-    activation), a wide hidden layer or batch norm's extra values are counted as what
-    they are. Training keeps about all of them for the backward pass (fusion keeps
-    fewer: an overestimate, which only makes chunks smaller); evaluation keeps a few at
-    a time.
+def chunk_memory(programs: dict, models: int, num_epochs: int = 1) -> ChunkMemory:
+    """Reads `memory_analysis()` of a chunk's compiled programs (`Population.chunk_programs`:
+    name -> `jax.stages.Compiled`) for `models` models per device."""
+    stats = {name: p.memory_analysis() for name, p in programs.items()}
 
-    cfg: Config; params_shapes: the model's parameters as shapes."""
-    apply = get_model(cfg.model.name).apply
-    batch = 2  # not 1: a size-1 batch axis may be squeezed away in the trace
-    x = jax.ShapeDtypeStruct((batch, *input_shape), np.float32)
-    key = jax.random.key(0)  # the training pass: dropout masks and batch statistics count
+    def working(name, s) -> int:
+        new_outputs = s.output_size_in_bytes - s.alias_size_in_bytes  # donated ones reused
+        return s.temp_size_in_bytes + (0 if name in _KEPT_OUTPUTS else max(new_outputs, 0))
 
-    def forward(p, x):
-        return apply(p, x, cfg.model, key=key, train=True)
-
-    closed = jax.make_jaxpr(forward)(params_shapes, x)
-    sizes = [
-        int(np.prod(v.aval.shape)) * np.dtype(v.aval.dtype).itemsize
-        for eqn in _all_eqns(closed.jaxpr)
-        for v in eqn.outvars
-        if getattr(v.aval, "shape", ()) and v.aval.shape[0] == batch
-    ] or [batch]
-    return max(sum(sizes) // batch, 1), max(max(sizes) // batch, 1)
-
-
-def _all_eqns(jaxpr):
-    for eqn in jaxpr.eqns:
-        yield eqn
-        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-            yield from _all_eqns(sub)
+    plan = stats["plan"]
+    resident = (
+        stats["steps"].output_size_in_bytes  # the states and accumulators it steps
+        + plan.output_size_in_bytes
+        + plan.argument_size_in_bytes * (num_epochs + 1)  # every epoch's key, the init key
+    )
+    return ChunkMemory(
+        models,
+        resident,
+        max(working(n, s) for n, s in stats.items()),
+        sum(s.generated_code_size_in_bytes for s in stats.values()),
+    )
 
 
 def estimate_memory(
-    cfg, state_shapes, input_shape, num_classes: int, num_train: int, num_eval: int
+    shared_bytes: int,
+    measured: ChunkMemory,
+    other: ChunkMemory | None = None,
+    factor: float = 1.0,
 ) -> MemoryEstimate:
-    """cfg: Config; state_shapes: one model's TrainState as `jax.ShapeDtypeStruct`s
-    (from `jax.eval_shape`); input_shape: (H, W); num_eval: examples in all
-    evaluation sets together."""
-    t = cfg.train
-    input_dim = int(np.prod(input_shape))
-    params = _tree_bytes(state_shapes.params)
-    steps = max(num_train // t.batch_size, 1)
-    plan = num_train * 4 + steps * (4 + 8 + 4)  # indices; augmentation keys, step losses
-    resident = _tree_bytes(state_shapes) + plan
-    kept, largest = activation_bytes_per_example(cfg, state_shapes.params, input_shape, num_classes)
-    step_activations = 2 * t.batch_size * kept  # forward values kept, and their gradients
-    eval_activations = 3 * min(t.eval_batch_size, max(num_eval, 1)) * largest  # a few live
-    permutation = 3 * num_train * 4  # random bits, sort, indices (int32)
-    transient = 2 * params + permutation + max(step_activations, eval_activations)
-    shared = num_train * (input_dim + 4) + num_eval * (
-        input_dim + 5
-    )  # uint8 images, int32 labels, mask
-    return MemoryEstimate(shared, resident, int(transient * TRANSIENT_SAFETY))
+    """The estimate from one compiled chunk size (transient memory in proportion to the
+    chunk, exact at it) or two (affine between them, exact at both); every figure times
+    `factor` (`CPU_RUNTIME_FACTOR` on CPU)."""
+    points = [measured] if other is None else sorted([measured, other])
+    resident = max(p.resident / p.models for p in points)
+    shared = shared_bytes + max(p.code for p in points)
+    a, b = points[0], points[-1]
+    if a.models == b.models:
+        slope, fixed = b.transient / b.models, 0.0
+    else:
+        slope = (b.transient - a.transient) / (b.models - a.models)
+        fixed = a.transient - slope * a.models
+    return MemoryEstimate(*(math.ceil(x * factor) for x in (shared, resident, slope, fixed)))
+
+
+def _placed_bytes(tree) -> int:
+    """Bytes one device holds of `tree`'s ShapeDtypeStructs, as their shardings place them."""
+    return sum(
+        math.prod(x.sharding.shard_shape(x.shape)) * np.dtype(x.dtype).itemsize
+        for x in jax.tree.leaves(tree)
+    )
+
+
+def abstract_data(cfg, dataset, layout) -> tuple[TrainData, dict[str, EvalData]]:
+    """The training data and evaluation sets as the run will place them, as shapes with
+    their shardings: (TrainData, name -> EvalData), padded as `evaluate.pad_eval_data`
+    pads them."""
+
+    def like(shape, dtype, sharding):
+        return jax.ShapeDtypeStruct(tuple(shape), np.dtype(dtype), sharding=sharding)
+
+    # The validation split (data.validation) leaves the training set and is evaluated apart.
+    images = dataset.train_images[cfg.data.validation :]
+    train = TrainData(
+        like(images.shape, images.dtype, layout.replicated),
+        like((len(images),), np.int32, layout.replicated),
+    )
+    sets = {"test": dataset.test_images}
+    if cfg.train.eval_train:  # all of it, or a subset (whose first rows stand for its shape)
+        sets["train"] = images[: train_eval_facts(cfg.train, len(images))["train_eval_examples"]]
+    if cfg.data.validation:  # its shape alone: a broadcast allocates nothing
+        shape = (cfg.data.validation, *images.shape[1:])
+        sets["val"] = np.broadcast_to(np.zeros((), images.dtype), shape)
+    evals = {}
+    for name, x in sets.items():
+        n, multiple = len(x), layout.data
+        batch = -(-min(cfg.train.eval_batch_size, n) // multiple) * multiple
+        shape = (-(-n // batch), batch)
+        evals[name] = EvalData(
+            like((*shape, *x.shape[1:]), x.dtype, layout.eval_batches),
+            like(shape, np.int32, layout.eval_batches),
+            like(shape, np.bool_, layout.eval_batches),
+        )
+    return train, evals
 
 
 def _host_available_bytes() -> int | None:
@@ -154,55 +206,74 @@ def plan_chunks(
     """
     if budget is None:
         return (num_models,)
-    room = budget - est.shared_bytes - num_models * est.resident_per_model
+    room = budget - est.shared_bytes - num_models * est.resident_per_model - est.transient_fixed
     if room < est.transient_per_model:
         need = est.total(num_models, 1)
         most = max(
             0,
-            (budget - est.shared_bytes - est.transient_per_model) // max(est.resident_per_model, 1),
+            (budget - est.total(0, 1)) // max(est.resident_per_model, 1),
         )
         if num_models == 1 or most == 0:
             what = "this model needs" if num_models == 1 else "not even one model fits: one needs"
             need = est.total(1, 1)
             raise ConfigError(
                 f"{what} about {need / MB:,.0f} MB ({est.resident_per_model / MB:,.1f} MB of "
-                f"parameters and optimizer state, {est.shared_bytes / MB:,.0f} MB of data, the "
-                f"rest working memory) but {source} is {budget / MB:,.0f} MB; "
-                "use a smaller model or batch"
+                f"parameters, optimizer state and epoch plan, {est.shared_bytes / MB:,.0f} MB "
+                f"of data and code, the rest working memory) but {source} is "
+                f"{budget / MB:,.0f} MB; use a smaller model or batch"
             )
         raise ConfigError(
             f"{num_models} models need about {need / MB:,.0f} MB even one at a time "
             f"({est.resident_per_model / MB:.1f} MB each kept, "
-            f"{est.shared_bytes / MB:.0f} MB of data) but {source} is {budget / MB:,.0f} MB; "
-            f"train at most {most} seeds or points, or a smaller model"
+            f"{est.shared_bytes / MB:.0f} MB of data and code) but {source} is "
+            f"{budget / MB:,.0f} MB; train at most {most} seeds or points, or a smaller model"
         )
-    per_chunk = min(num_models, room // est.transient_per_model)
+    per_chunk = min(num_models, room // max(est.transient_per_model, 1))
     count = math.ceil(num_models / per_chunk)
     base, extra = divmod(num_models, count)
     return tuple(base + (i < extra) for i in range(count))
 
 
-def chunks_for(
-    cfg, state_shapes, dataset, num_models: int, members_axis: int = 1
-) -> tuple[tuple[int, ...], dict]:
-    """(chunk sizes, what to tell the user) for `num_models` of `cfg` on `dataset`.
+def estimate_for(cfg, pop, steps_per_epoch: int, dataset, sizes: tuple[int, ...]) -> MemoryEstimate:
+    """The estimate for the members of `pop` (a `Population`) trained on `dataset`, from
+    the compiled programs of chunks of one or two `sizes` (models over all devices,
+    multiples of the mesh's `members` axis), per device."""
+    per = pop.layout.members
+    train, evals = abstract_data(cfg, dataset, pop.layout)
+    num_epochs = len(pop.epoch_keys)
+    compiled = [pop.chunk_programs(size, steps_per_epoch, train, evals) for size in sizes]
+    measured = [
+        chunk_memory(programs, size // per, num_epochs)
+        for programs, size in zip(compiled, sizes, strict=True)
+    ]
+    cpu = pop.layout.mesh.devices.flat[0].platform == "cpu"
+    # On CPU the placed data are the host arrays themselves (aligned arrays are used in
+    # place, `data.formats.aligned`, `evaluate.pad_eval_data`), already in memory when the
+    # budget is read: only what the programs add counts there.
+    shared = 0 if cpu else _placed_bytes((train, evals))
+    return estimate_memory(shared, *measured, factor=CPU_RUNTIME_FACTOR if cpu else 1.0)
 
-    The models are spread over a mesh axis of `members_axis` devices, so each
-    device holds `num_models / members_axis` of them and chunks are whole
-    multiples of `members_axis`. Every run is estimated, one model too: a model
-    that cannot fit is refused here, before anything is allocated.
+
+def chunks_for(cfg, pop, steps_per_epoch: int, dataset) -> tuple[tuple[int, ...], dict]:
+    """(chunk sizes, what to tell the user) for the members of `pop` (a `Population`)
+    trained on `dataset` in epochs of `steps_per_epoch` steps.
+
+    The models are spread over the mesh's `members` axis, so each device holds
+    `len(pop) / members` of them and chunks are whole multiples of `members`. Every
+    run is estimated, one model too: a model that cannot fit is refused here, before
+    anything is placed. The programs compiled for the estimate stay in `pop`.
     """
-    n_train = len(dataset.train_labels)
-    num_eval = len(dataset.test_labels) + (n_train if cfg.train.eval_train else 0)
-    classes = len(dataset.spec.class_names)
-    input_shape = tuple(dataset.train_images.shape[1:])
-    est = estimate_memory(cfg, state_shapes, input_shape, classes, n_train, num_eval)
+    per = pop.layout.members
+    n = len(pop) // per
+    est = estimate_for(cfg, pop, steps_per_epoch, dataset, (len(pop),))
     budget, source = device_budget(cfg)
-    per_device = plan_chunks(num_models // members_axis, est, budget, source)
-    chunks = tuple(c * members_axis for c in per_device)
+    if budget is not None and n > 1 and est.total(n, n) > budget:  # one per device too
+        est = estimate_for(cfg, pop, steps_per_epoch, dataset, (len(pop), per))
+    per_device = plan_chunks(n, est, budget, source)
+    chunks = tuple(c * per for c in per_device)
     return chunks, {
         "chunks": list(chunks),
-        "memory_estimate_mb": round(est.total(num_models // members_axis, max(per_device)) / MB, 1),
+        "memory_estimate_mb": round(est.total(n, max(per_device)) / MB, 1),
         "memory_budget_mb": budget and round(budget / MB),
         "memory_budget_source": source,
     }

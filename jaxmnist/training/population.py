@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import time
 from typing import NamedTuple
 
 import jax
@@ -116,6 +117,9 @@ class Population:
         self.steps_fns: dict = {}  # chunk size -> compiled train_steps
         self.rate_fns: dict = {}  # chunk size -> compiled learning rates
         self.eval_fns: dict = {}  # (chunk size, set name) -> compiled evaluation
+        self.ensemble_fns: dict = {}  # chunk size, and "finish" -> the ensemble's (test set)
+        self.programs: dict = {}  # chunk size -> its compiled programs (`chunk_programs`)
+        self.compile_seconds = 0.0  # spent in `chunk_programs`, for the estimate or the run
 
     def __len__(self) -> int:
         return len(self.members)
@@ -169,56 +173,98 @@ class Population:
                 )
                 for h in HYPERPARAMS
             }
-            init = jax.jit(self._init_fn(size), out_shardings=by_member)
+            compiled = self.programs.get(size, {}).get("init")  # from `chunk_programs`
+            init = compiled or jax.jit(self._init_fn(size), out_shardings=by_member)
             states.append(init(keys, hyper))
         return states
 
-    def compile(self, states, steps_per_epoch: int, train_data, eval_sets: dict):
-        """Compiles the epoch's programs and evaluation for every chunk size (and set)
-        ahead of time; `eval_sets` maps a name to its EvalData. Every epoch, a
-        shorter last one too, uses the plan of a full epoch of `steps_per_epoch`."""
+    def in_chunks(self, chunks) -> Population:
+        """The same members cut into `chunks`, keeping every program compiled so far."""
+        other = Population(
+            self.cfg, self.optimizer, self.members, chunks, self.input_shape,
+            self.num_classes, len(self.epoch_keys), self.layout,
+        )  # fmt: skip
+        other.programs, other.compile_seconds = self.programs, self.compile_seconds
+        return other
+
+    def chunk_programs(self, size: int, steps_per_epoch: int, train_data, eval_sets: dict) -> dict:
+        """The compiled programs of a chunk of `size` members: "plan", "metrics", "steps",
+        "rate" and "eval/NAME" for each of `eval_sets` (name -> EvalData). Lowered from
+        shapes alone (`train_data` and `eval_sets` may be `jax.ShapeDtypeStruct`s with their
+        shardings), so nothing is allocated: `memory` reads their sizes before anything is
+        placed, and `compile` then uses the same programs. Kept per size (a population
+        has one epoch length and one dataset)."""
+        if size in self.programs:
+            return self.programs[size]
+        start = time.perf_counter()
         lay, S = self.layout, steps_per_epoch
-        first = {}
-        for i, size in enumerate(self.chunks):
-            first.setdefault(size, i)
+        by_member = lay.by_member
+
+        def shapes(tree):
+            return jax.tree.map(
+                lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=by_member), tree
+            )
+
+        raw_keys = jax.ShapeDtypeStruct((size, 2), np.uint32, sharding=by_member)
+        hyper = {
+            h: jax.ShapeDtypeStruct((size,), np.float32, sharding=by_member) for h in HYPERPARAMS
+        }
+        init = jax.jit(self._init_fn(size), out_shardings=by_member)
+        states = shapes(init.eval_shape(raw_keys, hyper))
         plan = make_epoch_plan(self.cfg, train_data.images.shape[0], S)
+        planned = jax.jit(
+            self._lift(lambda raw_key: plan(_wrap(raw_key)), size, (0,)),
+            in_shardings=by_member,
+            out_shardings=by_member,
+        )
+        fresh = jax.jit(
+            lambda: jax.tree.map(lambda x: jnp.broadcast_to(x, (size, *x.shape)), empty_metrics(S)),
+            out_shardings=by_member,
+        )
         train_steps = make_train_steps(self.cfg, self.optimizer, shard_batch=lay.shard_batch)
-        bounds = lay.put(np.int32(0), lay.replicated)
-        for size, i in first.items():
-            planned = jax.jit(
-                self._lift(lambda raw_key: plan(_wrap(raw_key)), size, (0,)),
-                in_shardings=lay.by_member,
-                out_shardings=lay.by_member,
-            )
-            self.plan_fns[size] = planned.lower(self.epoch_keys[0][i]).compile()
-            fresh = jax.jit(
-                lambda size=size: jax.tree.map(
-                    lambda x: jnp.broadcast_to(x, (size, *x.shape)), empty_metrics(S)
-                ),
-                out_shardings=lay.by_member,
-            )
-            self.metrics_fns[size] = fresh.lower().compile()
-            stepped = jax.jit(
-                self._lift(train_steps, size, (0, 0, 0, None, None, None)),
-                donate_argnums=(0, 1),
-                in_shardings=(lay.by_member,) * 3 + (lay.replicated,) * 3,
-                out_shardings=(lay.by_member, lay.by_member),
-            )
-            plan_shapes = planned.eval_shape(self.epoch_keys[0][i])
-            metric_shapes = fresh.eval_shape()
-            self.steps_fns[size] = stepped.lower(
-                states[i], metric_shapes, plan_shapes, train_data, bounds, bounds
-            ).compile()
-            self.rate_fns[size] = self._rate_fn().lower(states[i]).compile()
+        stepped = jax.jit(
+            self._lift(train_steps, size, (0, 0, 0, None, None, None)),
+            donate_argnums=(0, 1),
+            in_shardings=(by_member,) * 3 + (lay.replicated,) * 3,
+            out_shardings=(by_member, by_member),
+        )
+        bounds = jax.ShapeDtypeStruct((), np.int32, sharding=lay.replicated)
+        plan_shapes = shapes(planned.eval_shape(raw_keys))
+        metric_shapes = shapes(fresh.eval_shape())
+        programs = {
+            "init": init.lower(raw_keys, hyper).compile(),
+            "plan": planned.lower(raw_keys).compile(),
+            "metrics": fresh.lower().compile(),
+            "steps": stepped.lower(
+                states, metric_shapes, plan_shapes, train_data, bounds, bounds
+            ).compile(),
+            "rate": self._rate_fn().lower(states).compile(),
+        }
         evaluate = evaluate_lib.make_evaluate(self.cfg.model, self.num_classes)
         for name, data in eval_sets.items():
-            for size, i in first.items():
-                fn = jax.jit(
-                    self._lift(evaluate, size, (0, None)),
-                    in_shardings=(lay.by_member, lay.eval_batches),
-                    out_shardings=lay.replicated,
-                )
-                self.eval_fns[size, name] = fn.lower(states[i].params, data.arrays).compile()
+            fn = jax.jit(
+                self._lift(evaluate, size, (0, None)),
+                in_shardings=(by_member, lay.eval_batches),
+                out_shardings=lay.replicated,
+            )
+            programs[f"eval/{name}"] = fn.lower(states.params, data).compile()
+        self.programs[size] = programs
+        self.compile_seconds += time.perf_counter() - start
+        return programs
+
+    def compile(self, steps_per_epoch: int, train_data, eval_sets: dict):
+        """Compiles (or takes from `chunk_programs`) the epoch's programs and evaluation for
+        every chunk size ahead of time; `eval_sets` maps a name to its PlacedEval. Every
+        epoch, a shorter last one too, uses the plan of a full epoch of `steps_per_epoch`."""
+        arrays = {name: data.arrays for name, data in eval_sets.items()}
+        for size in dict.fromkeys(self.chunks):
+            programs = self.chunk_programs(size, steps_per_epoch, train_data, arrays)
+            self.plan_fns[size] = programs["plan"]
+            self.metrics_fns[size] = programs["metrics"]
+            self.steps_fns[size] = programs["steps"]
+            self.rate_fns[size] = programs["rate"]
+            for name in eval_sets:
+                self.eval_fns[size, name] = programs[f"eval/{name}"]
 
     def plan_epoch(self, epoch_index: int) -> list[EpochPlan]:
         """Every chunk's plan for epoch `epoch_index` (0-based), drawn on the devices."""
@@ -292,3 +338,56 @@ class Population:
     def member_params(self, states, index: int):
         """Member `index`'s parameters on the host, unstacked."""
         return jax.tree.map(lambda x: x[index], self.params(states))
+
+    def compile_ensemble(self, data: evaluate_lib.PlacedEval) -> None:
+        """Compiles the ensemble's evaluation on `data` ahead of time (see
+        `evaluate_ensemble`): one program per chunk size, and the one that adds the chunks."""
+        start = time.perf_counter()
+        lay = self.layout
+        log_sums = jax.jit(
+            evaluate_lib.make_ensemble_log_sums(self.cfg.model),
+            in_shardings=(lay.by_member, lay.eval_batches),
+            out_shardings=lay.eval_batches,
+        )
+        one = self.state_shapes().params
+        fns, parts = {}, {}
+        for size in dict.fromkeys(self.chunks):
+            params = jax.tree.map(
+                lambda x, n=size: jax.ShapeDtypeStruct(
+                    (n, *x.shape), x.dtype, sharding=lay.by_member
+                ),
+                one,
+            )
+            fns[size] = log_sums.lower(params, data.arrays).compile()
+            out = log_sums.eval_shape(params, data.arrays)
+            parts[size] = jax.ShapeDtypeStruct(out.shape, out.dtype, sharding=lay.eval_batches)
+        members, classes = len(self.members), self.num_classes
+
+        def finish(chunk_sums, arrays):
+            total = chunk_sums[0]
+            for more in chunk_sums[1:]:  # probabilities add: their logs add as logaddexp
+                total = jnp.logaddexp(total, more)
+            return evaluate_lib.ensemble_sums(total, members, arrays, classes)
+
+        chunk_sums = [parts[size] for size in self.chunks]
+        done = jax.jit(finish, out_shardings=lay.replicated)
+        fns["finish"] = done.lower(chunk_sums, data.arrays).compile()
+        self.ensemble_fns = fns
+        self.compile_seconds += time.perf_counter() - start
+
+    def evaluate_ensemble(self, states, data: evaluate_lib.PlacedEval) -> evaluate_lib.EvalResult:
+        """The ensemble of every member, its chunks together (the mean of their softmax
+        probabilities), evaluated exactly on `data` (compiled by `compile_ensemble`): each
+        chunk sums its members' probabilities (as logs, on the devices), then one program
+        adds the chunks and makes the ensemble's figures."""
+        fns = self.ensemble_fns
+        chunk_sums = [
+            fns[size](s.params, data.arrays) for size, s in zip(self.chunks, states, strict=True)
+        ]
+        sums = jax.device_get(fns["finish"](chunk_sums, data.arrays))
+        return evaluate_lib.EvalResult(
+            float(sums.loss_sum) / data.count,
+            int(sums.correct) / data.count,
+            data.count,
+            np.asarray(sums.confusion, np.int64),
+        )

@@ -1,0 +1,179 @@
+"""The memory estimate that plans a population's chunks, against the memory it really used.
+
+For each case (a preset, with and without batch norm where the model has it, 1 and 8
+seeds) a fresh process trains a few steps through `train_population` and an evaluation
+(the run's largest working memory is often the evaluation batch's). The estimate is
+`jaxmnist.training.memory`'s figure for the chunk it planned: the data, states, plans
+and the largest program's working memory, read from the compiled programs before
+anything is placed. The measured figure is what the process added from just after that
+estimate (the programs compiled, nothing placed yet) to its peak: on an accelerator
+`memory_stats()`'s peak bytes in use, on CPU the peak resident set (VmHWM, reset there
+through /proc/self/clear_refs) minus the resident set then, after `malloc_trim` has
+handed the compiler's freed memory back (else the run would reuse it unseen). So both
+are of the same thing: what the data, the models and the running programs hold. The
+goal: every estimate within +30% / -10% of the measured peak (below it is an
+out-of-memory crash, above it only smaller chunks).
+
+Needs MNIST where JAXMNIST_DATA_DIR (or the cache) has it, except with --smoke.
+
+Usage: JAXMNIST_DATA_DIR=../shared/datasets python benchmarks/memory_estimate.py
+    [--steps 5] [--presets tpu101,codelab,cnn,speedrun] [--seeds 1,8] [--smoke]
+Prints a table and writes JSON (`--out`, default benchmarks/results/memory_estimate.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from benchlib.results import SMOKE_HELP, default_out, save_benchmark
+
+HIGH, LOW = 1.30, 0.90  # the goal: estimate / measured within these
+WITH_BATCH_NORM = ("cnn", "speedrun")  # the presets whose model has `model.batch_norm`
+
+
+def _status_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def _device_stats() -> dict | None:
+    import jax
+
+    stats = jax.local_devices()[0].memory_stats()
+    return stats if stats and "peak_bytes_in_use" in stats else None
+
+
+def measure_case(preset: str, batch_norm: bool | None, seeds: int, steps: int, smoke: bool):
+    """Runs one case in this process (a fresh one: the peak is the process's); returns
+    the estimate and the measured peak in bytes."""
+    from jaxmnist import config as config_lib
+    from jaxmnist import hostmem
+    from jaxmnist.training import loop, memory
+    from jaxmnist.training.population import seed_members
+
+    hostmem.keep_freed_memory()  # as the CLI does
+    overrides = {
+        "train.seeds": seeds,
+        "train.steps": steps,
+        "train.target_accuracy": "none",
+        "compile_cache": "false",
+    }
+    if batch_norm is not None:
+        overrides["model.batch_norm"] = str(batch_norm).lower()
+    cfg = config_lib.get_preset(preset)
+    if smoke:
+        from jaxmnist.bench.run import synthetic_dataset
+
+        overrides |= {"train.batch_size": 16, "train.eval_batch_size": 32}
+        cfg = config_lib.apply_overrides(cfg, overrides)
+        dataset = synthetic_dataset(cfg.data.dataset, train_size=64, test_size=32)
+    else:
+        from jaxmnist.data import load_dataset
+
+        cfg = config_lib.apply_overrides(cfg, overrides)
+        dataset = load_dataset(cfg.data.dataset, cfg.data.data_dir, download=False)
+    seen: dict = {}
+    planned = memory.chunks_for
+
+    def chunks_for(*args):
+        start = time.perf_counter()
+        chunks, about = planned(*args)
+        seen.update(about, estimate_seconds=time.perf_counter() - start)
+        gc.collect()
+        ctypes.CDLL("libc.so.6").malloc_trim(0)  # the compiler's freed memory, back to the OS
+        Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS from here on
+        seen["rss_kb"] = _status_kb("VmRSS")
+        stats = _device_stats()
+        seen["device_in_use"] = stats and stats["bytes_in_use"]
+        return chunks, about
+
+    memory.chunks_for = chunks_for
+    try:
+        result = loop.train_population(cfg, seed_members(cfg), dataset)
+    finally:
+        memory.chunks_for = planned
+    stats = _device_stats()
+    if stats:
+        measured, how = stats["peak_bytes_in_use"] - seen["device_in_use"], "peak_bytes_in_use"
+    else:
+        measured, how = (_status_kb("VmHWM") - seen["rss_kb"]) * 1024, "peak RSS"
+    return {
+        "preset": preset,
+        "batch_norm": batch_norm,
+        "seeds": seeds,
+        "chunks": seen["chunks"],
+        "estimate_mb": seen["memory_estimate_mb"],
+        "measured_mb": round(measured / 2**20, 1),
+        "measured_as": how,
+        "estimate_seconds": round(seen["estimate_seconds"], 2),
+        "compile_seconds": round(result.compile_seconds, 2),
+    }
+
+
+def run_case(preset, batch_norm, seeds, steps, smoke) -> dict:
+    """`measure_case` in a fresh Python process."""
+    cmd = [
+        sys.executable, __file__, "--one", preset, str(batch_norm), str(seeds),
+        "--steps", str(steps), *(["--smoke"] if smoke else []),
+    ]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed: {done.stderr[-800:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--presets", default="tpu101,codelab,cnn,speedrun")
+    p.add_argument("--seeds", default="1,8", help="population sizes, comma-separated")
+    p.add_argument("--steps", type=int, default=5, help="training steps per case")
+    p.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    p.add_argument("--out", type=Path)
+    one = ("PRESET", "BATCH_NORM", "SEEDS")
+    p.add_argument("--one", nargs=3, metavar=one, help=argparse.SUPPRESS)  # a case, in this process
+    args = p.parse_args(argv)
+    if args.one:
+        preset, bn, seeds = args.one
+        batch_norm = None if bn == "None" else bn == "True"
+        print(json.dumps(measure_case(preset, batch_norm, int(seeds), args.steps, args.smoke)))
+        return
+    presets, counts = args.presets.split(","), [int(s) for s in args.seeds.split(",")]
+    if args.smoke:
+        presets, counts, args.steps = ["speedrun"], [1, 2], 2
+    out = args.out or default_out("memory_estimate.json", args.smoke)
+    load_before = os.getloadavg()
+    cases = []
+    print(f"{'preset':10s} {'bn':>5s} {'seeds':>5s} {'chunks':>8s} {'estimate':>10s} "
+          f"{'measured':>10s} {'ratio':>6s}")  # fmt: skip
+    for preset in presets:
+        for bn in (False, True) if preset in WITH_BATCH_NORM else (None,):
+            for seeds in counts:
+                c = run_case(preset, bn, seeds, args.steps, args.smoke)
+                c["ratio"] = round(c["estimate_mb"] / max(c["measured_mb"], 1e-9), 3)
+                c["within_goal"] = LOW <= c["ratio"] <= HIGH
+                cases.append(c)
+                print(
+                    f"{preset:10s} {'-' if bn is None else str(bn).lower():>5s} {seeds:5d} "
+                    f"{','.join(map(str, c['chunks'])):>8s} {c['estimate_mb']:8.0f}MB "
+                    f"{c['measured_mb']:8.0f}MB {c['ratio']:6.2f}"
+                    + ("" if c["within_goal"] else "  outside +30%/-10%")
+                )
+    ratios = [c["ratio"] for c in cases]
+    print(f"ratio estimate/measured: {min(ratios):.2f} .. {max(ratios):.2f}")
+    figures = {"steps": args.steps, "goal": {"low": LOW, "high": HIGH}, "cases": cases}
+    print(save_benchmark(out, figures, load_before))
+
+
+if __name__ == "__main__":
+    main()

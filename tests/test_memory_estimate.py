@@ -1,0 +1,177 @@
+"""The memory estimate reads the compiled programs, plans chunks from them, and the run
+uses the programs it compiled (nothing compiles twice)."""
+
+import dataclasses
+from types import SimpleNamespace
+
+import jax
+import numpy as np
+import pytest
+
+from jaxmnist import config as config_lib
+from jaxmnist import optim
+from jaxmnist.errors import ConfigError
+from jaxmnist.training import memory, parallel, population
+from jaxmnist.training.loop import train_population
+
+MB = memory.MB
+
+
+def make_pop(cfg, n_train: int, seeds: int):
+    cfg = config_lib.apply_overrides(cfg, {"train.seeds": seeds})
+    plan = config_lib.plan_steps(cfg.train, n_train)
+    pop = population.Population(
+        cfg, optim.make_optimizer(cfg.optimizer, plan.total_steps),
+        population.seed_members(cfg), (seeds,), (28, 28), 10, len(plan.epoch_steps),
+        parallel.build_layout(1),
+    )  # fmt: skip
+    return cfg, pop, plan.steps_per_epoch
+
+
+def shapes_only(n_train: int, n_test: int):
+    """A dataset's arrays as the estimate reads them (shapes, dtypes), nothing allocated."""
+    zeros = np.zeros((), np.uint8)
+    return SimpleNamespace(
+        train_images=np.broadcast_to(zeros, (n_train, 28, 28)),
+        train_labels=np.broadcast_to(zeros, (n_train,)),
+        test_images=np.broadcast_to(zeros, (n_test, 28, 28)),
+        test_labels=np.broadcast_to(zeros, (n_test,)),
+    )
+
+
+def tiny_cfg(**train):
+    base = config_lib.get_preset("tpu101")
+    t = {"batch_size": 32, "epochs": 1, **train}
+    return dataclasses.replace(
+        base, compile_cache=False, train=dataclasses.replace(base.train, **t)
+    )
+
+
+def stats(temp=0, out=0, alias=0, arg=0, code=0):
+    return SimpleNamespace(
+        temp_size_in_bytes=temp, output_size_in_bytes=out, alias_size_in_bytes=alias,
+        argument_size_in_bytes=arg, generated_code_size_in_bytes=code,
+    )  # fmt: skip
+
+
+class Program:
+    def __init__(self, s):
+        self.s = s
+
+    def memory_analysis(self):
+        return self.s
+
+
+def test_chunk_memory_reads_every_program():
+    programs = {
+        "plan": Program(stats(temp=5, out=40, arg=8, code=1)),  # its output is the plan
+        "metrics": Program(stats(temp=1, out=3, code=1)),
+        "steps": Program(stats(temp=100, out=30, alias=30, arg=500, code=1)),  # donated
+        "rate": Program(stats(out=4, code=1)),
+        "eval/test": Program(stats(temp=120, out=7, arg=50, code=1)),
+    }
+    m = memory.chunk_memory({k: v for k, v in programs.items()}, models=2, num_epochs=3)
+    assert m == memory.ChunkMemory(2, 30 + 40 + 8 * 4, 127, 5)
+    programs["steps"].s.temp_size_in_bytes = 200  # the compiled program's temps decide
+    assert memory.chunk_memory(programs, 2, 3).transient == 200
+    programs["steps"].s.alias_size_in_bytes = 0  # outputs not written over donated inputs
+    assert memory.chunk_memory(programs, 2, 3).transient == 230
+
+
+def test_estimate_from_one_or_two_chunk_sizes():
+    one = memory.ChunkMemory(models=1, resident=10, transient=300, code=4)
+    eight = memory.ChunkMemory(models=8, resident=80, transient=1000, code=6)
+    alone = memory.estimate_memory(1000, eight)
+    assert alone.total(8, 8) == 1000 + 6 + 80 + 1000  # exact at the size compiled
+    both = memory.estimate_memory(1000, eight, one)
+    assert both.total(8, 8) == alone.total(8, 8) and both.total(8, 1) == 1006 + 80 + 300
+    assert both.total(8, 4) == 1006 + 80 + 300 + 3 * 100  # affine in between
+    doubled = memory.estimate_memory(1000, eight, one, factor=2.0)
+    assert doubled.total(8, 4) == 2 * both.total(8, 4)
+
+
+def test_the_estimate_is_the_compilers(monkeypatch):
+    """On a real compile: the estimate covers what XLA says the largest program needs,
+    and moves with it (memory_analysis is what it reads)."""
+    cfg, pop, steps = make_pop(tiny_cfg(), 640, seeds=2)
+    data = shapes_only(640, 150)
+    _, about = memory.chunks_for(cfg, pop, steps, data)
+    programs = pop.programs[2]
+    factor = memory.CPU_RUNTIME_FACTOR  # the tests run on CPU
+    for name, p in programs.items():
+        s = p.memory_analysis()
+        peak = s.argument_size_in_bytes + s.temp_size_in_bytes
+        peak += s.output_size_in_bytes - s.alias_size_in_bytes
+        assert about["memory_estimate_mb"] * MB >= factor * peak, name
+    everything = sum(
+        s.argument_size_in_bytes + s.temp_size_in_bytes + s.output_size_in_bytes
+        for s in (p.memory_analysis() for p in programs.values())
+    )  # every program's every buffer at once: more than any moment needs
+    assert about["memory_estimate_mb"] * MB <= factor * everything
+    analysis = type(programs["steps"]).memory_analysis
+
+    def more_temps(self):
+        s = analysis(self)
+        return SimpleNamespace(**{
+            k: getattr(s, k) for k in dir(s) if k.endswith("_in_bytes")
+        } | {"temp_size_in_bytes": s.temp_size_in_bytes + 100 * MB})  # fmt: skip
+
+    monkeypatch.setattr(type(programs["steps"]), "memory_analysis", more_temps)
+    _, bigger = memory.chunks_for(cfg, pop, steps, data)
+    grown = bigger["memory_estimate_mb"] - about["memory_estimate_mb"]
+    assert grown == pytest.approx(factor * 100, abs=1)
+
+
+def test_eight_batch_norm_speedrun_seeds_plan_as_one_chunk():
+    """On MNIST's shapes, within 16 GB: one chunk (the traced sum planned two)."""
+    speedrun = config_lib.apply_overrides(
+        config_lib.get_preset("speedrun"), {"model.batch_norm": "true", "memory_budget_mb": 16000}
+    )
+    cfg, pop, steps = make_pop(speedrun, 60_000, seeds=8)
+    chunks, about = memory.chunks_for(cfg, pop, steps, shapes_only(60_000, 10_000))
+    assert chunks == (8,) and about["memory_budget_mb"] == 16000
+    assert about["memory_estimate_mb"] < 16000
+    assert set(pop.programs) == {8}  # fits whole: nothing else compiled
+
+
+def test_a_population_that_does_not_fit_is_split_and_fails_in_one_line():
+    cfg, pop, steps = make_pop(tiny_cfg(), 640, seeds=4)
+    data = shapes_only(640, 150)
+    _, whole = memory.chunks_for(cfg, pop, steps, data)
+    # A budget for about two at a time: split into equal chunks, after compiling one model.
+    budget = int(whole["memory_estimate_mb"] * 0.8)
+    tight = dataclasses.replace(cfg, memory_budget_mb=budget)
+    chunks, about = memory.chunks_for(tight, pop, steps, data)
+    assert 1 < len(chunks) and sum(chunks) == 4 and max(chunks) - min(chunks) <= 1
+    assert about["memory_estimate_mb"] <= budget
+    assert set(pop.programs) == {4, 1}
+    with pytest.raises(ConfigError, match=r"^not even one model fits: one needs about .* MB") as e:
+        memory.chunks_for(dataclasses.replace(cfg, memory_budget_mb=1), pop, steps, data)
+    assert "\n" not in str(e.value)
+
+
+def test_abstract_data_matches_what_the_run_places(tiny_dataset):
+    from jaxmnist.training import evaluate
+
+    cfg = tiny_cfg(eval_batch_size=64)
+    layout = parallel.build_layout(1)
+    train, evals = memory.abstract_data(cfg, tiny_dataset, layout)
+    assert train.images.shape == tiny_dataset.train_images.shape
+    for name, (x, y) in {
+        "test": (tiny_dataset.test_images, tiny_dataset.test_labels),
+        "train": (tiny_dataset.train_images, tiny_dataset.train_labels),
+    }.items():
+        placed = evaluate.pad_eval_data(x, y, 64)
+        for a, b in zip(evals[name], placed, strict=True):
+            assert (a.shape, a.dtype) == (b.shape, b.dtype), name
+
+
+def test_the_run_uses_the_programs_the_estimate_compiled(tiny_dataset):
+    cfg = tiny_cfg(seeds=2)
+    result = train_population(cfg, population.seed_members(cfg), tiny_dataset)
+    pop = result.population
+    assert set(pop.programs) == {2}  # compiled once, for the estimate
+    assert pop.steps_fns[2] is pop.programs[2]["steps"]
+    assert pop.eval_fns[2, "test"] is pop.programs[2]["eval/test"]
+    assert result.compile_seconds >= pop.compile_seconds > 0
+    assert isinstance(pop.programs[2]["steps"], jax.stages.Compiled)
