@@ -4,7 +4,7 @@
 into the cache if it is nowhere (see `download`), and reads it with every check in
 `formats`. Files that are present but wrong are always an error, never a reason to
 quietly use another copy. Each file is read, decompressed and hashed once; arrays
-are read-only views of the decompressed bytes.
+are read-only, aligned for XLA:CPU to use in place (`formats.aligned`).
 """
 
 from __future__ import annotations

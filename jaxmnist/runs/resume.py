@@ -42,7 +42,9 @@ RESUMABLE = {
     "train.epochs",
     "train.steps",
     "train.target_accuracy",
+    "train.target_split",  # which split it watches; data.validation itself changes the maths
     "train.eval_batch_size",
+    "train.eval_train_examples",  # each metrics.jsonl line says what its figures cover
     "train.progress_every",
     "parallel.devices",
     "parallel.mesh",
@@ -229,10 +231,11 @@ def nothing_to_resume(path: str | os.PathLike, cfg: config_lib.Config, extended:
     except (OSError, ValueError):  # unfinished, or unreadable: the resume itself says
         return None
     target = cfg.train.target_accuracy
-    rule = TargetAccuracy(target, np.zeros(cfg.train.seeds, int))
+    rule = TargetAccuracy(target, np.zeros(cfg.train.seeds, int), cfg.train.target_split)
     if rule.replay(records):  # the rule the run loop applies to a resumed run
+        split = "validation" if cfg.train.target_split == "val" else "test"
         return (
-            f"the run reached its target test accuracy of {target:.2%} at epoch "
+            f"the run reached its target {split} accuracy of {target:.2%} at epoch "
             f"{rule.reached[0]['epoch']}; nothing to resume (a higher target, or "
             "train.target_accuracy=none, trains further)"
         )

@@ -4,11 +4,19 @@ The evaluation set is padded to a whole number of batches once, when it is place
 on the device, with a mask marking the real examples; padded rows add nothing to
 the loss sum, the correct count or the confusion matrix. One compiled call
 evaluates the whole set with `lax.map` over its batches.
+
+The host arrays handed to the device are 64-byte aligned (`data.formats.ALIGNMENT`),
+so that on a CPU `jax.device_put` uses them in place instead of copying them; a set
+that needs no padding is a reshaped view of the loaded array, so the training set's
+evaluation shares the memory the training data already uses. The training set may be
+evaluated on a fixed subset (`train.eval_train_examples`): stratified by class, drawn
+once from `SUBSET_SEED`, the same examples every epoch and in `jaxmnist eval`.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -17,7 +25,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jaxmnist.data import formats
 from jaxmnist.models import apply_uint8
+
+# The training subset's draw: one fixed seed, so that every run (every seed, point of a
+# sweep, resume or `jaxmnist eval`) with the same N evaluates the same examples.
+SUBSET_SEED = 0
 
 
 class EvalData(NamedTuple):
@@ -48,37 +61,112 @@ class EvalResult(NamedTuple):
     confusion: np.ndarray  # int64 (C, C): rows are true classes, columns predictions
 
 
-def pad_eval_data(images: np.ndarray, labels: np.ndarray, batch_size: int, multiple: int = 1):
+def pad_eval_data(
+    images: np.ndarray,
+    labels: np.ndarray,
+    batch_size: int,
+    multiple: int = 1,
+    indices: np.ndarray | None = None,
+) -> EvalData:
     """Pads to whole batches and reshapes to (num_batches, batch, ...).
 
     The batch is `batch_size` capped at the set size, then rounded up to a
     multiple of `multiple` (the devices a batch is split over); padded rows are
-    masked out, so every real example counts exactly once.
+    masked out, so every real example counts exactly once. `indices` (int, (n,)):
+    evaluate only those rows of `images` and `labels`, in that order.
+
+    Every array returned is read-only and 64-byte aligned. Images that need neither
+    padding nor selection are a view of `images` (aligned as loaded, else one aligned
+    copy); otherwise they are gathered straight into one aligned buffer.
     """
-    n = len(labels)
+    n = len(labels) if indices is None else len(indices)
     batch_size = -(-min(batch_size, n) // multiple) * multiple
     num_batches = -(-n // batch_size)
-    pad = num_batches * batch_size - n
-    images = np.concatenate([images, np.zeros((pad, *images.shape[1:]), images.dtype)])
-    labels = np.concatenate([labels.astype(np.int32), np.zeros(pad, np.int32)])
-    mask = np.arange(num_batches * batch_size) < n
+    rows = num_batches * batch_size
+    if rows == n and indices is None:
+        padded = formats.aligned(images)
+    else:
+        padded = _aligned_zeros((rows, *images.shape[1:]), images.dtype)
+        if indices is None:
+            padded[:n] = images
+        else:
+            np.take(images, indices, axis=0, out=padded[:n])
+    padded_labels = _aligned_zeros((rows,), np.int32)
+    padded_labels[:n] = labels if indices is None else np.take(labels, indices)
+    mask = _aligned_zeros((rows,), np.bool_)
+    mask[:n] = True
     shape = (num_batches, batch_size)
-    return EvalData(
-        images.reshape(*shape, *images.shape[1:]), labels.reshape(shape), mask.reshape(shape)
+    out = EvalData(
+        padded.reshape(*shape, *images.shape[1:]), padded_labels.reshape(shape), mask.reshape(shape)
     )
+    for x in out:
+        x.flags.writeable = False
+    return out
+
+
+def _aligned_zeros(shape: tuple, dtype) -> np.ndarray:
+    """A zeroed C-contiguous array whose data starts on a `formats.ALIGNMENT` boundary."""
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    buf = np.zeros(nbytes + formats.ALIGNMENT, np.uint8)
+    start = -buf.ctypes.data % formats.ALIGNMENT
+    return buf[start : start + nbytes].view(dtype).reshape(shape)
+
+
+def subset_indices(labels: np.ndarray, n: int, seed: int = SUBSET_SEED) -> np.ndarray:
+    """`n` of the examples whose labels are `labels` (int, (N,)), stratified by class:
+    int64 (n,) indices, ascending.
+
+    The examples are shuffled with `seed`, grouped by class (keeping the shuffled order
+    within each class), and every (N/n)-th is taken; so each class gets its share of
+    `n` to within one example, and the draw depends on `labels`, `n` and `seed` alone.
+    """
+    total = len(labels)
+    order = np.random.default_rng(seed).permutation(total)
+    by_class = order[np.argsort(labels[order], kind="stable")]
+    picks = (np.arange(n) * total + total // 2) // n
+    return np.sort(by_class[picks])
+
+
+def train_eval_indices(train_cfg, labels: np.ndarray) -> np.ndarray | None:
+    """The training examples a run evaluates after each epoch (`train.eval_train_examples`):
+    a subset's indices (see `subset_indices`), or None for the whole training set. Call it
+    only with `train_cfg.eval_train` set."""
+    n = train_cfg.eval_train_examples
+    if n is None or n >= len(labels):
+        return None
+    return subset_indices(labels, n)
+
+
+def train_eval_facts(train_cfg, num_train: int) -> dict:
+    """What a run records about its training-set evaluation, for its info, summary and
+    metrics: `train_eval_examples` (how many examples `train_accuracy` and `train_set_loss`
+    cover) and, for a subset, `train_eval_subset_seed`. Empty when it evaluates none."""
+    if not train_cfg.eval_train:
+        return {}
+    n = train_cfg.eval_train_examples
+    if n is None or n >= num_train:
+        return {"train_eval_examples": num_train}
+    return {"train_eval_examples": n, "train_eval_subset_seed": SUBSET_SEED}
 
 
 def place_eval_data(
-    images: np.ndarray, labels: np.ndarray, batch_size: int, layout=None
+    images: np.ndarray,
+    labels: np.ndarray,
+    batch_size: int,
+    layout=None,
+    indices: np.ndarray | None = None,
 ) -> PlacedEval:
-    """Pads (see `pad_eval_data`) and places a set: on the default device, or with
-    each batch split over the `data` axis of a `parallel.Layout`."""
+    """Pads (see `pad_eval_data`; `indices`: only those examples) and places a set: on
+    the default device, or with each batch split over the `data` axis of a
+    `parallel.Layout`."""
+    count = len(labels) if indices is None else len(indices)
     if layout is None:
-        data = pad_eval_data(images, labels, batch_size)
-        return PlacedEval(EvalData(*jax.device_put(tuple(data))), len(labels))
-    data = pad_eval_data(images, labels, batch_size, layout.data)
+        data = pad_eval_data(images, labels, batch_size, indices=indices)
+        return PlacedEval(EvalData(*jax.device_put(tuple(data))), count)
+    data = pad_eval_data(images, labels, batch_size, layout.data, indices)
     placed = EvalData(*(layout.put(x, layout.eval_batches) for x in data))
-    return PlacedEval(placed, len(labels))
+    return PlacedEval(placed, count)
 
 
 def make_evaluate(model_cfg, num_classes: int) -> Callable:
@@ -160,3 +248,57 @@ def predict_probabilities(
     data = pad_eval_data(np.asarray(images_u8), np.zeros(n, np.int32), batch_size)
     probs = jax.device_get(_compiled_predict(model_cfg)(params, data.images))
     return np.asarray(probs, np.float32).reshape(-1, probs.shape[-1])[:n]
+
+
+def ensemble_log_probs(model_cfg, params: Any, images: jax.Array) -> jax.Array:
+    """The log of an ensemble's class probabilities, float32 (B, C), for uint8 images
+    (B, H, W[, C]): the mean of the softmax probabilities of the S members stacked on
+    `params`' leading axis, as logsumexp over the members of their log-softmax minus
+    log S (so that no member's vanishing probability underflows the ensemble's). Pure."""
+    members = jax.tree.leaves(params)[0].shape[0]
+    return _log_prob_sum(model_cfg, params, images) - jnp.log(members)
+
+
+def _log_prob_sum(model_cfg, params, images):
+    """log Σ_m softmax_m, float32 (B, C), over the members stacked on `params`."""
+    logits = jax.vmap(lambda p: apply_uint8(p, images, model_cfg))(params)
+    return jax.nn.logsumexp(jax.nn.log_softmax(logits, axis=-1), axis=0)
+
+
+def make_ensemble_log_sums(model_cfg) -> Callable:
+    """Returns the pure `log_sums(params, data: EvalData) -> float32 (num_batches, batch, C)`:
+    for every example, the log of the summed softmax probabilities of the S members
+    stacked on `params`' leading axis. The sums of a population's chunks add with
+    `jnp.logaddexp`, so chunks make one ensemble; `ensemble_sums` gives its figures."""
+
+    def log_sums(params, data: EvalData):
+        return jax.lax.map(lambda x: _log_prob_sum(model_cfg, params, x), data.images)
+
+    return log_sums
+
+
+def ensemble_sums(log_sums: jax.Array, members: int, data: EvalData, num_classes: int) -> EvalSums:
+    """The ensemble's `EvalSums` from its `members` members' summed probabilities
+    (`log_sums`, as `make_ensemble_log_sums` returns them, of every chunk): its loss is
+    the cross-entropy of the mean probabilities, its prediction their argmax. Pure."""
+    log_p = log_sums - jnp.log(members)
+    losses = -jnp.take_along_axis(log_p, data.labels[..., None], axis=-1)[..., 0]
+    pred = jnp.argmax(log_p, axis=-1)
+    confusion = (
+        jnp.zeros((num_classes, num_classes), jnp.int32)
+        .at[data.labels, pred]
+        .add(data.mask.astype(jnp.int32))
+    )
+    return EvalSums(jnp.sum(jnp.where(data.mask, losses, 0.0)), jnp.trace(confusion), confusion)
+
+
+def evaluate_ensemble(model_cfg, params: Any, data: PlacedEval, num_classes: int) -> EvalResult:
+    """The ensemble of the S models stacked on `params`' leading axis (the mean of their
+    softmax probabilities), evaluated exactly in one call."""
+    members = jax.tree.leaves(params)[0].shape[0]
+    log_sums = make_ensemble_log_sums(model_cfg)
+
+    def evaluate(params, arrays: EvalData) -> EvalSums:
+        return ensemble_sums(log_sums(params, arrays), members, arrays, num_classes)
+
+    return _result(jax.device_get(jax.jit(evaluate)(params, data.arrays)), data.count)

@@ -1,0 +1,173 @@
+"""What evaluating after every epoch costs against training, per preset (#23).
+
+For each preset a short run (`--epochs`, default 3) trains in this process through
+`train_population`, as `jaxmnist train` would, and each epoch's metrics.jsonl record gives
+its training time (`epoch_seconds`), its evaluation time (`eval_seconds`: the test set in
+full, then the training set) and the training set's part of it (`train_eval_seconds`). The
+CNN presets run twice, side by side: evaluating the full training set, and as the preset
+does (a fixed subset of `train.eval_train_examples`, or none); `tpu101` keeps the full
+set, as the tutorial does. The goal: a preset's evaluation at most 5% of its training time, with the
+test set still evaluated in full every epoch.
+
+From the full-set run the script also derives the largest training subset that would
+keep the evaluation within the goal: the test set's seconds, plus the training set's
+seconds per example times N, at most 5% of the training seconds (medians over the epochs
+after the first, which is a warm-up).
+
+Needs MNIST and Fashion-MNIST where JAXMNIST_DATA_DIR (or the cache) has them, except
+with --smoke. Timings on a loaded machine mean little alone; ratios measured in one run
+are what to compare.
+
+Usage: JAXMNIST_DATA_DIR=../shared/datasets python benchmarks/eval_overhead.py
+    [--presets cnn,fashion_cnn,speedrun,tpu101] [--epochs 3] [--seeds 1] [--smoke]
+Prints a table and writes JSON (`--out`, default benchmarks/results/eval_overhead.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+from pathlib import Path
+
+from benchlib.results import SMOKE_HELP, default_out, save_benchmark
+
+GOAL = 0.05  # evaluation seconds / training seconds, per epoch
+CNN_PRESETS = ("cnn", "fashion_cnn", "speedrun")
+
+
+def run_case(preset: str, overrides: dict, epochs: int, seeds: int, smoke: bool) -> dict:
+    """Trains `preset` (with `overrides`) for `epochs`; returns its per-epoch timings."""
+    from jaxmnist import config as config_lib
+    from jaxmnist.training.evaluate import train_eval_facts
+    from jaxmnist.training.loop import train_population
+    from jaxmnist.training.population import seed_members
+
+    cfg = config_lib.apply_overrides(
+        config_lib.get_preset(preset),
+        {"train.epochs": epochs, "train.seeds": seeds, "train.target_accuracy": "none"}
+        | ({"train.batch_size": 16, "train.eval_batch_size": 32} if smoke else {})
+        | overrides,
+    )
+    dataset = load(cfg.data.dataset, smoke)
+    config_lib.validate(cfg, num_train_examples=len(dataset.train_labels))
+    result = train_population(cfg, seed_members(cfg), dataset)
+    epochs_out = [
+        {
+            "epoch": r["epoch"],
+            "train_seconds": r["epoch_seconds"],
+            "eval_seconds": r["eval_seconds"],
+            "test_eval_seconds": r["eval_seconds"] - r.get("train_eval_seconds", 0.0),
+            "train_eval_seconds": r.get("train_eval_seconds", 0.0),
+            "eval_fraction": r["eval_seconds"] / r["epoch_seconds"],
+        }
+        for r in result.records
+    ]
+    facts = train_eval_facts(cfg.train, len(dataset.train_labels))
+    steady = epochs_out[1:] or epochs_out  # the first epoch warms up
+    return {
+        "preset": preset,
+        "overrides": overrides,
+        "train_eval_examples": facts.get("train_eval_examples", 0),
+        "train_size": len(dataset.train_labels),
+        "test_size": len(dataset.test_labels),
+        "epochs": epochs_out,
+        # Summed over the epochs after the first: what a longer run's evaluation costs.
+        "steady_eval_fraction": sum(e["eval_seconds"] for e in steady)
+        / sum(e["train_seconds"] for e in steady),
+    }
+
+
+_DATASETS: dict = {}
+
+
+def load(name: str, smoke: bool):
+    if name not in _DATASETS:
+        if smoke:
+            from jaxmnist.bench.run import synthetic_dataset
+
+            _DATASETS[name] = synthetic_dataset(name, train_size=96, test_size=40)
+        else:
+            from jaxmnist.data import load_dataset
+
+            _DATASETS[name] = load_dataset(name, download=False)
+    return _DATASETS[name]
+
+
+def largest_subset(full: dict) -> int:
+    """From a full-training-set case: the largest N whose evaluation, with the test set in
+    full, stays within GOAL of the training time (0: not even the test set). Medians over
+    the epochs after the first (a warm-up), or the one epoch there is."""
+    steady = full["epochs"][1:] or full["epochs"]
+
+    def median(key: str) -> float:
+        return statistics.median(e[key] for e in steady)
+
+    per_example = median("train_eval_seconds") / full["train_size"]
+    room = GOAL * median("train_seconds") - median("test_eval_seconds")
+    return max(0, min(full["train_size"], int(room / per_example))) if per_example else 0
+
+
+def label(case: dict) -> str:
+    n, size = case["train_eval_examples"], case["train_size"]
+    which = "no training set" if not n else "full training set" if n >= size else f"subset {n:,}"
+    return f"{case['preset']} ({which})"
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--presets", default="cnn,fashion_cnn,speedrun,tpu101")
+    p.add_argument("--epochs", type=int, default=3, help="epochs per case (the first warms up)")
+    p.add_argument("--seeds", type=int, default=1, help="models trained together per case")
+    p.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    p.add_argument("--out", type=Path)
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.presets, args.epochs = "cnn,tpu101", 1
+    out = args.out or default_out("eval_overhead.json", args.smoke)
+    load_before = os.getloadavg()
+    cases = []
+    for preset in args.presets.split(","):
+        variants = [{}]
+        if preset in CNN_PRESETS:  # the full training set, side by side with the preset's
+            variants.insert(0, {"train.eval_train": "true", "train.eval_train_examples": "none"})
+        for overrides in variants:
+            if args.smoke and not overrides and preset in CNN_PRESETS:
+                overrides = {"train.eval_train_examples": 24}
+            cases.append(run_case(preset, overrides, args.epochs, args.seeds, args.smoke))
+    print(
+        f"{'case':<34} {'epoch':>5} {'train s':>8} {'test eval s':>11} "
+        f"{'train eval s':>12} {'eval/train':>10}"
+    )
+    for case in cases:
+        for e in case["epochs"]:
+            print(
+                f"{label(case):<34} {e['epoch']:>5} {e['train_seconds']:>8.2f} "
+                f"{e['test_eval_seconds']:>11.3f} {e['train_eval_seconds']:>12.3f} "
+                f"{e['eval_fraction']:>10.1%}"
+            )
+    for case in cases:
+        print(
+            f"{label(case)}: evaluation {case['steady_eval_fraction']:.1%} of training time "
+            f"(summed over epochs {'2 on' if len(case['epochs']) > 1 else '1'})"
+        )
+    within = {}
+    for case in cases:
+        if case["preset"] in CNN_PRESETS and case["train_eval_examples"] >= case["train_size"]:
+            within[case["preset"]] = n = largest_subset(case)
+            print(
+                f"{case['preset']}: the largest training subset within {GOAL:.0%} of training "
+                f"time (medians after the first epoch): {n:,} examples"
+            )
+    figures = {
+        "goal_eval_fraction": GOAL,
+        "epochs": args.epochs,
+        "seeds": args.seeds,
+        "cases": cases,
+        "largest_subset_within_goal": within,
+    }
+    print(save_benchmark(out, figures, load_before))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+"""One copy of the data in host memory: arrays loaded so that XLA:CPU uses them in place."""
+
+import jax
+import numpy as np
+import pytest
+
+from jaxmnist.data import formats, registry, synthetic
+from jaxmnist.data.dataset import load_dataset
+
+
+def _misaligned(arr: np.ndarray) -> np.ndarray:
+    """A read-only copy of `arr` whose data starts 1 byte past a 64-byte boundary."""
+    buf = np.empty(arr.nbytes + 128, np.uint8)
+    start = -buf.ctypes.data % 64 + 1
+    out = buf[start : start + arr.nbytes].view(arr.dtype).reshape(arr.shape)
+    out[...] = arr
+    out.flags.writeable = False
+    return out
+
+
+def test_aligned_copies_a_misaligned_array_once():
+    src = _misaligned(np.arange(3 * 5 * 7, dtype=np.uint8).reshape(3, 5, 7))
+    out = formats.aligned(src)
+    assert out.ctypes.data % formats.ALIGNMENT == 0
+    assert not out.flags.writeable and out.flags.c_contiguous
+    np.testing.assert_array_equal(out, src)
+    assert out.shape == src.shape and out.dtype == src.dtype
+    again = formats.aligned(out)  # already aligned: the same memory, no second copy
+    assert np.shares_memory(again, out)
+
+
+def test_device_put_uses_an_aligned_array_in_place_and_copies_a_misaligned_one():
+    # The premise of `aligned`: jax.device_put on a CPU device aliases an aligned array.
+    images = np.random.default_rng(0).integers(0, 256, (64, 28, 28), dtype=np.uint8)
+    good = formats.aligned(images)
+    assert np.shares_memory(np.asarray(jax.device_put(good)), good)
+    bad = _misaligned(images)
+    assert not np.shares_memory(np.asarray(jax.device_put(bad)), bad)
+
+
+@pytest.mark.parametrize("kind", ["idx.gz", "idx", "npz"])
+def test_loaded_arrays_are_aligned_and_go_to_the_device_in_place(
+    kind, arrays, spec, tmp_path, monkeypatch
+):
+    monkeypatch.setitem(registry.DATASETS, spec.name, spec)
+    folder = tmp_path / spec.folder
+    if kind == "npz":
+        folder.mkdir()
+        (folder / spec.npz_name).write_bytes(synthetic.npz_bytes(arrays))
+    else:
+        synthetic.write_idx_folder(folder, arrays, spec, compress=kind == "idx.gz")
+    ds = load_dataset(spec.name, tmp_path, download=False)
+    for role in registry.ROLES:
+        arr = getattr(ds, role)
+        np.testing.assert_array_equal(arr, arrays[role])
+        assert arr.ctypes.data % formats.ALIGNMENT == 0, role
+        assert not arr.flags.writeable, role
+    # The training set on the device is the loaded array itself: one copy, not two.
+    assert np.shares_memory(np.asarray(jax.device_put(ds.train_images)), ds.train_images)
