@@ -302,13 +302,21 @@ def test_compare_page(run_dir, tiny_dataset, tmp_path_factory, tmp_path, capsys)
     other = other_run(tmp_path_factory, tiny_dataset)
     out = tmp_path / "cmp" / "comparison.html"
     assert main(["compare", str(run_dir), str(other), "--out", str(out)]) == 0
-    assert capsys.readouterr().out.strip() == str(out)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1] == str(out)  # after the accuracies and whether they differ
+    acc = {
+        name: json.loads((d / "summary.json").read_text())["test_accuracy"]
+        for name, d in (("a", run_dir), ("b", other))
+    }
+    hi, lo = sorted(acc, key=acc.get, reverse=True)  # the higher accuracy first
+    assert lines[-2] == f"  {hi} vs {lo}: no test (needs ≥2 seeds per run; {hi} has 1; {lo} has 1)"
     text = out.read_text()
     parser = parse_page(text)
     check_self_contained(text, parser)
     assert parser.ids == [
         "runs",
         "headline",
+        "significance",
         "config-differences",
         "curves",
         "full-summaries",

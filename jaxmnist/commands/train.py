@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import json
 import sys
-import threading
 from pathlib import Path
 
 from jaxmnist import config as config_lib
-from jaxmnist.commands import options
+from jaxmnist.commands import options, profile
 from jaxmnist.commands.terminal import TerminalReporter, plural
 from jaxmnist.errors import ConfigError, TargetNotReached
+from jaxmnist.report.background import ReportRenderer
 from jaxmnist.training import supervisor
 from jaxmnist.training.preemption import Stopped, StopRequest
 
@@ -34,6 +33,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     out.add_argument("--quiet", action="store_true", help="print only the final result line")
     out.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
     p.add_argument("--no-report", action="store_true", help="do not write report.html and plots/")
+    profile.add_profile_steps(p)  # traced after training, into the run directory and report
     options.add_process_args(p)
     g = p.add_argument_group(
         "checkpoints and resuming",
@@ -106,33 +106,25 @@ def run(args: argparse.Namespace) -> int:
     # Process 0 holds the directory's lock until this command returns or dies; a run
     # refused before it started leaves no directory it made (`rundir.claim`).
     claim = rundir.claim(workdir) if main else contextlib.nullcontext()
+    renderer = None
     try:
         with claim:
             if main and not args.resume:
                 rundir.check_reusable(workdir, args.overwrite)
             mode = "json" if args.json else "quiet" if args.quiet else "normal"
             # Only process 0 prints; the others say nothing but errors.
-            callbacks = [TerminalReporter(mode, workdir)] if main else []
-            if main and not args.no_report:
-                # matplotlib is slow to import; do it while the device trains, not after.
-                threading.Thread(
-                    target=importlib.import_module,
-                    args=("jaxmnist.report.run_report",),
-                    daemon=True,
-                ).start()
+            callbacks = [TerminalReporter(mode, workdir)] * main + profile.profiler(args, workdir)
+            if main and not args.no_report:  # a child imports matplotlib while this trains
+                renderer = ReportRenderer()
             summary = _train(args, cfg, workdir, callbacks, layout)
     except Stopped as e:  # a signal: checkpoint saved, no summary; not an error
         print(f"jaxmnist train: {e}", file=sys.stderr)
         return e.exit_code
     if not main:
         return 0
-    report = None
-    if not args.no_report:
-        from jaxmnist.report.run_report import write_run_report  # start-up: matplotlib
-
-        report = write_run_report(workdir)
-        if mode == "normal":
-            print(f"report: {report}")
+    report = renderer.finish(workdir) if renderer else None  # plots/ and report.html
+    if report and mode == "normal":
+        print(f"report: {report}")
     if args.json:
         out = {"run_dir": str(workdir), "report": report and str(report), **summary}
         print(json.dumps(out, indent=2))
@@ -192,8 +184,10 @@ def _check_target(summary: dict) -> None:
     """Exit 3, after everything was written, when --target-accuracy was not reached."""
     if summary.get("target_reached") is False:
         seeds = len(summary.get("seeds", [0]))
-        of = f"mean test accuracy of {seeds} seeds" if seeds > 1 else "test accuracy"
+        split = "val" if summary.get("target_split") == "val" else "test"
+        name = "validation" if split == "val" else "test"
+        of = f"mean {name} accuracy of {seeds} seeds" if seeds > 1 else f"{name} accuracy"
         raise TargetNotReached(
             f"target {of} {summary['target_accuracy']:.2%} not reached: "
-            f"{summary['test_accuracy']:.2%} after all {plural(summary['epochs'], 'epoch')}"
+            f"{summary[f'{split}_accuracy']:.2%} after all {plural(summary['epochs'], 'epoch')}"
         )

@@ -9,12 +9,13 @@ row also carries the number a comparison ranks, when there is one.
 
 from __future__ import annotations
 
+import json
 import math
 
 from jaxmnist import config as config_lib
 from jaxmnist.data import DATASETS
 from jaxmnist.errors import ConfigError
-from jaxmnist.models import get_model
+from jaxmnist.models import MODELS, get_model
 from jaxmnist.report.rundata import RunData
 
 DASH = "—"
@@ -37,10 +38,18 @@ def secs(x) -> str:
     return DASH if _missing(x) else f"{x:.3f} s" if x < 10 else f"{x:.1f} s"
 
 
+# What a process that trained a run tells the child process drawing its report
+# (`background`), so that the child needs neither JAX nor the families and datasets
+# registered at run time: display names of datasets, and `model_facts` of model sections
+# (keyed by `model_key`).
+DATASET_TITLES: dict[str, str] = {}
+MODEL_FACTS: dict[str, dict] = {}
+
+
 def dataset_title(name: str) -> str:
     """ "mnist" -> "MNIST"; a dataset jaxmnist does not know keeps its name."""
     spec = DATASETS.get(name)
-    return spec.display_name if spec is not None else str(name)
+    return spec.display_name if spec is not None else DATASET_TITLES.get(name, str(name))
 
 
 def flatten(cfg: dict, prefix: str = "") -> dict[str, object]:
@@ -54,18 +63,33 @@ def flatten(cfg: dict, prefix: str = "") -> dict[str, object]:
     return out
 
 
-def model_text(m: dict) -> str:
-    """e.g. "mlp in → 256 → out, relu, compute float32": the family's `describe` of the
-    run's model section, then the common fields. A family not registered here (or a
-    section this version cannot read) is described by its name and `hidden` sizes."""
+def model_key(m: dict) -> str:
+    """`MODEL_FACTS`'s key for the model section `m`."""
+    return json.dumps(m, sort_keys=True, default=str)
+
+
+def model_facts(m: dict) -> dict:
+    """{"network": e.g. "mlp in → 256 → out", "first_kernel": its `Model.first_kernel`}
+    for the run's model section `m`: the family's `describe` and first-layer kernel key
+    (which load its module, and JAX), or what a parent process told (`MODEL_FACTS`). A
+    family not registered here (or a section this version cannot read) is described by
+    its name and `hidden` sizes."""
+    if (told := MODEL_FACTS.get(model_key(m))) is not None:
+        return told
+    name = m.get("name")
     try:
         model_cfg = config_lib.from_dict({"model": m}).model
         network = get_model(model_cfg.name).describe(model_cfg)
     except ConfigError:
-        network = f"{m.get('name')} " + " → ".join(
-            map(str, ["in", *(m.get("hidden") or []), "out"])
-        )
-    return f"{network}, {m.get('activation')}, compute {m.get('dtype')}"
+        network = f"{name} " + " → ".join(map(str, ["in", *(m.get("hidden") or []), "out"]))
+    kernel = MODELS[name].first_kernel if isinstance(name, str) and name in MODELS else None
+    return {"network": network, "first_kernel": kernel}
+
+
+def model_text(m: dict) -> str:
+    """e.g. "mlp in → 256 → out, relu, compute float32": `model_facts`'s network, then
+    the common fields."""
+    return f"{model_facts(m)['network']}, {m.get('activation')}, compute {m.get('dtype')}"
 
 
 def optimizer_text(o: dict, total_steps) -> str:
@@ -102,7 +126,13 @@ def summary_rows(run: RunData) -> list[tuple[str, str, float | None]]:
     c, s, e = run.config, run.summary, run.environment
     m, t = c.get("model", {}), c.get("train", {})
     dataset = dataset_title(s.get("dataset", c.get("data", {}).get("dataset")))
-    train_note = "full training set" if t.get("eval_train", True) else "running batch accuracy"
+    train_note = (
+        f"train subset of {s['train_eval_examples']:,}, seed {s['train_eval_subset_seed']}"
+        if "train_eval_subset_seed" in s
+        else "full training set"
+        if t.get("eval_train", True)
+        else "running batch accuracy"
+    )
     versions = ", ".join(
         f"{k} {e[k]}" for k in ("jaxmnist", "jax", "jaxlib", "optax", "numpy", "python") if e.get(k)
     )

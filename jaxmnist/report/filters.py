@@ -19,14 +19,12 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import jax
 import numpy as np
 from matplotlib.figure import Figure
 
 from jaxmnist.errors import CorruptRunError, NotARunError
-from jaxmnist.models import MODELS
+from jaxmnist.report.describe import model_facts
 from jaxmnist.report.plots import new_figure, style
-from jaxmnist.runs.reader import open_run
 
 COLUMNS = 8  # tiles per row
 CMAP = "RdBu_r"
@@ -41,10 +39,14 @@ def first_layer_filters(run_dir: str | Path, config: dict) -> np.ndarray | None:
 
     config: the run's config.json as a dict.
     """
-    name = config.get("model", {}).get("name")
-    key = MODELS[name].first_kernel if isinstance(name, str) and name in MODELS else None
+    key = model_facts(config.get("model", {}))["first_kernel"]
     if key is None:
         return None
+    # start-up: JAX, only for a family with such kernels (the report needs none)
+    import jax
+
+    from jaxmnist.runs.reader import open_run
+
     try:
         run = open_run(run_dir)
     except NotARunError:  # no parameters saved: a report without the figure

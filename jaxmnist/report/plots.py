@@ -27,6 +27,7 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator, PercentFormatter
 DPI = 110
 GOOD, BAD = "#17803d", "#c62828"  # right / wrong, as in the page's CSS
 TRAIN, TEST = "#1f77b4", "#d62728"
+VAL = "#ff7f0e"  # the validation split (data.validation)
 STYLE = {
     "font.size": 9.5,
     "axes.titlesize": 10.5,
@@ -40,6 +41,11 @@ STYLE = {
     "figure.dpi": DPI,
     "svg.hashsalt": "jaxmnist",
 }
+# Fixed margins, inches: the figure's edge, a tick with its pad, an axis label with
+# its pad, a title with its pad (the sizes of STYLE), and those of the two curve
+# figures (tick labels up to "99.95%" on the left; title, epoch ticks and label on top).
+EDGE, TICK, LABEL, TITLE = 0.08, 7 / 72, 15.5 / 72, 18.6 / 72
+CURVE_MARGINS = (0.8, 0.5, 0.12, 0.66)
 
 
 @contextlib.contextmanager
@@ -66,12 +72,46 @@ def drawable(text: str) -> str:
     return "".join(c if ord(c) in glyphs or c.isspace() else "?" for c in text)
 
 
-def new_figure(width: float, height: float, layout: str | None = "constrained") -> Figure:
-    fig = Figure(figsize=(width, height), layout=layout)
-    if layout == "constrained":
+def new_figure(
+    width: float,
+    height: float,
+    layout: str | None = "constrained",
+    margins: tuple[float, float, float, float] | None = None,
+) -> Figure:
+    """A figure of `width` × `height` inches on the Agg canvas.
+
+    margins: (left, bottom, right, top) inches around the subplots, a fixed layout
+    instead of `layout`; the report's own figures use it, as the constrained layout
+    lays every text out again at each draw, which costs more than drawing them.
+    """
+    fig = Figure(figsize=(width, height), layout=None if margins else layout)
+    if margins:
+        left, bottom, right, top = margins
+        fig.subplots_adjust(
+            left=left / width, bottom=bottom / height, right=1 - right / width, top=1 - top / height
+        )
+    elif layout == "constrained":
         fig.get_layout_engine().set(h_pad=0.08, w_pad=0.08)
     FigureCanvasAgg(fig)
     return fig
+
+
+def text_inches(texts, fontsize: float | str, rotation: float = 0.0) -> tuple[float, float]:
+    """(width, height) in inches of the box holding the widest and the tallest of
+    `texts` in the figures' font at `fontsize` points, rotated by `rotation` degrees;
+    call it under `style()`. For margins that fit labels the data chose (class names)."""
+    from matplotlib.backends.backend_agg import RendererAgg
+    from matplotlib.font_manager import FontProperties
+
+    renderer, prop = RendererAgg(1, 1, 72), FontProperties(size=fontsize)
+    sizes = [renderer.get_text_width_height_descent(t, prop, ismath=False) for t in texts]
+    w = max((s[0] for s in sizes), default=0.0) / 72
+    h = max((s[1] for s in sizes), default=0.0) / 72
+    a = math.radians(rotation)
+    return (
+        w * abs(math.cos(a)) + h * abs(math.sin(a)),
+        w * abs(math.sin(a)) + h * abs(math.cos(a)),
+    )
 
 
 def to_png(fig: Figure) -> bytes:
@@ -137,7 +177,7 @@ def loss_curves(records: list[dict], steps: np.ndarray, losses: np.ndarray) -> F
     """
     ends = np.array([r["step"] for r in records])
     with style():
-        fig = new_figure(5.4, 3.9)
+        fig = new_figure(5.4, 3.9, margins=CURVE_MARGINS)
         ax = fig.subplots()
         if len(losses):
             ax.plot(steps, losses, color=TRAIN, alpha=0.18, lw=0.8, label="train, each step")
@@ -150,6 +190,9 @@ def loss_curves(records: list[dict], steps: np.ndarray, losses: np.ndarray) -> F
         ax.plot(
             ends, [r["test_loss"] for r in records], "o-", color=TEST, ms=4, lw=1.6, label="test"
         )
+        if all("val_loss" in r for r in records):  # a validation split held out
+            val = [r["val_loss"] for r in records]
+            ax.plot(ends, val, "^-", color=VAL, ms=4, lw=1.4, label="validation")
         _log_y(ax)
         ax.set(title="Loss (cross-entropy)", xlabel="step")
         ax.legend(fontsize=8)
@@ -159,15 +202,22 @@ def loss_curves(records: list[dict], steps: np.ndarray, losses: np.ndarray) -> F
 
 
 def accuracy_curves(records: list[dict], train_label: str = "train") -> Figure:
-    """Training and test accuracy after each epoch, against step and epoch."""
+    """Training and test accuracy after each epoch, against step and epoch (and the
+    ensemble's test accuracy, dashed, for a run of several seeds)."""
     ends = np.array([r["step"] for r in records])
     train_acc = [100 * r["train_accuracy"] for r in records]
     test_acc = [100 * r["test_accuracy"] for r in records]
     with style():
-        fig = new_figure(5.4, 3.9)
+        fig = new_figure(5.4, 3.9, margins=CURVE_MARGINS)
         ax = fig.subplots()
         ax.plot(ends, train_acc, "o-", color=TRAIN, ms=4, lw=1.6, label=train_label)
         ax.plot(ends, test_acc, "o-", color=TEST, ms=4, lw=1.6, label="test")
+        if all("val_accuracy" in r for r in records):  # a validation split held out
+            val = [100 * r["val_accuracy"] for r in records]
+            ax.plot(ends, val, "^-", color=VAL, ms=4, lw=1.4, label="validation")
+        if all("ensemble_test_accuracy" in r for r in records):  # several seeds' ensemble
+            ensemble = [100 * r["ensemble_test_accuracy"] for r in records]
+            ax.plot(ends, ensemble, "s--", color=TEST, ms=4, lw=1.2, label="test, ensemble")
         # Decimals from the axis's own range: a run within a tenth of a percent needs two,
         # or its ticks would repeat one label.
         ax.yaxis.set_major_formatter(PercentFormatter(decimals=None))
@@ -200,9 +250,20 @@ def confusion_matrix(matrix: np.ndarray, class_names: list[str]) -> Figure:
     rgba = np.where(diag[..., None], greens(0.35 + 0.55 * pct / 100), reds(off_norm(pct) * 0.85))
     rgba[~diag & (m == 0)] = (1, 1, 1, 1)
     size = max(4.5, 0.45 * n + 2.3)
+    rotate = max(len(c) for c in class_names) > 2
     with style():
-        fig = new_figure(size + 1.0, size)
-        ax = fig.subplots()
+        fs = matplotlib.rcParams["xtick.labelsize"]
+        left = EDGE + LABEL + TICK + text_inches(class_names, fs)[0]
+        bottom = EDGE + LABEL + TICK + text_inches(class_names, fs, 40 if rotate else 0)[1]
+        right = 0.14 + 0.23 + 0.62  # gap, colour bar, its ticks and label
+        side = min(size - bottom - EDGE - TITLE, size + 1.0 - left - right)
+        left += (size + 1.0 - left - right - side) / 2  # the square centred in what is left
+        fig = new_figure(size + 1.0, size, layout=None)
+        w, h = fig.get_size_inches()
+        ax = fig.add_axes((left / w, bottom / h, side / w, side / h))
+        cax = fig.add_axes(
+            ((left + side + 0.14) / w, (bottom + 0.125 * side) / h, 0.23 / w, 0.75 * side / h)
+        )
         ax.imshow(rgba, interpolation="nearest")
         fs = 8 if n <= 10 else 6
         for i in range(n):
@@ -219,7 +280,7 @@ def confusion_matrix(matrix: np.ndarray, class_names: list[str]) -> Figure:
                         fontweight="bold" if i == j else "normal",
                         color=_text_color(rgba[i, j]),
                     )
-        if max(len(c) for c in class_names) > 2:
+        if rotate:
             ax.set_xticks(range(n), class_names, rotation=40, ha="right", rotation_mode="anchor")
         else:
             ax.set_xticks(range(n), class_names)
@@ -232,9 +293,7 @@ def confusion_matrix(matrix: np.ndarray, class_names: list[str]) -> Figure:
         ax.set_yticks(np.arange(n + 1) - 0.5, minor=True)
         ax.grid(which="minor", color="white", lw=1.2)
         ax.tick_params(which="minor", length=0)
-        bar = fig.colorbar(
-            matplotlib.cm.ScalarMappable(off_norm, reds), ax=ax, shrink=0.75, pad=0.02
-        )
+        bar = fig.colorbar(matplotlib.cm.ScalarMappable(off_norm, reds), cax=cax)
         bar.set_label("errors, % of true class (off-diagonal)")
     return fig
 
@@ -252,7 +311,8 @@ def per_class_accuracy(matrix: np.ndarray, class_names: list[str]) -> Figure:
     lo = max(0.0, math.floor((acc.min() - 4) / 10) * 10)
     n = len(class_names)
     with style():
-        fig = new_figure(6.4, 0.32 * n + 1.4)
+        names, _ = text_inches(class_names, matplotlib.rcParams["ytick.labelsize"])
+        fig = new_figure(6.4, 0.32 * n + 1.4, margins=(EDGE + TICK + names, 0.5, EDGE, 0.27))
         ax = fig.subplots()
         y = np.arange(n)
         colors = [BAD if a < overall else TRAIN for a in acc]

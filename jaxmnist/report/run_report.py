@@ -17,11 +17,15 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+from matplotlib.figure import Figure
 
 from jaxmnist.errors import WriteError
+from jaxmnist.profiling.breakdown import read_profile
+from jaxmnist.profiling.page import profile_section
 from jaxmnist.report import filters, html, image_grids, plots, spread_plots
 from jaxmnist.report.describe import DASH, dataset_title, flatten, num, pct, secs, summary_rows
 from jaxmnist.report.predictions import GRID_SIZE, class_examples, confident_mistakes
@@ -59,12 +63,16 @@ def epoch_table(run: RunData) -> str:
         "Time",
         "Examples/s",
     ]
+    val = all("val_accuracy" in r for r in run.records)  # a validation split held out
+    if val:
+        header[4:4] = ["Val. loss", "Val. acc."]
     rows = [
         [
             r["epoch"],
             f"{r['step']:,}",
             num(r["train_loss"]),
             pct(r["train_accuracy"]),
+            *([num(r["val_loss"]), pct(r["val_accuracy"])] if val else []),
             num(r["test_loss"]),
             pct(r["test_accuracy"]),
             num(r.get("learning_rate"), ".3g"),
@@ -133,34 +141,46 @@ def confusion_table(run: RunData) -> str:
     )
 
 
-def build_figures(run: RunData) -> dict[str, tuple[bytes, str]]:
-    """name -> (PNG bytes, alt text) for every figure of the report."""
+def figure_makers(run: RunData) -> dict[str, tuple[Callable[[], Figure], str]]:
+    """name -> (a function that builds the figure, alt text) for every figure of the
+    report, in the page's order; nothing is drawn yet."""
     dataset = dataset_title(run.summary.get("dataset", ""))
     full_train = run.config.get("train", {}).get("eval_train", True)
+    subset = "train_eval_subset_seed" in run.summary and run.summary["train_eval_examples"]
     figs = {
         "loss_curves": (
-            plots.loss_curves(run.records, run.steps, run.step_losses),
+            lambda: plots.loss_curves(run.records, run.steps, run.step_losses),
             "Training and test loss against step and epoch",
         ),
         "accuracy_curves": (
-            plots.accuracy_curves(
-                run.records, "train (full set)" if full_train else "train (batches)"
+            lambda: plots.accuracy_curves(
+                run.records,
+                f"train (subset of {subset:,})"
+                if subset
+                else "train (full set)"
+                if full_train
+                else "train (batches)",
             ),
             "Training and test accuracy after each epoch",
         ),
         "confusion_matrix": (
-            plots.confusion_matrix(run.confusion, run.class_names),
+            lambda: plots.confusion_matrix(run.confusion, run.class_names),
             "Confusion matrix as percentages of each true class",
         ),
         "per_class_accuracy": (
-            plots.per_class_accuracy(run.confusion, run.class_names),
+            lambda: plots.per_class_accuracy(run.confusion, run.class_names),
             "Test accuracy of each class as horizontal bars",
         ),
     }
     s = run.summary
+    if run.ensemble_confusion is not None:
+        figs["ensemble_confusion_matrix"] = (
+            lambda: plots.confusion_matrix(run.ensemble_confusion, run.class_names),
+            "The ensemble's confusion matrix as percentages of each true class",
+        )
     if "seeds" in s and all("test_accuracy_per_seed" in r for r in run.records):
         figs["seed_accuracy"] = (
-            spread_plots.seed_accuracy(
+            lambda: spread_plots.seed_accuracy(
                 run.records, s["seeds"], s["test_accuracy_per_seed"], s.get("test_accuracy_ci95")
             ),
             (
@@ -173,7 +193,9 @@ def build_figures(run: RunData) -> dict[str, tuple[bytes, str]]:
         c, k, _ = kernels.shape
         seed = s["seeds"][0] if "seeds" in s else run.config.get("train", {}).get("seed", 0)
         figs["first_layer_filters"] = (
-            filters.filter_grid(kernels, f"First convolution layer: {c} filters of {k}×{k}"),
+            lambda: filters.filter_grid(
+                kernels, f"First convolution layer: {c} filters of {k}×{k}"
+            ),
             (
                 f"The {c} {k}×{k} kernels of the first convolution layer (seed {seed}), one "
                 "tile per output channel: blue negative, red positive, white zero"
@@ -183,7 +205,7 @@ def build_figures(run: RunData) -> dict[str, tuple[bytes, str]]:
     if p is not None:
         idx = class_examples(p.labels, len(run.class_names))
         figs["class_examples"] = (
-            image_grids.class_examples(
+            lambda: image_grids.class_examples(
                 p.images(idx),
                 p.labels[idx],
                 run.class_names,
@@ -193,7 +215,7 @@ def build_figures(run: RunData) -> dict[str, tuple[bytes, str]]:
         )
         grid = np.arange(min(GRID_SIZE, len(p.labels)))
         figs["predictions"] = (
-            image_grids.prediction_grid(
+            lambda: image_grids.prediction_grid(
                 p.images(grid), p.labels[grid], p.probs[grid], run.class_names
             ),
             (
@@ -204,12 +226,25 @@ def build_figures(run: RunData) -> dict[str, tuple[bytes, str]]:
         wrong = confident_mistakes(p.probs, p.labels)
         if len(wrong):
             figs["confident_mistakes"] = (
-                image_grids.confident_mistakes(
+                lambda: image_grids.confident_mistakes(
                     p.images(wrong), p.labels[wrong], p.probs[wrong], run.class_names
                 ),
                 f"The {len(wrong)} test images the model got wrong with the highest confidence",
             )
-    return {name: (plots.to_png(fig), alt) for name, (fig, alt) in figs.items()}
+    return figs
+
+
+def build_figures(
+    run: RunData, draw: Callable[[dict], dict[str, bytes]] | None = None
+) -> dict[str, tuple[bytes, str]]:
+    """name -> (PNG bytes, alt text) for every figure of the report.
+
+    draw: {name: (maker, alt)} -> {name: PNG bytes}, e.g. on several cores
+    (`background.draw_in_two`); by default, one after the other here.
+    """
+    makers = figure_makers(run)
+    pngs = draw(makers) if draw else {n: plots.to_png(make()) for n, (make, _) in makers.items()}
+    return {name: (pngs[name], alt) for name, (_, alt) in makers.items()}
 
 
 def accuracy_text(s: dict) -> str:
@@ -229,6 +264,11 @@ def seeds_section(run: RunData, figs) -> str:
             ("Mean ± std", accuracy_text(s)),
             ("95% CI of the mean", f"{100 * ci[0]:.2f}–{100 * ci[1]:.2f}%" if ci else DASH),
             ("Min – max", f"{pct(s.get('test_accuracy_min'))} – {pct(s.get('test_accuracy_max'))}"),
+            *(
+                [(f"Ensemble of {len(s['seeds'])}", pct(s["ensemble_test_accuracy"]))]
+                if "ensemble_test_accuracy" in s
+                else []
+            ),
         ]
     )
     mean = s["test_accuracy"]
@@ -251,6 +291,12 @@ def seeds_section(run: RunData, figs) -> str:
         "The interval is the mean ± t(0.975, n − 1) · s / √n (Student's t). "
         "Elsewhere on this page, figures are means over the seeds; the predictions and the "
         f"confusion matrix are seed {s['seeds'][0]}'s; examples/s counts every model's examples."
+        + (
+            " The ensemble averages the seeds' softmax probabilities: its test accuracy is "
+            "dashed in the accuracy curves, and its confusion matrix follows the first seed's."
+            if "ensemble_test_accuracy" in s
+            else ""
+        )
     )
     fig = html.figure(*figs["seed_accuracy"]) if "seed_accuracy" in figs else ""
     return cards + fig + table + note
@@ -299,6 +345,11 @@ def render_run_report(run: RunData, figs: dict[str, tuple[bytes, str]]) -> str:
                 accuracy_text(s),
             ),
             ("Test loss", num(s.get("test_loss"))),
+            *(
+                [("Validation accuracy", f"{pct(s['val_accuracy'])} of {s['num_val_examples']:,}")]
+                if "val_accuracy" in s  # data.validation: held-out training examples
+                else []
+            ),
             ("Training time", secs(s.get("train_seconds"))),
             ("Examples/s", num(s.get("examples_per_second"), ",.0f")),
             ("Parameters", f"{s.get('num_params', 0):,}"),
@@ -331,8 +382,13 @@ def render_run_report(run: RunData, figs: dict[str, tuple[bytes, str]]) -> str:
         )
         sections.append(("Most confident mistakes", mistakes))
     sections.append(("Confusion matrix", fig("confusion_matrix") + confusion_table(run)))
+    if "ensemble_confusion_matrix" in figs:
+        caption = f"The ensemble of the {len(s['seeds'])} seeds: the mean of their probabilities."
+        sections.append(("Ensemble confusion matrix", fig("ensemble_confusion_matrix", caption)))
     sections.append(("Per-class results", fig("per_class_accuracy") + class_table(run)))
     sections.append(("Per-epoch metrics", epoch_table(run)))
+    if (profile := read_profile(run.path)) is not None:  # `train --profile-steps N`
+        sections.append(profile_section(profile))
     config = [[k, json.dumps(v)] for k, v in flatten(run.config).items()]
     sections.append(("Configuration", html.html_table(["", ""], config, kv=True)))
     subtitle = (
@@ -342,15 +398,17 @@ def render_run_report(run: RunData, figs: dict[str, tuple[bytes, str]]) -> str:
     return html.render_page(f"jaxmnist run {run.name}", sections, subtitle)
 
 
-def write_run_report(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
+def write_run_report(
+    run_dir: str | os.PathLike, out: str | os.PathLike | None = None, draw=None
+) -> Path:
     """Writes plots/*.png and report.html (or `out`) for the run in `run_dir`; returns the
-    page's path.
+    page's path. draw: as for `build_figures`.
 
     Raises JaxmnistError (one line) if `run_dir` is not a finished run or a file
     is damaged, WriteError if a file cannot be written.
     """
     run = load_run(run_dir)
-    figs = build_figures(run)
+    figs = build_figures(run, draw)
     page = Path(out) if out is not None else run.path / REPORT_FILE
     try:
         plot_dir = run.path / PLOTS_DIR

@@ -1,0 +1,230 @@
+"""The report drawn by a child process (`report.background`): the same page as drawn in
+process, no half-written page, errors as one line, no hang, no child left behind."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from test_report import tiny_run
+
+from jaxmnist import errors
+from jaxmnist.cli import main
+from jaxmnist.commands import train as train_command
+from jaxmnist.data import registry
+from jaxmnist.data.registry import FASHION_MNIST, MNIST
+from jaxmnist.report import background, plots, run_report
+from jaxmnist.report.run_report import write_run_report
+
+# A child that dies (SIGKILL, no clean-up) half-way through writing report.html.
+DIES_MID_PAGE = """\
+import os, signal
+from jaxmnist.runs import rundir
+from jaxmnist.report import background
+write = rundir.atomic_write
+def half(path, data):
+    if path.name == "report.html":
+        def die(f):
+            f.write(data[: len(data) // 2]); f.flush(); os.kill(os.getpid(), signal.SIGKILL)
+        return write(path, die)
+    return write(path, data)
+rundir.atomic_write = half
+background.main()
+"""
+
+
+@pytest.fixture
+def run_copy(tmp_path_factory, tiny_dataset, tmp_path):
+    """A private copy of the tiny run of test_report, without a report."""
+    return shutil.copytree(
+        tiny_run(tmp_path_factory, tiny_dataset),
+        tmp_path / "run",
+        ignore=shutil.ignore_patterns("report.html", "plots"),
+    )
+
+
+def _files(run) -> dict:
+    return {p.relative_to(run): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def no_drawing_here(monkeypatch):
+    """Makes drawing in this process fail, so that a report written was the child's."""
+
+    def refuse(*_):
+        raise AssertionError("drawn in the parent")
+
+    monkeypatch.setattr(run_report, "write_run_report", refuse)
+
+
+def test_the_child_draws_the_page_and_plots_the_parent_would(
+    run_copy, tmp_path, tiny_spec, monkeypatch, no_drawing_here
+):
+    # Registered here at run time, as the tests' CLI runs do: the child is told its name.
+    monkeypatch.setitem(registry.DATASETS, "tiny", tiny_spec)
+    here = shutil.copytree(run_copy, tmp_path / "here" / run_copy.name)  # the same name
+    renderer = background.ReportRenderer()
+    page = renderer.finish(run_copy)
+    assert page == run_copy / "report.html"
+    assert renderer.proc.returncode == 0
+    write_run_report(here)  # the real one, imported before the fixture replaced it
+    child, parent = _files(run_copy), _files(here)
+    page_child = child.pop(page.relative_to(run_copy)).decode()
+    page_parent = parent.pop(here.joinpath("report.html").relative_to(here)).decode()
+    assert child == parent  # every PNG byte for byte, and the run's files untouched
+    assert "tiny MNIST" in page_child
+    assert page_child.replace(str(run_copy.resolve()), "RUN") == page_parent.replace(
+        str(here.resolve()), "RUN"
+    )
+
+
+def test_the_child_draws_without_jax(run_copy, no_drawing_here):
+    """JAX costs the child a second of start-up and its memory: the parent tells it what
+    the model family's module would (`describe.MODEL_FACTS`)."""
+    code = "import sys\nfrom jaxmnist.report import background\nbackground.main()\n"
+    code += "sys.exit(3 if 'jax' in sys.modules else 0)"
+    renderer = background.ReportRenderer([sys.executable, "-c", code])
+    assert renderer.finish(run_copy).exists()
+    assert renderer.proc.returncode == 0
+
+
+def test_a_child_killed_mid_page_leaves_no_page_and_the_parent_draws_it(run_copy, monkeypatch):
+    before = _files(run_copy)
+    seen = {}
+
+    def draw_here(path, out=None):
+        seen["page"] = (run_copy / "report.html").exists()
+        seen["tmp"] = sorted(p.name for p in run_copy.rglob("*.tmp"))
+        return write_run_report(path, out)
+
+    monkeypatch.setattr(run_report, "write_run_report", draw_here)
+    renderer = background.ReportRenderer([sys.executable, "-c", DIES_MID_PAGE])
+    page = renderer.finish(run_copy)
+    assert renderer.proc.returncode == -9  # it did die mid-page
+    assert seen == {"page": False, "tmp": []}  # nothing that looks like a page, no leftovers
+    assert page.read_text().rstrip().endswith("</html>")
+    after = _files(run_copy)
+    assert {k: after[k] for k in before} == before  # the run's own files untouched
+
+
+def test_an_error_in_the_child_is_its_one_line_and_exit_code(run_copy, no_drawing_here):
+    (run_copy / "metrics.jsonl").write_text('{"epoch": 1, "st')  # a torn write
+    before = _files(run_copy)
+    with pytest.raises(errors.CorruptRunError, match=r"metrics.jsonl: line 1 is corrupt JSON"):
+        background.ReportRenderer().finish(run_copy)
+    assert _files(run_copy) == before  # nothing written, nothing lost
+
+
+def test_a_child_that_hangs_is_killed_and_the_parent_draws_it(run_copy, capsys):
+    renderer = background.ReportRenderer(
+        [sys.executable, "-c", "import time; time.sleep(60)"], timeout=1
+    )
+    t0 = time.monotonic()
+    page = renderer.finish(run_copy)
+    assert time.monotonic() - t0 < 30
+    assert renderer.proc.returncode is not None  # killed, not left behind
+    assert page.read_text().rstrip().endswith("</html>")
+    assert "not drawn within 1 s; drawing it here" in capsys.readouterr().err
+
+
+def test_a_child_never_told_is_stopped_when_the_renderer_goes(run_copy):
+    renderer = background.ReportRenderer()
+    proc = renderer.proc
+    del renderer  # a run that stopped or failed: finish() is never called
+    assert proc.wait(timeout=10) is not None
+    assert not (run_copy / "report.html").exists()
+
+
+def test_train_with_a_failing_child_keeps_the_run_and_exits_1(
+    train_argv, tmp_path, monkeypatch, capsys
+):
+    answer = json.dumps({"error": "cannot write the page", "kind": "WriteError", "exit_code": 1})
+    child = f"import sys; sys.stdin.readline(); print({answer!r})"
+    monkeypatch.setattr(
+        train_command,
+        "ReportRenderer",
+        lambda: background.ReportRenderer([sys.executable, "-c", child]),
+    )
+    run = tmp_path / "run"
+    assert main(train_argv(run, "--steps", "12")) == 1
+    assert {"summary.json", "params.npz", "metrics.jsonl"} <= set(os.listdir(run))
+    assert not (run / "report.html").exists()
+    assert capsys.readouterr().err.strip().endswith("jaxmnist train: error: cannot write the page")
+
+
+@pytest.mark.parametrize("spec", [MNIST, FASHION_MNIST], ids=lambda s: s.name)
+@pytest.mark.parametrize("accuracy", [0.5, 0.999])
+def test_the_fixed_margins_hold_every_label(spec, accuracy):
+    """The metric figures' margins are fixed (cheaper to draw than a constrained layout):
+    long class names, rotated or not, and accuracy ticks up to 100.0% stay inside."""
+    n = len(spec.class_names)
+    rng = np.random.default_rng(0)
+    confusion = rng.integers(0, 30, (n, n)) + np.diag(np.full(n, round(3000 * accuracy)))
+    records = [
+        {
+            "epoch": e,
+            "step": 100 * e,
+            "train_loss": 1 / e,
+            "test_loss": 1.2 / e,
+            "train_accuracy": accuracy + (1 - accuracy) * e / 6,
+            "test_accuracy": accuracy,
+        }
+        for e in range(1, 6)
+    ]
+    steps = np.arange(1, 501)
+    figures = [
+        plots.loss_curves(records, steps, 2 / np.sqrt(steps)),
+        plots.accuracy_curves(records),
+        plots.confusion_matrix(confusion, list(spec.class_names)),
+        plots.per_class_accuracy(confusion, list(spec.class_names)),
+    ]
+    for fig in figures:
+        fig.canvas.draw()
+        box = fig.get_tightbbox(fig.canvas.get_renderer())  # inches
+        width, height = fig.get_size_inches()
+        assert box.x0 >= 0 and box.y0 >= 0, (fig.axes[0].get_title(), box)
+        assert box.x1 <= width and box.y1 <= height, (fig.axes[0].get_title(), box)
+
+
+# draw_in_two forks, which a process that has loaded JAX must not: run it in a fresh one.
+DRAW_IN_TWO = """\
+import json, os, sys
+from jaxmnist.report import background, plots
+parent, fail_in_copy = os.getpid(), sys.argv[1] == "fail"
+def make():
+    if fail_in_copy and os.getpid() != parent:
+        raise RuntimeError("the copy fails")
+    os.write(2, f"{os.getpid()}\\n".encode())  # one write: the two do not mix
+    fig = plots.new_figure(1, 1)
+    fig.subplots().plot([0, 1])
+    return fig
+pngs = background.draw_in_two({f"f{i}": (make, "alt") for i in range(4)})
+print(json.dumps({"parent": parent, "names": sorted(pngs),
+                  "png": all(p.startswith(b"\\x89PNG") for p in pngs.values())}))
+"""
+
+
+def _draw_in_two(how: str) -> tuple[dict, str]:
+    done = subprocess.run(
+        [sys.executable, "-c", DRAW_IN_TWO, how], capture_output=True, text=True, check=True
+    )
+    return json.loads(done.stdout), done.stderr
+
+
+def test_draw_in_two_draws_in_two_processes():
+    out, err = _draw_in_two("ok")
+    assert out["names"] == ["f0", "f1", "f2", "f3"] and out["png"]
+    pids = [int(line) for line in err.split()]
+    assert len(pids) == 4 and pids.count(out["parent"]) == 2  # half of them in the copy
+
+
+def test_draw_in_two_draws_here_what_its_copy_failed_to():
+    out, err = _draw_in_two("fail")
+    assert out["names"] == ["f0", "f1", "f2", "f3"] and out["png"]
+    assert "RuntimeError: the copy fails" in err  # its traceback, then drawn here
+    pids = [int(line) for line in err.split() if line.isdigit()]
+    assert pids == [out["parent"]] * 4
