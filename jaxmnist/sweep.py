@@ -12,6 +12,11 @@ program (batch size, hidden sizes, optimizer, schedule, ...) starts another
 group, and the groups run one after another through the one run loop
 (`training.loop.train_population`). A point that diverges is recorded, not fatal.
 
+Points are ranked by validation accuracy when the base config holds out a validation
+split (`data.validation`; `jaxmnist sweep` holds out 10,000 by default), so that the
+test set, reported beside it, is never used to choose; without one, by test accuracy,
+and the table says so (`ranked_by` in sweep.json).
+
 `run_sweep` returns the result as a JSON-ready dict; `write_outputs` writes
 sweep.json, sweep.csv, the plot and the HTML page (`jaxmnist.report.sweep_report`).
 """
@@ -41,6 +46,44 @@ from jaxmnist.training.parallel import layout_for
 from jaxmnist.training.population import TRACED_FIELDS, Member
 
 FILES = {"json": "sweep.json", "csv": "sweep.csv", "png": "sweep.png", "html": "sweep.html"}
+SPLIT_NAMES = {"val": "validation", "test": "test"}
+# `jaxmnist sweep` holds out this many training examples as the validation split it ranks
+# by, unless data.validation is given; a sixth of a smaller training set (MNIST's 60,000
+# give exactly 10,000).
+DEFAULT_VALIDATION = 10_000
+
+
+def default_validation(num_train_examples: int) -> int:
+    """The validation examples a sweep holds out by default from a training set this big."""
+    return min(DEFAULT_VALIDATION, num_train_examples // 6)
+
+
+def ranking_metric(cfg: config_lib.Config) -> str:
+    """What a sweep of `cfg` ranks its points by: `val_accuracy` with a validation split
+    (`data.validation`), else `test_accuracy`."""
+    return "val_accuracy" if cfg.data.validation else "test_accuracy"
+
+
+def metric_name(metric: str) -> str:
+    """`val_accuracy` -> `validation accuracy`."""
+    split, _, what = metric.partition("_")
+    return f"{SPLIT_NAMES.get(split, split)} {what}"
+
+
+def ranking_note(sweep: dict) -> str:
+    """One line on what chose the ranking: the validation split, or (without one) the test
+    set, which then biases the best point's figures upwards."""
+    if sweep.get("ranked_by", "test_accuracy") == "val_accuracy":
+        n = sweep.get("config", {}).get("data", {}).get("validation")
+        held = f"{n:,} training examples held out, never trained on" if n else "held out"
+        return (
+            f"ranked by validation accuracy ({held}); the test set is reported beside it "
+            "and was not used to choose"
+        )
+    return (
+        "ranked by test accuracy: no validation split (data.validation=0), so the best "
+        "point's test figures are biased upwards by choosing on them"
+    )
 
 
 class Axis(NamedTuple):
@@ -85,6 +128,11 @@ def parse_grid(specs: list[str], base: config_lib.Config, given=()) -> list[Axis
         if key == "train.seeds":
             raise ConfigError(
                 "--grid train.seeds: give the number of seeds of every point with --seeds N"
+            )
+        if key == "data.validation":
+            raise ConfigError(
+                "--grid data.validation: points are ranked on one validation split; give it "
+                "once with data.validation=N"
             )
         if any(a.key == key for a in axes):
             raise ConfigError(f"--grid {key} given twice; list all its values in one --grid")
@@ -154,9 +202,15 @@ class SweepReporter(Callback):
     """Progress of one group as short lines through `log`."""
 
     def __init__(
-        self, log: Callable[[str], None], title: str, point_of: np.ndarray, num_points: int
+        self,
+        log: Callable[[str], None],
+        title: str,
+        point_of: np.ndarray,
+        num_points: int,
+        metric: str = "test_accuracy",
     ):
         self.log, self.title, self.point_of, self.num_points = log, title, point_of, num_points
+        self.metric = metric  # what the sweep ranks by
 
     def on_start(self, start: RunStart) -> None:
         info = start.info
@@ -172,10 +226,10 @@ class SweepReporter(Callback):
 
     def on_epoch_end(self, end: EpochEnd) -> None:
         r = end.record
-        acc = np.asarray(r.get("test_accuracy_per_seed", [r["test_accuracy"]]))
+        acc = _per_member(r, self.metric)
         best = max(acc[self.point_of == p].mean() for p in range(self.num_points))
         self.log(
-            f"  epoch {r['epoch']}: best point mean test accuracy {best:.2%} "
+            f"  epoch {r['epoch']}: best point mean {metric_name(self.metric)} {best:.2%} "
             f"({r['epoch_seconds']:.2f} s)"
         )
 
@@ -184,15 +238,30 @@ def _finite(x):
     return None if x is None or not math.isfinite(x) else x
 
 
+def _per_member(record: dict, key: str) -> np.ndarray:
+    """(members,): one metrics.jsonl record's `key` (e.g. `val_accuracy`) of each member."""
+    return np.asarray(record.get(f"{key}_per_seed", [record[key]]), np.float64)
+
+
 def _point_result(
     point: Point, group: int, seeds: list[int], test, idx, records, reached, diverged, compile_s
 ) -> dict:
     acc, loss = test.accuracy[idx], test.loss[idx]
     spread = stats.spread(acc)
-    history = [
-        float(np.mean(np.asarray(r.get("test_accuracy_per_seed", [r["test_accuracy"]]))[idx]))
-        for r in records
-    ]
+    history = [float(np.mean(_per_member(r, "test_accuracy")[idx])) for r in records]
+    val = {}
+    if "val_accuracy" in records[-1]:  # the validation split after the last epoch
+        val_acc = _per_member(records[-1], "val_accuracy")[idx]
+        val_loss = _per_member(records[-1], "val_loss")[idx]
+        val = {
+            **stats.spread(val_acc).to_json("val_accuracy"),
+            "val_accuracy_per_seed": val_acc.tolist(),
+            "val_loss_mean": _finite(float(val_loss.mean())),
+            "val_loss_per_seed": [_finite(x) for x in val_loss.tolist()],
+            "val_accuracy_by_epoch": [
+                float(np.mean(_per_member(r, "val_accuracy")[idx])) for r in records
+            ],
+        }
     return {
         "point": point.index,
         "values": {k: list(v) if isinstance(v, tuple) else v for k, v in point.values.items()},
@@ -205,6 +274,7 @@ def _point_result(
         "test_loss_per_seed": [_finite(x) for x in loss.tolist()],
         "diverged_seeds": [seeds[i] for i in diverged],
         "test_accuracy_by_epoch": history,
+        **val,
         "epochs_to_target": reached and reached["epoch"],
         "time_to_target_seconds": reached and reached["train_seconds"],
         "time_to_target_with_compile_seconds": reached and reached["train_seconds"] + compile_s,
@@ -225,6 +295,7 @@ def run_sweep(
     """
     wall_start = time.perf_counter()
     log = log or (lambda line: None)
+    metric = ranking_metric(base)
     if any(a.key == "train.epochs" for a in axes):
         # The grid's epochs replace a preset's steps, as train's --epochs does; sweep.json's
         # config then says what every point ran: epochs, not the preset's steps.
@@ -254,7 +325,7 @@ def run_sweep(
         title = f"program {g + 1}/{len(groups)}" + (
             f" ({', '.join(f'{k}={v}' for k, v in fixed.items())})" if fixed else ""
         )
-        reporter = SweepReporter(log, title, point_of, len(group))
+        reporter = SweepReporter(log, title, point_of, len(group), metric)
         layout = layout_for(cfg.parallel, num_models=len(members), batch_size=cfg.train.batch_size)
         r = train_population(
             cfg, members, data, reporter, points=point_of, stop_on_nonfinite=False, layout=layout
@@ -290,19 +361,14 @@ def run_sweep(
                 "eval_seconds": r.eval_seconds,
             }
         )
-    results.sort(
-        key=lambda x: (
-            -x["test_accuracy_mean"] if math.isfinite(x["test_accuracy_mean"]) else math.inf,
-            x["point"],
-        )
-    )
-    for rank, x in enumerate(results, start=1):
-        x["rank"] = rank
+    rank_points(results, metric)
     return {
         "axes": {a.key: [list(v) if isinstance(v, tuple) else v for v in a.values] for a in axes},
         "seeds_per_point": seeds_per_point,
         "first_seed": base.train.seed,
         "target_accuracy": base.train.target_accuracy,
+        "target_split": base.train.target_split,
+        "ranked_by": metric,
         "num_points": len(points),
         "num_programs": len(groups),
         "results": results,
@@ -313,10 +379,27 @@ def run_sweep(
     }
 
 
+def rank_points(results: list[dict], metric: str) -> None:
+    """Sorts point results (as `run_sweep` makes them) best first by the mean of `metric`
+    (`val_accuracy` or `test_accuracy`; not finite: last), ties by point, and numbers them
+    (`rank`), in place."""
+    results.sort(
+        key=lambda x: (
+            -x[f"{metric}_mean"] if math.isfinite(x[f"{metric}_mean"]) else math.inf,
+            x["point"],
+        )
+    )
+    for rank, x in enumerate(results, start=1):
+        x["rank"] = rank
+
+
 def to_csv(sweep: dict) -> str:
     """One row per point, best first: the axes' values, then the accuracy figures."""
     keys = list(sweep["axes"])
     target = sweep["target_accuracy"] is not None
+    val = sweep.get("ranked_by") == "val_accuracy"
+    val_keys = ["val_accuracy_mean", "val_accuracy_std", "val_accuracy_ci95_low"]
+    val_keys += ["val_accuracy_ci95_high", "val_accuracy_min", "val_accuracy_max", "val_loss_mean"]
     out = io.StringIO()
     w = csv.writer(out, lineterminator="\n")
     w.writerow(
@@ -325,6 +408,7 @@ def to_csv(sweep: dict) -> str:
             *keys,
             "group",
             "seeds",
+            *val_keys * val,
             "test_accuracy_mean",
             "test_accuracy_std",
             "test_accuracy_ci95_low",
@@ -338,11 +422,16 @@ def to_csv(sweep: dict) -> str:
     )
     for x in sweep["results"]:
         ci = x["test_accuracy_ci95"] or [None, None]
+        val_row = []
+        if val:
+            val_row = [x[k] for k in val_keys[:2]] + (x["val_accuracy_ci95"] or [None, None])
+            val_row += [x[k] for k in val_keys[-3:]]
         row = [
             x["rank"],
             *(format_value(tuple(v) if isinstance(v, list) else v) for v in x["values"].values()),
             x["group"],
             len(x["seeds"]),
+            *val_row,
             x["test_accuracy_mean"],
             x["test_accuracy_std"],
             *ci,
@@ -357,33 +446,46 @@ def to_csv(sweep: dict) -> str:
     return out.getvalue()
 
 
-def format_table(sweep: dict) -> str:
-    """The results for a terminal, best first."""
+def mean_and_std(x: dict, metric: str) -> str:
+    """A point's `metric` as `97.12% ± 0.08%` (the std with several seeds)."""
+    std = x[f"{metric}_std"]
+    return f"{100 * x[f'{metric}_mean']:.2f}%" + (f" ± {100 * std:.2f}%" if std is not None else "")
+
+
+def format_table(sweep: dict, metric: str | None = None) -> str:
+    """The results for a terminal, best first; "≈ best" marks the points whose `metric`
+    (the one the results are ranked by: by default sweep's `ranked_by`) is not
+    significantly worse than the best's. Ranked by validation accuracy, the test
+    accuracy is shown beside it; a last line says which split chose."""
+    metric = metric or sweep.get("ranked_by", "test_accuracy")
     keys = list(sweep["axes"])
     target = sweep["target_accuracy"] is not None
-    header = ["rank", *keys, "test accuracy (mean ± std)", "95% CI", "min", "max"]
+    marks = stats.near_best([x[f"{metric}_per_seed"] for x in sweep["results"]])
+    tested = any(m in ("yes", "no") for m in marks)
+    beside = metric != "test_accuracy"
+    header = ["rank", *keys, f"{metric_name(metric)} (mean ± std)", "95% CI", "min", "max"]
+    header += ["≈ best"] * tested + ["test accuracy (mean ± std)"] * beside
     header += ["epochs to target"] * target
     rows = []
-    for x in sweep["results"]:
-        ci = x["test_accuracy_ci95"]
-        std = (
-            f" ± {100 * x['test_accuracy_std']:.2f}%" if x["test_accuracy_std"] is not None else ""
-        )
+    for x, mark in zip(sweep["results"], marks):
+        ci = x[f"{metric}_ci95"]
         row = [
             str(x["rank"]),
             *(format_value(tuple(v) if isinstance(v, list) else v) for v in x["values"].values()),
-            f"{100 * x['test_accuracy_mean']:.2f}%{std}"
-            + (" (diverged)" * bool(x["diverged_seeds"])),
+            mean_and_std(x, metric) + (" (diverged)" * bool(x["diverged_seeds"])),
             f"{100 * ci[0]:.2f}–{100 * ci[1]:.2f}%" if ci else "—",
-            f"{100 * x['test_accuracy_min']:.2f}%",
-            f"{100 * x['test_accuracy_max']:.2f}%",
+            f"{100 * x[f'{metric}_min']:.2f}%",
+            f"{100 * x[f'{metric}_max']:.2f}%",
         ]
+        row += [mark] * tested + [mean_and_std(x, "test_accuracy")] * beside
         if target:
             row.append(str(x["epochs_to_target"]) if x["epochs_to_target"] else "not reached")
         rows.append(row)
     widths = [max(len(h), *(len(r[j]) for r in rows)) for j, h in enumerate(header)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths))]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
+    lines.append(stats.near_best_legend(marks))
+    lines.append(ranking_note({**sweep, "ranked_by": metric}))
     n = sweep["seeds_per_point"]
     lines.append(
         f"{sweep['num_points']} points x {n} seed{'s' * (n != 1)} in {sweep['num_programs']} "

@@ -151,6 +151,8 @@ def test_cli_two_by_two_grid_in_one_program_writes_files(tiny_data_dir, tmp_path
     captured = capsys.readouterr()
     assert "program 1/1: 8 models in one program" in captured.err
     assert "rank" in captured.out and "4 points x 2 seeds in 1 program" in captured.out
+    assert "≈ best" in captured.out.splitlines()[0]  # two seeds: marked against the best
+    assert "Holm-corrected over the 3 comparisons" in captured.out
 
     result = json.loads((out / "sweep.json").read_text())
     assert (
@@ -178,6 +180,7 @@ def test_cli_two_by_two_grid_in_one_program_writes_files(tiny_data_dir, tmp_path
     assert (out / "sweep.png").read_bytes().startswith(b"\x89PNG")
     page = (out / "sweep.html").read_text()
     assert "Mean test accuracy of every pair of values" in page and "<table" in page
+    assert "≈ best</th>" in page
 
 
 def test_cli_shape_changing_grid_runs_separate_programs(tiny_data_dir, tmp_path, capsys):
@@ -262,6 +265,7 @@ def test_a_grid_over_epochs_replaces_the_presets_steps_and_says_so(tiny_data_dir
     out = tmp_path / "sweep"
     args = ["sweep", "--preset", "codelab", "--dataset", "tiny", "--data-dir", str(tiny_data_dir)]
     args += ["--out", str(out), "--batch-size", "32", "--hidden", "16", "--no-compile-cache"]
+    args += ["data.validation=0"]  # all 640 examples trained on: 20 steps an epoch
     assert main([*args, "--grid", "train.epochs=1,2", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert [(g["epochs"], g["steps"]) for g in result["groups"]] == [(1, 20), (2, 40)]

@@ -1,4 +1,5 @@
-"""`jaxmnist compare RUN_DIR...`: one HTML page comparing several runs."""
+"""`jaxmnist compare RUN_DIR...`: one HTML page comparing several runs, and in the terminal
+whether their test accuracies differ by more than the seeds' noise."""
 
 from __future__ import annotations
 
@@ -6,7 +7,11 @@ import argparse
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("compare", help="one HTML page comparing several runs")
+    p = subparsers.add_parser(
+        "compare",
+        help="one HTML page comparing several runs; prints whether their accuracies differ "
+        "significantly",
+    )
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     p.add_argument(
         "--out", default="comparison.html", help="the page to write (default comparison.html)"
@@ -15,7 +20,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from jaxmnist.report.compare import write_comparison  # start-up: matplotlib and jax
+    # start-up: matplotlib and jax
+    from jaxmnist.report.compare import load_runs, significance_lines, write_comparison
 
-    print(write_comparison(args.run_dirs, args.out))
+    runs = load_runs(args.run_dirs)
+    path = write_comparison(runs, args.out)
+    for line in significance_lines(runs):
+        print(line)
+    print(path)
     return 0

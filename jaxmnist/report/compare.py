@@ -6,6 +6,11 @@ self-contained page: the headline numbers with the best run's value in bold, the
 config fields that differ, training and test curves of every run on shared axes,
 the full summaries side by side with every row that differs highlighted, and
 per-class accuracy per run.
+
+Whether a difference in test accuracy is larger than the seeds' noise is said in
+words, on the page and in the terminal (`significance_lines`): Welch's t-test on
+the runs' per-seed accuracies for every pair (each run against the best one
+beyond `ALL_PAIRS_UP_TO` runs), Holm-corrected over the pairs (`jaxmnist.stats`).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from jaxmnist import stats
 from jaxmnist.errors import ConfigError, WriteError
 from jaxmnist.report import html, plots
 from jaxmnist.report.describe import DASH, flatten, pct, summary_rows
@@ -28,6 +34,10 @@ HIGHER_IS_BETTER = {
     "Train accuracy": True,
     "Examples/s": True,
     "Test loss": False,
+    "Ensemble test accuracy": True,
+    "Ensemble test loss": False,
+    "Validation accuracy": True,
+    "Validation loss": False,
     "Train loss": False,
     "Compile time": False,
     "Training time": False,
@@ -38,6 +48,8 @@ HIGHER_IS_BETTER = {
 HEADLINE = (
     "Test accuracy",
     "Test loss",
+    "Ensemble test accuracy",
+    "Validation accuracy",
     "Train accuracy",
     "Train loss",
     "Parameters",
@@ -46,6 +58,11 @@ HEADLINE = (
     "Training time",
     "Examples/s",
 )
+
+
+# Up to this many runs every pair is tested (15 pairs); beyond, each run against the best,
+# so that the list stays readable and Holm's correction does not swallow every difference.
+ALL_PAIRS_UP_TO = 6
 
 
 def run_labels(runs: list[RunData]) -> list[str]:
@@ -115,6 +132,116 @@ def _class_accuracy(runs: list[RunData], labels: list[str]) -> str:
     )
 
 
+def seed_accuracies(run: RunData) -> list[float]:
+    """The run's test accuracy per seed (one value for a one-seed run)."""
+    s = run.summary
+    return list(s.get("test_accuracy_per_seed") or [s["test_accuracy"]])
+
+
+def significance(runs: list[RunData]) -> tuple[list[stats.Comparison], str]:
+    """Welch's test of the runs' test accuracies, Holm-corrected, and a line saying which
+    pairs were tested. Every pair has the higher mean first (a - b >= 0), ties in the
+    order given."""
+    samples = [seed_accuracies(r) for r in runs]
+    means = [float(np.mean(s)) for s in samples]
+
+    def ordered(i: int, j: int) -> tuple[int, int]:
+        return (j, i) if means[j] > means[i] else (i, j)
+
+    if len(runs) <= ALL_PAIRS_UP_TO:
+        pairs = [ordered(i, j) for i in range(len(runs)) for j in range(i + 1, len(runs))]
+        scope = "every pair"
+    else:
+        best = stats.best_index(samples)
+        pairs = [ordered(best, j) for j in range(len(runs)) if j != best]
+        scope = f"each run against the best (more than {ALL_PAIRS_UP_TO} runs)"
+    found = stats.comparisons(samples, pairs)
+    family = found[0].family
+    how = "Welch's t-test on the seeds, two-sided, 5%"
+    if family > 1:
+        how += f", Holm-corrected over the {family} tested pairs"
+    return found, f"Test accuracy, {scope} ({how}):"
+
+
+def significance_lines(runs: list[RunData]) -> list[str]:
+    """The terminal's text: each run's accuracy over its seeds, then one line per pair."""
+    labels = run_labels(runs)
+    width = max(map(len, labels))
+    found, head = significance(runs)
+    lines = [
+        f"{label.ljust(width)}  {stats.format_spread(stats.spread(seed_accuracies(r)))}"
+        for label, r in zip(labels, runs)
+    ]
+    lines += [head] + ["  " + stats.format_comparison(c, labels[c.a], labels[c.b]) for c in found]
+    if any(c.test is not None for c in found) and found[0].family > 1:
+        lines.append("  (each interval is for its pair alone; the verdicts use Holm's p)")
+    return lines
+
+
+def _significance_table(runs: list[RunData], labels: list[str]) -> str:
+    found, head = significance(runs)
+    holm = found[0].family > 1
+    header = ["Comparison", "Difference", "95% CI", "p", *["Holm-adjusted p"] * holm, "Verdict"]
+    rows = []
+    for c in found:
+        t = c.test
+        numbers = [DASH] * (3 + holm)
+        if t is not None:
+            numbers = [
+                f"{100 * t.difference:+.2f} pp".replace("-", "−"),
+                DASH
+                if t.no_spread
+                else f"{100 * t.ci95[0]:+.2f}, {100 * t.ci95[1]:+.2f} pp".replace("-", "−"),
+                stats.format_p(t.p),
+                *[stats.format_p(c.p_holm)] * holm,
+            ]
+        rows.append(
+            [f"{labels[c.a]} − {labels[c.b]}", *numbers, stats.verdict(c, labels[c.a], labels[c.b])]
+        )
+    note = (
+        f"{head[:-1]}. Each run's test accuracy over its seeds is one sample; the difference is "
+        "of the means, in percentage points, with the higher mean first."
+    )
+    if holm:
+        note += (
+            " Each interval is for its pair alone; the verdicts use the Holm-adjusted p, which "
+            'keeps the chance of any false "significant" among the pairs at 5%.'
+        )
+    highlight = {i for i, c in enumerate(found) if c.significant}
+    return html.html_table(header, rows, highlight=highlight) + (
+        f'<p class="note">{html.esc(note)} Highlighted: significant differences.</p>'
+    )
+
+
+def _extra_rows(
+    runs: list[RunData], prefix: str, title: str, note
+) -> list[tuple[str, list[str], list[float | None]]]:
+    """`{title} accuracy` and `{title} loss` rows from the summaries' `{prefix}_accuracy`
+    and `{prefix}_loss`, the accuracy followed by `note(summary)`; a dash where absent."""
+    summaries = [r.summary for r in runs]
+    accuracy = [s.get(f"{prefix}_accuracy") for s in summaries]
+    loss = [s.get(f"{prefix}_loss") for s in summaries]
+    texts = [DASH if a is None else f"{pct(a)} ({note(s)})" for a, s in zip(accuracy, summaries)]
+    return [
+        (f"{title} accuracy", texts, accuracy),
+        (f"{title} loss", [DASH if x is None else f"{x:.4f}" for x in loss], loss),
+    ]
+
+
+def _ensemble_rows(runs: list[RunData]) -> list[tuple[str, list[str], list[float | None]]]:
+    """The ensembles' test accuracy and loss, a dash for a run of one model."""
+    return _extra_rows(
+        runs, "ensemble_test", "Ensemble test", lambda s: f"ensemble of {s.get('ensemble_members')}"
+    )
+
+
+def _val_rows(runs: list[RunData]) -> list[tuple[str, list[str], list[float | None]]]:
+    """The validation split's accuracy and loss (data.validation), a dash for a run without."""
+    return _extra_rows(
+        runs, "val", "Validation", lambda s: f"{s.get('num_val_examples', 0):,} held out"
+    )
+
+
 def render_comparison(runs: list[RunData]) -> str:
     """The comparison page for `runs` (at least two)."""
     labels = run_labels(runs)
@@ -124,6 +251,12 @@ def render_comparison(runs: list[RunData]) -> str:
         (label, [rows[i][1] for rows in per_run], [rows[i][2] for rows in per_run])
         for i, label in enumerate(row_labels)
     ]
+    if any("ensemble_test_accuracy" in r.summary for r in runs):  # runs of several seeds
+        after = row_labels.index("Test loss") + 1
+        full[after:after] = _ensemble_rows(runs)
+    if any("val_accuracy" in r.summary for r in runs):  # runs that held out a validation split
+        after = row_labels.index("Test loss") + 1
+        full[after:after] = _val_rows(runs)
     headline = [row for row in full if row[0] in HEADLINE]
     curves = plots.compare_curves(
         [
@@ -147,6 +280,7 @@ def render_comparison(runs: list[RunData]) -> str:
             _side_by_side(labels, headline, HIGHER_IS_BETTER)
             + '<p class="note">Highlighted: rows where the runs differ; bold: the best value.</p>',
         ),
+        ("Significance", _significance_table(runs, labels)),
         ("Config differences", _config_diff(runs, labels)),
         (
             "Curves",
@@ -166,15 +300,25 @@ def render_comparison(runs: list[RunData]) -> str:
     return html.render_page("jaxmnist run comparison", sections, subtitle)
 
 
-def write_comparison(run_dirs: list[str | os.PathLike], out: str | os.PathLike) -> Path:
-    """Writes the comparison page of `run_dirs` to `out`; returns its path.
+def load_runs(run_dirs: list[str | os.PathLike]) -> list[RunData]:
+    """The runs to compare; ConfigError for fewer than two, JaxmnistError for a bad one."""
+    if len(run_dirs) < 2:
+        raise ConfigError("compare needs at least two run directories")
+    return [load_run(d, predictions=False) for d in run_dirs]
+
+
+def write_comparison(
+    run_dirs: list[str | os.PathLike] | list[RunData], out: str | os.PathLike
+) -> Path:
+    """Writes the comparison page of `run_dirs` (or runs already loaded) to `out`; returns
+    its path.
 
     Raises ConfigError for fewer than two runs, JaxmnistError for a bad run directory,
     WriteError if the page cannot be written.
     """
-    if len(run_dirs) < 2:
+    runs = run_dirs if all(isinstance(r, RunData) for r in run_dirs) else load_runs(run_dirs)
+    if len(runs) < 2:
         raise ConfigError("compare needs at least two run directories")
-    runs = [load_run(d, predictions=False) for d in run_dirs]
     path = Path(out)
     if path.is_dir():
         raise ConfigError(

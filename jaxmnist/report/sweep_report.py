@@ -2,9 +2,11 @@
 
 Sections: summary (the best point and how the sweep ran), results (every point,
 best first, mean ± std with the 95% confidence interval of the mean, range and
-per-seed accuracies), the plot (`spread_plots.sweep_figure`, also saved as
-sweep.png), the programs (which points shared one compiled program, with
-compile and training time), the base configuration, and the environment.
+per-seed accuracies, and "≈ best": whether a point is not significantly worse than
+the best by Welch's test on the seeds, Holm-corrected), the plot
+(`spread_plots.sweep_figure`, also saved as sweep.png), the programs (which points
+shared one compiled program, with compile and training time), the base configuration,
+and the environment.
 """
 
 from __future__ import annotations
@@ -13,14 +15,14 @@ import json
 import os
 from pathlib import Path
 
+from jaxmnist import stats
 from jaxmnist.report import html, plots, spread_plots
 from jaxmnist.report.describe import DASH, flatten, pct, secs
 from jaxmnist.runs import rundir
 
 NOTE = (
     "Mean ± sample standard deviation over the seeds of each point; the 95% confidence interval "
-    "of the mean uses Student's t with n − 1 degrees of freedom. Overlapping intervals mean the "
-    "sweep cannot tell those points apart: add seeds before trusting the ranking."
+    "of the mean uses Student's t with n − 1 degrees of freedom."
 )
 
 
@@ -34,34 +36,71 @@ def _value(v) -> str:
     )
 
 
-def _spread(x: dict) -> str:
-    std = x["test_accuracy_std"]
-    return pct(x["test_accuracy_mean"]) + (f" ± {100 * std:.2f}%" if std is not None else "")
+def _spread(x: dict, metric: str = "test_accuracy") -> str:
+    std = x[f"{metric}_std"]
+    return pct(x[f"{metric}_mean"]) + (f" ± {100 * std:.2f}%" if std is not None else "")
 
 
-def results_table(sweep: dict) -> str:
+def ranked_by(sweep: dict) -> str:
+    """What the sweep ranked its points by: `val_accuracy` or (older sweeps, or none held
+    out) `test_accuracy`."""
+    return sweep.get("ranked_by", "test_accuracy")
+
+
+def ranking_text(sweep: dict) -> str:
+    """One sentence on which split chose the ranking."""
+    if ranked_by(sweep) == "val_accuracy":
+        n = sweep.get("config", {}).get("data", {}).get("validation") or 0
+        return (
+            f"Ranked by validation accuracy ({n:,} training examples held out, never trained "
+            "on); the test accuracy is reported beside it and was not used to choose."
+        )
+    return (
+        "Ranked by test accuracy: there was no validation split (data.validation=0), so the "
+        "best point's test figures are biased upwards by choosing on them."
+    )
+
+
+def results_table(sweep: dict, metric: str | None = None) -> str:
+    """Every point, best first; "≈ best" marks the points whose `metric` (the one the
+    results are ranked by: by default the sweep's `ranked_by`) is not significantly worse
+    than the best's. Ranked by validation accuracy, the test accuracy is shown beside."""
+    metric = metric or ranked_by(sweep)
     target = sweep["target_accuracy"] is not None
-    header = ["Rank", *sweep["axes"], "Test accuracy", "95% CI", "Min", "Max", "Per seed"]
+    marks = stats.near_best([x[f"{metric}_per_seed"] for x in sweep["results"]])
+    tested = any(m in ("yes", "no") for m in marks)
+    beside = metric != "test_accuracy"
+    name = "Validation accuracy" if metric == "val_accuracy" else "Test accuracy"
+    header = ["Rank", *sweep["axes"], name, "95% CI", "Min", "Max", "Per seed"]
+    header += ["≈ best"] * tested + ["Test accuracy"] * beside
     header += ["Epochs to target", "Time to target"] * target
     rows = []
-    for x in sweep["results"]:
-        ci = x["test_accuracy_ci95"]
-        per_seed = ", ".join(f"{100 * a:.2f}" for a in x["test_accuracy_per_seed"])
+    for x, mark in zip(sweep["results"], marks):
+        ci = x[f"{metric}_ci95"]
+        per_seed = ", ".join(f"{100 * a:.2f}" for a in x[f"{metric}_per_seed"])
         if x["diverged_seeds"]:
             per_seed += f" (diverged: seeds {', '.join(map(str, x['diverged_seeds']))})"
         row = [
             x["rank"],
             *(_value(v) for v in x["values"].values()),
-            _spread(x),
+            _spread(x, metric),
             f"{100 * ci[0]:.2f}–{100 * ci[1]:.2f}%" if ci else DASH,
-            pct(x["test_accuracy_min"]),
-            pct(x["test_accuracy_max"]),
+            pct(x[f"{metric}_min"]),
+            pct(x[f"{metric}_max"]),
             per_seed,
         ]
+        row += [mark] * tested + [_spread(x)] * beside
         if target:
             row += [x["epochs_to_target"] or "not reached", secs(x["time_to_target_seconds"])]
         rows.append(row)
-    return html.html_table(header, rows, highlight={0}) + f'<p class="note">{html.esc(NOTE)}</p>'
+    note = f"{ranking_text(sweep)} {NOTE} {stats.near_best_legend(marks)}."
+    near = {i for i, m in enumerate(marks) if m in ("best", "yes")}
+    if tested:
+        note += (
+            " Highlighted: the best point and those the seeds' noise cannot tell from it; add "
+            "seeds before trusting the ranking among them."
+        )
+    return html.html_table(header, rows, highlight=near) + f'<p class="note">{html.esc(note)}</p>'
 
 
 def _chunks_text(chunks: list[int]) -> str:
@@ -115,6 +154,11 @@ def render_sweep_page(sweep: dict, png: bytes) -> str:
             (
                 "Best point",
                 ", ".join(f"{k.rsplit('.', 1)[-1]}={_value(v)}" for k, v in best["values"].items()),
+            ),
+            *(
+                [("Its validation accuracy", _spread(best, "val_accuracy"))]
+                if ranked_by(sweep) == "val_accuracy"
+                else []
             ),
             ("Its test accuracy", _spread(best)),
             ("Points", f"{sweep['num_points']} × {n} seed{'s' * (n != 1)}"),
