@@ -199,21 +199,24 @@ def test_run_directory_mistakes_exit_2(tiny_model_run, tmp_path, capsys):
     assert "no such run directory" in err[0] and "params.npz" in err[1]
 
 
-def test_several_seeds_use_the_first_seeds_model(
+def test_several_seeds_use_their_ensemble_or_the_member_chosen(
     tiny_data_dir, train_argv, tiny_arrays, tmp_path, capsys
 ):
     run = tmp_path / "seeds"
     assert main([*train_argv(run, "--seeds", "2", "--epochs", "1", "--no-report", "--quiet")]) == 0
-    model = predict.load_trained(run)
     with np.load(run / "params.npz") as stored:
-        first = {k: stored[k][0] for k in stored.files}
-    leaves = jax.tree_util.tree_leaves_with_path(model.params)
-    for key, leaf in leaves:
-        np.testing.assert_array_equal(np.asarray(leaf), first[jax.tree_util.keystr(key)])
+        stacked = {k: stored[k] for k in stored.files}
+    for member, expected in ((None, stacked), (1, {k: v[1] for k, v in stacked.items()})):
+        model = predict.load_trained(run, member)
+        leaves = jax.tree_util.tree_leaves_with_path(model.params)
+        for key, leaf in leaves:
+            np.testing.assert_array_equal(np.asarray(leaf), expected[jax.tree_util.keystr(key)])
     np.save(tmp_path / "x.npy", tiny_arrays["test_images"][:3])
     capsys.readouterr()
     assert main(["predict", str(run), str(tmp_path / "x.npy")]) == 0
-    assert "seed 0, the first of the run's 2 seeds" in capsys.readouterr().err
+    assert "ensemble of 2: the mean of its members' softmax" in capsys.readouterr().err
+    assert main(["predict", str(run), str(tmp_path / "x.npy"), "--member", "1"]) == 0
+    assert "seed 1, member 1 of the run's 2" in capsys.readouterr().err
 
 
 def test_report_images_go_through_the_model_input_path(tiny_dataset, monkeypatch):

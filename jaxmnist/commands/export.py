@@ -1,7 +1,8 @@
 """`jaxmnist export RUN_DIR --out FILE`: one file that runs the trained model with only jax
 (and flatbuffers, which jax.export's deserialisation needs).
 
-The file holds StableHLO for each platform asked for, the parameters and a JSON header;
+The file holds StableHLO for each platform asked for, the parameters and a JSON header
+(a run of several seeds: the ensemble of its members, one function, unless --member);
 the output path is checked before the run is read.
 """
 
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+
+from jaxmnist.use.members import add_member_option
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -25,6 +28,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         default="cpu,cuda,tpu",
         help="platforms the file runs on (default cpu,cuda,tpu)",
     )
+    add_member_option(p)
     return p
 
 
@@ -32,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     from jaxmnist.use import export, predict  # start-up: imports jax
 
     out = export.check_output(args.out)
-    model = predict.load_trained(args.run_dir)
+    model = predict.load_trained(args.run_dir, args.member)
     header = export.export_model(model, out, platforms=args.platforms.split(","))
     print(f"model: {model.describe()}", file=sys.stderr)
     size = out.stat().st_size

@@ -1,6 +1,7 @@
 """`jaxmnist predict RUN_DIR INPUT...`: top classes for people's images or arrays.
 
-Images are preprocessed the way the run's dataset asks (unless --no-preprocess); one
+A run of several seeds predicts as the ensemble of its members unless --member picks
+one. Images are preprocessed the way the run's dataset asks (unless --no-preprocess); one
 unreadable input is reported on stderr and makes the exit status 1, the others still
 get their predictions.
 """
@@ -12,6 +13,7 @@ import json
 import sys
 
 from jaxmnist.errors import ConfigError
+from jaxmnist.use.members import add_member_option
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -31,6 +33,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "centring)",
     )
     p.add_argument("--show-input", metavar="DIR", help="write what the model saw as PNGs here")
+    add_member_option(p)
     return p
 
 
@@ -44,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from jaxmnist.runs import rundir  # start-up: imports jax
     from jaxmnist.use import predict  # start-up: imports jax
 
-    model = predict.load_trained(args.run_dir)
+    model = predict.load_trained(args.run_dir, args.member)
     check_k(args.k, len(model.class_names))
     show = rundir.check_writable(args.show_input) if args.show_input else None
     print(f"model: {model.describe()}", file=sys.stderr)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 
+from jaxmnist.use.members import add_member_option
+
 
 def port(text: str) -> int:
     """argparse type: a TCP port number, 0 (any free port) to 65535."""
@@ -29,10 +31,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         default="127.0.0.1",
         help="address to listen on (default 127.0.0.1: this machine only)",
     )
+    add_member_option(p)
     return p
 
 
 def run(args: argparse.Namespace) -> int:
     from jaxmnist.use.serve import serve  # optional extra (serve), and start-up: imports jax
 
-    return serve(args.run_dir, host=args.host, port=args.port)
+    return serve(args.run_dir, host=args.host, port=args.port, member=args.member)

@@ -40,6 +40,8 @@ class RunData:
     confusion: np.ndarray  # int64 (C, C): rows true class, columns predicted
     predictions: Predictions | None  # None when not asked for
     command: str | None  # None: not recorded (e.g. a library call)
+    # int64 (C, C): a run of several seeds, the ensemble of its members; else None.
+    ensemble_confusion: np.ndarray | None = None
 
     @property
     def name(self) -> str:
@@ -106,12 +108,15 @@ def _read_step_losses(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return steps, losses
 
 
-def _read_confusion(path: Path) -> tuple[list[str], np.ndarray]:
+def _read_confusion(path: Path) -> tuple[list[str], np.ndarray, np.ndarray | None]:
+    """(class names, the matrix, the ensemble's matrix or None)."""
     obj = _read_json(path, "test-set confusion matrix")
     try:
         names = [str(n) for n in obj["class_names"]]
         matrix = np.array(obj["matrix"], dtype=np.int64)
-    except (KeyError, TypeError, ValueError):
+        ensemble = obj.get("ensemble_matrix")
+        ensemble = None if ensemble is None else np.array(ensemble, dtype=np.int64)
+    except (KeyError, TypeError, ValueError, AttributeError):
         raise CorruptRunError(
             f"{path}: corrupt (needs class_names and an integer matrix)"
         ) from None
@@ -120,7 +125,12 @@ def _read_confusion(path: Path) -> tuple[list[str], np.ndarray]:
         path,
         "corrupt (matrix is not square non-negative counts, one row per class)",
     )
-    return names, matrix
+    _require(
+        ensemble is None or (ensemble.shape == matrix.shape and (ensemble >= 0).all()),
+        path,
+        "corrupt (ensemble_matrix is not like matrix)",
+    )
+    return names, matrix, ensemble
 
 
 def load_run(run_dir: str | os.PathLike, *, predictions: bool = True) -> RunData:
@@ -148,7 +158,7 @@ def load_run(run_dir: str | os.PathLike, *, predictions: bool = True) -> RunData
         )
     records = _read_records(path / "metrics.jsonl")
     steps, losses = _read_step_losses(path / "step_loss.csv")
-    class_names, confusion = _read_confusion(path / "confusion_matrix.json")
+    class_names, confusion, ensemble = _read_confusion(path / "confusion_matrix.json")
     preds = load_test_predictions(path) if predictions else None
     if preds is not None:
         _require(
@@ -177,6 +187,7 @@ def load_run(run_dir: str | os.PathLike, *, predictions: bool = True) -> RunData
         confusion,
         preds,
         command,
+        ensemble,
     )
 
 

@@ -9,6 +9,8 @@ and the config as text. The file format is tensorboardX's, not ours.
 
     loss/train  loss/test  accuracy/train  accuracy/test   per epoch
     learning_rate  examples_per_second  epoch              per epoch
+    loss/ensemble_test  accuracy/ensemble_test             per epoch, several seeds
+    loss/val  accuracy/val                                 per epoch, with data.validation
     loss/train_step                                        per step
     confusion_matrix  predictions                          images, last step
     config                                                 text, step 0
@@ -37,6 +39,13 @@ EPOCH_SCALARS = {  # tag -> metrics.jsonl key
     "examples_per_second": "examples_per_second",
     "epoch": "epoch",
 }
+# A run of several seeds only: the ensemble of its members (the mean of their probabilities).
+ENSEMBLE_SCALARS = {
+    "loss/ensemble_test": "ensemble_test_loss",
+    "accuracy/ensemble_test": "ensemble_test_accuracy",
+}
+# A run that holds out a validation split (data.validation) only.
+VAL_SCALARS = {"loss/val": "val_loss", "accuracy/val": "val_accuracy"}
 
 
 class EventWriter:
@@ -68,7 +77,7 @@ class EventWriter:
             first = step - len(step_losses)
             for i, loss in enumerate(np.asarray(step_losses, np.float64)):
                 self._writer.add_scalar("loss/train_step", float(loss), first + i + 1)
-        for tag, key in EPOCH_SCALARS.items():
+        for tag, key in {**EPOCH_SCALARS, **ENSEMBLE_SCALARS, **VAL_SCALARS}.items():
             if record.get(key) is not None:
                 self._writer.add_scalar(tag, float(record[key]), step)
         self._writer.flush()  # a crashed run keeps the epochs it finished

@@ -98,6 +98,8 @@ class RunWriter(Callback):
         several = len(test.confusion) > 1
         if several:  # the first member's above, as the predictions are; then every member's
             matrices.update(seed=summary["seeds"][0], matrix_per_seed=test.confusion.tolist())
+        if end.result.ensemble is not None:  # the mean of every member's probabilities
+            matrices["ensemble_matrix"] = end.result.ensemble.confusion.tolist()
         rundir.write_json(
             self.path / rundir.CONFUSION_FILE,
             {

@@ -124,6 +124,8 @@ def summarise(cfg, r: RunResult, dataset, layout: parallel.Layout, wall_seconds:
         "train_loss": r.records[-1]["train_loss"],
         "train_accuracy": r.records[-1]["train_accuracy"],
         **{k: r.records[-1][k] for k in ("train_set_loss",) if k in r.records[-1]},
+        # What train_accuracy covers: the full training set, or a fixed subset of it.
+        **{k: r.info[k] for k in ("train_eval_examples", "train_eval_subset_seed") if k in r.info},
         "num_test_examples": r.test.count,
         "num_params": r.info["num_params"],
         "epochs": len(r.records),
@@ -139,6 +141,13 @@ def summarise(cfg, r: RunResult, dataset, layout: parallel.Layout, wall_seconds:
     }
     if models > 1:
         summary.update(_seed_summary(r))
+    summary.update(_val_summary(r))
+    if r.ensemble is not None:  # the mean of every member's probabilities
+        summary.update(
+            ensemble_members=models,
+            ensemble_test_accuracy=r.ensemble.accuracy,
+            ensemble_test_loss=r.ensemble.loss,
+        )
     if cfg.train.target_accuracy is not None:
         summary.update(_target_summary(cfg, r))
     return summary
@@ -158,10 +167,33 @@ def _seed_summary(r: RunResult) -> dict:
     }
 
 
+def _val_summary(r: RunResult) -> dict:
+    """The validation split's figures after the last epoch (`data.validation`), under the
+    test figures' names with `val_` for `test_`, and the seed that drew it; empty
+    without one."""
+    last = r.records[-1]
+    if "val_accuracy" not in last:
+        return {}
+    out = {
+        "val_accuracy": last["val_accuracy"],
+        "val_loss": last["val_loss"],
+        "num_val_examples": r.info["validation_examples"],
+        "validation_seed": r.info["validation_seed"],
+    }
+    if "val_accuracy_per_seed" in last:
+        out.update(
+            **stats.spread(last["val_accuracy_per_seed"]).to_json("val_accuracy"),
+            val_accuracy_per_seed=last["val_accuracy_per_seed"],
+            val_loss_per_seed=last["val_loss_per_seed"],
+        )
+    return out
+
+
 def _target_summary(cfg, r: RunResult) -> dict:
     reached = r.reached[0]
     return {
         "target_accuracy": cfg.train.target_accuracy,
+        "target_split": cfg.train.target_split,
         "target_reached": reached is not None,
         "epochs_planned": len(r.plan.epoch_steps),
         "epochs_to_target": reached and reached["epoch"],

@@ -2,7 +2,9 @@
 
 The run is read by `runs.reader.open_run` (params.npz, or the newest intact
 checkpoint of an unfinished run); every member is evaluated exactly in one
-vmapped call per set (`training.evaluate`).
+vmapped call per set (`training.evaluate`), and so is, for a run of several, the
+ensemble of its members on the test set (the mean of their softmax probabilities),
+unless `member` picks one of them (`use.members.choose_member`).
 """
 
 from __future__ import annotations
@@ -14,33 +16,62 @@ import numpy as np
 
 from jaxmnist.runs.reader import Run, open_run
 from jaxmnist.training.evaluate import (
+    SUBSET_SEED,
     EvalResult,
     PlacedEval,
     compile_evaluate,
+    evaluate_ensemble,
     evaluate_stacked,
     place_eval_data,
+    train_eval_indices,
 )
+from jaxmnist.training.validation import VALIDATION_SEED, split_training_set
+from jaxmnist.use.members import choose_member
 
 
-def evaluate_run(run_dir: str | os.PathLike, data_dir: str | os.PathLike | None = None) -> dict:
+def evaluate_run(
+    run_dir: str | os.PathLike,
+    data_dir: str | os.PathLike | None = None,
+    member: str | int | None = None,
+) -> dict:
     """Every member's test and training accuracy and loss, as JSON-ready values.
 
     The data is looked for in `data_dir`, then where training read it (the run's
     data.json), then where `data.load_dataset` looks. A run of several seeds gives
-    means, with per-seed lists; the confusion matrix is the first seed's.
+    means, with per-seed lists, and its ensemble's test accuracy and loss
+    (`ensemble_test_accuracy`, `ensemble_test_loss`: the cross-entropy of the mean
+    probabilities); the confusion matrix is the ensemble's. `member` (0-based; checked,
+    ConfigError) evaluates that member alone, and says which (`member`, `seed`). The training
+    set is evaluated as the run evaluated it after each epoch: on its fixed subset when
+    it used one (`train.eval_train_examples`; `train_set` says which), else in full.
     """
     run = open_run(run_dir)
+    index = choose_member(member, run.members)
     dataset = run.load_dataset(data_dir)
     batch = run.config.train.eval_batch_size
-    params = jax.device_put(run.params)
+    ensemble = index is None and run.members > 1
+    chosen = (
+        run.params if index is None else jax.tree.map(lambda x: x[index : index + 1], run.params)
+    )
+    params = jax.device_put(chosen)
+    # A run that held out a validation split trained on the rest: its training set is that.
+    split = split_training_set(
+        dataset.train_images, dataset.train_labels, run.config.data.validation
+    )
+    subset = None
+    if run.config.train.eval_train:
+        subset = train_eval_indices(run.config.train, split.labels)
     sets = {
-        "test": (dataset.test_images, dataset.test_labels),
-        "train": (dataset.train_images, dataset.train_labels),
+        "test": (dataset.test_images, dataset.test_labels, None),
+        "train": (split.images, split.labels, subset),
     }
-    results = {
-        name: _evaluate_members(run, params, place_eval_data(x, y, batch))
-        for name, (x, y) in sets.items()
+    if split.val_indices is not None:
+        sets["val"] = (dataset.train_images, dataset.train_labels, split.val_indices)
+    placed = {
+        name: place_eval_data(x, y, batch, indices=indices)
+        for name, (x, y, indices) in sets.items()
     }
+    results = {name: _evaluate_members(run, params, data) for name, data in placed.items()}
     test, train = results["test"], results["train"]
     out = {
         "run_dir": str(run_dir),
@@ -51,30 +82,48 @@ def evaluate_run(run_dir: str | os.PathLike, data_dir: str | os.PathLike | None 
         "train_accuracy": float(np.mean([r.accuracy for r in train])),
         "train_loss": float(np.mean([r.loss for r in train])),
         # The same figure under the name metrics.jsonl gives it: there `train_loss` is the
-        # epoch's mean batch loss, as trained; here both are the full training set's.
+        # epoch's mean batch loss, as trained; here both are the training set's (`train_set`).
         "train_set_loss": float(np.mean([r.loss for r in train])),
         "num_train_examples": train[0].count,
+        "train_set": "full training set" if subset is None else f"train subset of {len(subset):,}",
+        **({} if subset is None else {"train_eval_subset_seed": SUBSET_SEED}),
     }
-    if run.members > 1:
+    if "val" in results:  # the held-out examples, as the run evaluated them after each epoch
+        val = results["val"]
+        out.update(
+            val_accuracy=float(np.mean([r.accuracy for r in val])),
+            val_loss=float(np.mean([r.loss for r in val])),
+            num_val_examples=val[0].count,
+            validation_seed=VALIDATION_SEED,
+        )
+    confusion = test[0].confusion
+    if ensemble:
+        together = evaluate_ensemble(run.config.model, params, placed["test"], run.spec.num_classes)
+        confusion = together.confusion
         out.update(
             seeds=run.seeds,
             test_accuracy_per_seed=[r.accuracy for r in test],
             test_loss_per_seed=[r.loss for r in test],
             train_accuracy_per_seed=[r.accuracy for r in train],
+            ensemble_members=run.members,
+            ensemble_test_accuracy=together.accuracy,
+            ensemble_test_loss=together.loss,
         )
+    elif run.members > 1:
+        out.update(member=index, seed=run.seeds[index], seeds_in_run=run.members)
     return {
         **out,
         "class_names": list(dataset.spec.class_names),
-        "confusion_matrix": test[0].confusion.tolist(),
+        "confusion_matrix": confusion.tolist(),
         **run.where(),
     }
 
 
 def _evaluate_members(run: Run, params, data: PlacedEval) -> list[EvalResult]:
-    """One result per member; one model runs the very program training evaluated it with
-    (not a vmap of one), so eval repeats training's figures exactly."""
+    """One result per member of `params` (stacked); one model runs the very program training
+    evaluated it with (not a vmap of one), so eval repeats training's figures exactly."""
     model_cfg, classes = run.config.model, run.spec.num_classes
-    if run.members > 1:
+    if jax.tree.leaves(params)[0].shape[0] > 1:
         return evaluate_stacked(model_cfg, params, data, classes)
     one = jax.tree.map(lambda x: x[0], params)
     return [compile_evaluate(model_cfg, one, data, classes)(one, data)]

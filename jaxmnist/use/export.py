@@ -13,7 +13,11 @@ which `jax.export.deserialize` imports) and nothing of jaxmnist:
     probs = model.call(images_uint8)
 
 The function is the one `jaxmnist eval` runs (`models.apply_uint8` then a
-softmax), so the exported model predicts exactly what eval counts. The file is
+softmax), so the exported model predicts exactly what eval counts. The export of a
+run of several seeds is, unless one member is chosen, their ensemble: still one
+function of the same signature, the members' stacked parameters embedded and the
+members vmapped inside, returning the mean of their softmax probabilities (the
+header's `trained.ensemble` says how many). The file is
 written to a temporary name beside the target and renamed into place: a failed
 export never leaves a file that looks complete.
 """
@@ -34,6 +38,7 @@ from jaxmnist.data.registry import get_spec
 from jaxmnist.errors import ConfigError, JaxmnistError
 from jaxmnist.models import get_model
 from jaxmnist.use import preprocess
+from jaxmnist.use.members import describe_ensemble
 from jaxmnist.use.predict import TrainedModel, probabilities_fn
 
 FORMAT = "jaxmnist-export/1"
@@ -71,7 +76,8 @@ def make_header(model: TrainedModel, exported: jax.export.Exported, platforms) -
             **preprocess.describe(spec),  # "scaling" and "preprocessing", in words
         },
         "output": {"shape": ["batch", len(model.class_names)], "dtype": "float32"},
-        "output_meaning": "class probabilities (softmax), in class_names order",
+        "output_meaning": "class probabilities (softmax), in class_names order"
+        + (f"; the {describe_ensemble(model.seeds)}" if model.ensemble else ""),
         "platforms": list(platforms),
         "test_accuracy": model.test_accuracy,
         "jaxmnist_version": version,
@@ -93,7 +99,7 @@ def export_model(model: TrainedModel, out, platforms=("cpu", "cuda", "tpu")) -> 
     params = jax.device_get(model.params)  # host arrays: embedded in the module as constants
     # What the family runs everywhere: a custom call of this process (oneDNN) cannot travel.
     model_cfg = get_model(model.config.model.name).portable(model.config.model)
-    probabilities = probabilities_fn(model_cfg)
+    probabilities = probabilities_fn(model_cfg, model.ensemble)
     (batch,) = jax.export.symbolic_shape("batch")
     spec = jax.ShapeDtypeStruct((batch, *model.image_shape), jnp.uint8)
     try:

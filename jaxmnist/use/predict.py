@@ -2,8 +2,9 @@
 
 `load_trained` makes a run directory (`runs.reader.open_run`) a model (config,
 parameters, class names); `predict`, `export` and `serve` all start there. A run
-of several seeds keeps its parameters stacked along a leading seed axis; a model
-here is the first seed's, and `TrainedModel.describe` says so. Inputs are image
+of several seeds is used as the ensemble of its members (the mean of their softmax
+probabilities, their parameters stacked along a leading member axis), or as one
+member (`member`, `--member I`); `TrainedModel.describe` says which. Inputs are image
 files (anything Pillow reads, made MNIST-like by `jaxmnist.use.preprocess`) or
 `.npy`/`.npz` arrays already in the model's format. One bad input becomes one
 error record naming it; it never stops the others.
@@ -28,7 +29,9 @@ from jaxmnist.data.registry import DatasetSpec, get_spec
 from jaxmnist.errors import DataError, JaxmnistError
 from jaxmnist.models import apply_uint8, count_params, get_model
 from jaxmnist.runs.reader import open_run
+from jaxmnist.training.evaluate import ensemble_log_probs
 from jaxmnist.use import preprocess
+from jaxmnist.use.members import choose_member, describe_ensemble
 
 ARRAY_SUFFIXES = (".npy", ".npz")
 CLI_BATCH = 256  # predict's one compiled batch size: the last batch is padded
@@ -37,20 +40,41 @@ CLI_BATCH = 256  # predict's one compiled batch size: the last batch is padded
 class TrainedModel(NamedTuple):
     run_dir: Path
     config: config_lib.Config
-    params: Any  # one model's parameter pytree (the first seed's of a multi-seed run)
+    # One member's parameter pytree, or for an ensemble every member's stacked along a
+    # leading member axis: what `probabilities_fn(config.model, ensemble)` takes.
+    params: Any
     dataset: str
     display_name: str
     class_names: tuple[str, ...]
     image_shape: tuple[int, int]
-    seed: int
-    seeds: int  # models the run trained; only the first is used
+    seed: int  # the member's seed; an ensemble's first
+    seeds: int  # models (members) the run trained
     test_accuracy: float | None  # this model's, from summary.json (None if absent)
+    member: int | None = 0  # the member used (0-based); None: the ensemble of all `seeds`
+
+    @property
+    def ensemble(self) -> bool:
+        return self.member is None
+
+    @property
+    def members(self) -> int:
+        """How many models this model combines: `seeds` for an ensemble, else 1."""
+        return self.seeds if self.ensemble else 1
+
+    def which(self) -> str:
+        """Which of the run's models this is, in words: `seed 0` (a run of one),
+        `seed 5, member 1 of the run's 3` or `ensemble of 3: ..., seeds 4-6`."""
+        if self.ensemble:
+            return (
+                f"{describe_ensemble(self.seeds)}, seeds {self.seed}-{self.seed + self.seeds - 1}"
+            )
+        if self.seeds > 1:
+            return f"seed {self.seed}, member {self.member} of the run's {self.seeds}"
+        return f"seed {self.seed}"
 
     def describe(self) -> str:
-        """One line: which model this is, and which seed when the run has several."""
-        which = f"seed {self.seed}"
-        if self.seeds > 1:
-            which += f", the first of the run's {self.seeds} seeds"
+        """One line: the model, its data, its run, `which` and its test accuracy."""
+        which = self.which()
         acc = "" if self.test_accuracy is None else f", test accuracy {self.test_accuracy:.2%}"
         return (
             f"{self.config.model.name} trained on {self.display_name} "
@@ -58,12 +82,21 @@ class TrainedModel(NamedTuple):
         )
 
     def info(self) -> dict:
-        """What the model is, as JSON-ready values (the API's and the export's header)."""
+        """What the model is, as JSON-ready values (the API's and the export's header).
+        `num_params` is one member's; `ensemble` is null for one model, else its size,
+        seeds and how it combines them."""
+        ensemble = None
+        if self.ensemble:
+            ensemble = {
+                "members": self.seeds,
+                "seeds": list(range(self.seed, self.seed + self.seeds)),
+                "combined": describe_ensemble(self.seeds),
+            }
         return {
             "model": self.config.model.name,
             "description": get_model(self.config.model.name).describe(self.config.model),
             "model_config": self.config.to_dict()["model"],
-            "num_params": count_params(self.params),
+            "num_params": count_params(self.params) // self.members,
             "dataset": self.dataset,
             "display_name": self.display_name,
             "class_names": list(self.class_names),
@@ -71,41 +104,59 @@ class TrainedModel(NamedTuple):
             "run_dir": str(self.run_dir),
             "seed": self.seed,
             "seeds_in_run": self.seeds,
+            "member": self.member,
+            "ensemble": ensemble,
+            "which": self.which(),
             "test_accuracy": self.test_accuracy,
         }
 
 
-def load_trained(run_dir) -> TrainedModel:
-    """The model of a run directory (the first seed's if it has several), read by
-    `runs.reader.open_run` (its errors: exit 2 for no run, 1 for a corrupt one). An
+def load_trained(run_dir, member: str | int | None = None) -> TrainedModel:
+    """The model of a run directory, read by `runs.reader.open_run` (its errors: exit 2
+    for no run, 1 for a corrupt one): the ensemble of a run of several seeds, or member
+    `member` (0-based: `use.members.choose_member`, ConfigError for a bad one). An
     unfinished run is read from its newest intact checkpoint, and stderr says which."""
     run = open_run(run_dir)
+    index = choose_member(member, run.members)
     if not run.finished:
         print(f"jaxmnist: {run.path} has not finished: using {run.source}", file=sys.stderr)
     spec, cfg = run.spec, run.config
     summary = run.summary() or {}
     per_seed = summary.get("test_accuracy_per_seed")
+    if index is None:
+        params, seed = run.params, cfg.train.seed
+        accuracy = summary.get("ensemble_test_accuracy")
+    else:
+        params, seed = run.member_params(index), cfg.train.seed + index
+        accuracy = float(per_seed[index]) if per_seed else summary.get("test_accuracy")
     return TrainedModel(
         run.path,
         cfg,
-        jax.device_put(run.member_params(0)),
+        jax.device_put(params),
         spec.name,
         spec.display_name,
         tuple(spec.class_names),
         tuple(spec.image_shape),
-        cfg.train.seed,
+        seed,
         run.members,
-        float(per_seed[0]) if per_seed else summary.get("test_accuracy"),
+        accuracy,
+        index,
     )
 
 
-def probabilities_fn(model_cfg) -> Callable:
-    """The pure `(params, images uint8 (B, H, W)) -> probabilities float32 (B, C)`."""
+def probabilities_fn(model_cfg, ensemble: bool = False) -> Callable:
+    """The pure `(params, images uint8 (B, H, W[, C])) -> probabilities float32 (B, C)` of
+    one model, or with `ensemble` of the members stacked on `params`' leading axis: the
+    mean of their softmax probabilities (`training.evaluate.ensemble_log_probs`, the
+    figure `jaxmnist eval` and training count), one function with the members vmapped."""
 
     def probabilities(params, images):
         return jax.nn.softmax(apply_uint8(params, images, model_cfg), axis=-1)
 
-    return probabilities
+    def ensemble_probabilities(params, images):
+        return jnp.exp(ensemble_log_probs(model_cfg, params, images))
+
+    return ensemble_probabilities if ensemble else probabilities
 
 
 def compile_predict(model: TrainedModel, batch_size: int) -> Callable[[np.ndarray], np.ndarray]:
@@ -113,7 +164,8 @@ def compile_predict(model: TrainedModel, batch_size: int) -> Callable[[np.ndarra
     probabilities float32 (N, C)` for any N: batches are padded to `batch_size`, so
     no call ever compiles again."""
     shape = jax.ShapeDtypeStruct((batch_size, *model.image_shape), jnp.uint8)
-    compiled = jax.jit(probabilities_fn(model.config.model)).lower(model.params, shape).compile()
+    probabilities = probabilities_fn(model.config.model, model.ensemble)
+    compiled = jax.jit(probabilities).lower(model.params, shape).compile()
 
     def run(images: np.ndarray) -> np.ndarray:
         images = np.asarray(images, np.uint8)

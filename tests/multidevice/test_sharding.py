@@ -125,6 +125,10 @@ def test_no_compile_after_compilation_and_exact_evaluation(tiny_dataset, mesh):
     one = train_population(cfg, seed_members(cfg), tiny_dataset, layout=parallel.build_layout(1))
     np.testing.assert_allclose(result.test.loss, one.test.loss, rtol=1e-4)
     np.testing.assert_array_equal(result.test.confusion.sum(axis=(1, 2)), [150] * mesh["members"])
+    if mesh["members"] > 1:  # the ensemble, its members split over the mesh: the same figures
+        assert result.ensemble.confusion.sum() == 150
+        assert result.ensemble.accuracy == pytest.approx(one.ensemble.accuracy, abs=1e-9)
+        assert result.ensemble.loss == pytest.approx(one.ensemble.loss, rel=1e-4)
 
 
 @pytest.mark.parametrize(

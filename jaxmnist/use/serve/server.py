@@ -65,8 +65,9 @@ def make_server(model: TrainedModel, sock: socket.socket, host: str):
     return uvicorn.Server(config)
 
 
-def serve(run_dir, host: str = "127.0.0.1", port: int = 8000) -> int:
-    """Serves `run_dir`'s model until interrupted; returns the exit code."""
+def serve(run_dir, host: str = "127.0.0.1", port: int = 8000, member=None) -> int:
+    """Serves `run_dir`'s model (the ensemble of a run of several seeds, or `member`: see
+    `predict.load_trained`) until interrupted; returns the exit code."""
     try:
         import starlette  # noqa: F401
         import uvicorn  # noqa: F401
@@ -74,7 +75,7 @@ def serve(run_dir, host: str = "127.0.0.1", port: int = 8000) -> int:
         raise ConfigError(
             "jaxmnist serve needs Starlette and uvicorn: pip install 'jaxmnist[serve]'"
         ) from None
-    model = load_trained(run_dir)
+    model = load_trained(run_dir, member)
     sock = bind(host, port)
     server = make_server(model, sock, host)
     print(f"serving {model.describe()}", flush=True)

@@ -234,8 +234,8 @@ async function start() {
   }
   const accuracy =
     model.test_accuracy == null ? "" : `, test accuracy ${percent(model.test_accuracy, 2)}`;
-  const seeds =
-    model.seeds_in_run > 1 ? ` (seed ${model.seed}, the first of ${model.seeds_in_run})` : "";
+  // A run of several seeds: the ensemble of its members, or the member chosen.
+  const seeds = model.seeds_in_run > 1 ? ` (${model.which})` : "";
   $("model").textContent =
     `${model.description} trained on ${model.display_name}${seeds}${accuracy}`;
   buildBars();

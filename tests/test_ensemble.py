@@ -1,0 +1,318 @@
+"""The ensemble of a run of several seeds: the mean of its members' softmax probabilities.
+
+`eval`, `predict`, `export` and `serve` use it by default and one member with
+`--member I`; training records its test accuracy and loss after every epoch, the
+same whether the population ran in one chunk or in several.
+"""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_export import check_matches_eval
+from test_seeds import small_cfg
+
+from jaxmnist.cli import main
+from jaxmnist.data import registry, synthetic
+from jaxmnist.training import evaluate as evaluate_lib
+from jaxmnist.training import memory, population
+from jaxmnist.training.loop import train_population
+from jaxmnist.use import predict
+
+SEEDS = 3
+# An exported model's probabilities, by batches of 7, where jaxmnist cannot be imported.
+PROBABILITIES = textwrap.dedent(
+    """
+    import sys
+    sys.modules["jaxmnist"] = None
+
+    import json
+    import jax
+    import numpy as np
+
+    with open(sys.argv[1], "rb") as f:
+        header = json.loads(f.readline())
+        model = jax.export.deserialize(bytearray(f.read()))
+    images = np.load(sys.argv[2])
+    probs = [np.asarray(model.call(images[i : i + 7])) for i in range(0, len(images), 7)]
+    np.save(sys.argv[3], np.concatenate(probs))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def module_data_dir(tmp_path_factory, tiny_arrays, tiny_spec):
+    """`tiny_data_dir` for the whole module: the tiny dataset, registered as `tiny`."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(registry.DATASETS, "tiny", tiny_spec)
+        root = tmp_path_factory.mktemp("data")
+        synthetic.write_idx_folder(root / tiny_spec.folder, tiny_arrays, tiny_spec)
+        mp.setenv("XDG_CACHE_HOME", str(root / "cache"))
+        yield root
+
+
+def tiny_train_argv(data_dir, run_dir, *extra):
+    return [
+        "train", "--dataset", "tiny", "--data-dir", str(data_dir), "--run-dir", str(run_dir),
+        "--batch-size", "32", "--epochs", "2", "--no-compile-cache", "--no-report", "--quiet",
+        *extra,
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def ensemble_run(module_data_dir, tmp_path_factory):
+    """A finished run of three seeds on the tiny set, trained at a learning rate low enough
+    that its members make different mistakes, and the ensemble others still."""
+    run = tmp_path_factory.mktemp("ensemble") / "run"
+    argv = tiny_train_argv(module_data_dir, run, "--seeds", str(SEEDS), "optimizer.lr=3e-5")
+    assert main(argv) == 0
+    return run
+
+
+def test_the_ensembles_probabilities_are_the_mean_of_the_members(ensemble_run, tiny_arrays):
+    images = tiny_arrays["test_images"]
+    ensemble = predict.load_trained(ensemble_run)
+    assert ensemble.ensemble and ensemble.members == SEEDS and ensemble.member is None
+    assert "ensemble of 3" in ensemble.describe()
+    members = [predict.load_trained(ensemble_run, i) for i in range(SEEDS)]
+    assert [m.seed for m in members] == [0, 1, 2] and not any(m.ensemble for m in members)
+    probs = [predict.compile_predict(m, 64)(images) for m in members]
+    together = predict.compile_predict(ensemble, 64)(images)
+    np.testing.assert_allclose(together, np.mean(probs, axis=0), rtol=1e-5, atol=1e-6)
+    # The members differ (else the mean would hold trivially).
+    assert np.abs(probs[0] - probs[1]).max() > 1e-3
+
+
+def test_an_ensemble_of_identical_members_is_that_member(ensemble_run, tiny_arrays):
+    member = predict.load_trained(ensemble_run, 1)
+    copies = jax.tree.map(lambda x: jnp.stack([x] * SEEDS), member.params)
+    model_cfg, classes = member.config.model, len(member.class_names)
+    images = tiny_arrays["test_images"]
+    ensemble = jnp.exp(evaluate_lib.ensemble_log_probs(model_cfg, copies, images))
+    alone = predict.probabilities_fn(model_cfg)(member.params, images)
+    np.testing.assert_allclose(ensemble, alone, rtol=1e-5, atol=1e-6)
+
+    data = evaluate_lib.place_eval_data(images, tiny_arrays["test_labels"], 64)
+    one = evaluate_lib.compile_evaluate(model_cfg, member.params, data, classes)(
+        member.params, data
+    )
+    together = evaluate_lib.evaluate_ensemble(model_cfg, copies, data, classes)
+    assert together.accuracy == one.accuracy and together.count == one.count == 150
+    assert together.loss == pytest.approx(one.loss, rel=1e-5)
+    np.testing.assert_array_equal(together.confusion, one.confusion)
+
+
+def test_eval_reports_the_ensemble_beside_each_member(
+    ensemble_run, module_data_dir, tiny_arrays, capsys
+):
+    labels = tiny_arrays["test_labels"]
+    argv = ["eval", str(ensemble_run), "--data-dir", str(module_data_dir), "--json"]
+    assert main(argv) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["ensemble_members"] == SEEDS and len(result["test_accuracy_per_seed"]) == SEEDS
+    # The ensemble's figures are those of the mean probabilities, from another code path.
+    probs = predict.compile_predict(predict.load_trained(ensemble_run), 64)(
+        tiny_arrays["test_images"]
+    )
+    assert result["ensemble_test_accuracy"] == np.mean(probs.argmax(-1) == labels)
+    nll = -np.log(probs[np.arange(len(labels)), labels]).mean()
+    assert result["ensemble_test_loss"] == pytest.approx(nll, rel=1e-4)
+    confusion = np.zeros((10, 10), int)
+    np.add.at(confusion, (labels, probs.argmax(-1)), 1)
+    assert result["confusion_matrix"] == confusion.tolist()
+    # eval repeats what training measured after its last epoch.
+    summary = json.loads((ensemble_run / "summary.json").read_text())
+    assert result["ensemble_test_accuracy"] == summary["ensemble_test_accuracy"]
+    assert result["ensemble_test_loss"] == pytest.approx(summary["ensemble_test_loss"], rel=1e-5)
+
+    assert main([*argv, "--member", "2"]) == 0
+    one = json.loads(capsys.readouterr().out)
+    assert one["member"] == 2 and one["seed"] == 2 and "ensemble_test_accuracy" not in one
+    assert one["test_accuracy"] == pytest.approx(result["test_accuracy_per_seed"][2])
+    assert main(argv[:-1]) == 0
+    out = capsys.readouterr().out
+    assert "ensemble     accuracy" in out and "the confusion matrix is the ensemble's" in out
+
+
+def test_the_exported_ensemble_runs_without_jaxmnist_and_matches_eval(
+    ensemble_run, tiny_arrays, tmp_path, capsys
+):
+    header, evaluated = check_matches_eval(
+        ensemble_run, tiny_arrays["test_images"], tiny_arrays["test_labels"], tmp_path, capsys
+    )
+    assert header["trained"]["ensemble"]["members"] == SEEDS
+    assert header["output"]["shape"] == ["batch", 10]
+    assert "ensemble of 3" in header["output_meaning"]
+    assert evaluated["ensemble_members"] == SEEDS  # eval's figures were the ensemble's
+    labels = tiny_arrays["test_labels"]
+    accuracy = np.trace(evaluated["confusion_matrix"]) / len(labels)
+    assert accuracy == evaluated["ensemble_test_accuracy"]
+    # Its probabilities, in another fresh process: eval's ensemble loss, and the members' mean.
+    np.save(tmp_path / "images.npy", tiny_arrays["test_images"])
+    done = subprocess.run(
+        [sys.executable, "-c", PROBABILITIES, str(tmp_path / "model.jaxexport"),
+         str(tmp_path / "images.npy"), str(tmp_path / "probs.npy")],
+        check=False, capture_output=True, text=True, cwd=tmp_path, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    probs = np.load(tmp_path / "probs.npy")
+    nll = -np.log(probs[np.arange(len(labels)), labels]).mean()
+    assert nll == pytest.approx(evaluated["ensemble_test_loss"], rel=1e-4)
+    members = [predict.load_trained(ensemble_run, i) for i in range(SEEDS)]
+    mean = np.mean([predict.compile_predict(m, 64)(tiny_arrays["test_images"]) for m in members], 0)
+    np.testing.assert_allclose(probs, mean, rtol=1e-4, atol=1e-6)
+
+
+def test_serve_describes_and_serves_the_ensemble(ensemble_run, tiny_arrays):
+    from starlette.testclient import TestClient
+
+    from jaxmnist.use.serve import app as app_lib
+
+    image = tiny_arrays["test_images"][0]
+    for member, expected in ((None, "ensemble of 3"), ("1", "member 1 of the run's 3")):
+        model = predict.load_trained(ensemble_run, member)
+        with TestClient(app_lib.create_app(model), base_url="http://127.0.0.1") as client:
+            info = client.get("/api/model").json()
+            answer = client.post("/api/predict", json={"image": image.tolist()}).json()
+        assert expected in info["which"] and info["seeds_in_run"] == SEEDS
+        assert (info["ensemble"] or {}).get("members") == (SEEDS if member is None else None)
+        want = predict.compile_predict(model, 1)(image[None])[0]
+        np.testing.assert_allclose(answer["probabilities"], want, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("bad", ["-1", "3", "1.5", "one"])
+def test_a_bad_member_exits_2_in_one_line_naming_the_range(
+    ensemble_run, module_data_dir, tmp_path, capsys, bad
+):
+    out = tmp_path / "model.jaxexport"
+    commands = {
+        "eval": ["eval", str(ensemble_run), "--data-dir", str(module_data_dir)],
+        "predict": ["predict", str(ensemble_run), str(tmp_path / "x.npy")],
+        "export": ["export", str(ensemble_run), "--out", str(out)],
+        "serve": ["serve", str(ensemble_run), "--port", "0"],
+    }
+    np.save(tmp_path / "x.npy", np.zeros((1, 28, 28), np.uint8))
+    for name, argv in commands.items():
+        assert main([*argv, "--member", bad]) == 2, name
+        captured = capsys.readouterr()
+        err = captured.err.splitlines()
+        assert len(err) == 1 and err[0].startswith(f"jaxmnist {name}: error: --member"), err
+        assert "0..2" in err[0] and not captured.out
+    assert not out.exists()
+
+
+def test_member_0_is_a_one_model_runs_only_model(tiny_model_run, tmp_path, capsys):
+    np.save(tmp_path / "x.npy", np.zeros((2, 28, 28), np.uint8))
+    argv = ["predict", str(tiny_model_run), str(tmp_path / "x.npy"), "--json"]
+    assert main(argv) == 0
+    default = capsys.readouterr().out
+    assert main([*argv, "--member", "0"]) == 0
+    assert capsys.readouterr().out == default
+    assert main([*argv, "--member", "1"]) == 2
+    assert "within 0..0 (the run has one model)" in capsys.readouterr().err
+    model = predict.load_trained(tiny_model_run)
+    assert not model.ensemble and model.info()["ensemble"] is None
+
+
+def test_chunks_of_a_population_make_one_ensemble(tiny_dataset, tiny_arrays, monkeypatch):
+    cfg = small_cfg(seeds=SEEDS)
+    whole = train_population(cfg, population.seed_members(cfg), tiny_dataset)
+    monkeypatch.setattr(memory, "chunks_for", lambda *a, **k: ((2, 1), {"chunks": [2, 1]}))
+    chunked = train_population(cfg, population.seed_members(cfg), tiny_dataset)
+    assert whole.population.chunks == (3,) and chunked.population.chunks == (2, 1)
+    assert len(whole.records) == len(chunked.records) == 2
+    for a, b in zip(whole.records, chunked.records, strict=True):
+        assert a["ensemble_test_accuracy"] == pytest.approx(b["ensemble_test_accuracy"], abs=1e-9)
+        assert a["ensemble_test_loss"] == pytest.approx(b["ensemble_test_loss"], rel=1e-4)
+    # The chunks' ensemble is the one of every member's parameters in one call.
+    data = evaluate_lib.place_eval_data(tiny_arrays["test_images"], tiny_arrays["test_labels"], 64)
+    params = chunked.population.params(chunked.states)
+    direct = evaluate_lib.evaluate_ensemble(cfg.model, params, data, 10)
+    assert chunked.ensemble.accuracy == direct.accuracy
+    assert chunked.ensemble.loss == pytest.approx(direct.loss, rel=1e-5)
+    np.testing.assert_array_equal(chunked.ensemble.confusion, direct.confusion)
+    assert chunked.records[-1]["ensemble_test_loss"] == chunked.ensemble.loss
+    # ... and not any member's, nor their mean's.
+    assert direct.loss not in chunked.records[-1]["test_loss_per_seed"]
+
+
+def test_a_seeds_run_records_the_ensemble_and_a_sweep_does_not(tiny_dataset):
+    cfg = small_cfg(seeds=2, epochs=1)
+    points = train_population(cfg, population.seed_members(cfg), tiny_dataset, points=[0, 1])
+    assert points.ensemble is None and "ensemble_test_accuracy" not in points.records[-1]
+    one = train_population(small_cfg(epochs=1), population.seed_members(small_cfg()), tiny_dataset)
+    assert one.ensemble is None and "ensemble_test_loss" not in one.records[-1]
+
+
+def test_summary_and_metrics_carry_the_ensemble(ensemble_run):
+    summary = json.loads((ensemble_run / "summary.json").read_text())
+    records = [json.loads(x) for x in (ensemble_run / "metrics.jsonl").read_text().splitlines()]
+    assert summary["ensemble_members"] == SEEDS
+    assert all("ensemble_test_accuracy" in r and "ensemble_test_loss" in r for r in records)
+    assert summary["ensemble_test_accuracy"] == records[-1]["ensemble_test_accuracy"]
+    assert summary["ensemble_test_loss"] == records[-1]["ensemble_test_loss"]
+    # The exported and served ensemble says the accuracy training measured.
+    assert predict.load_trained(ensemble_run).test_accuracy == summary["ensemble_test_accuracy"]
+
+
+def test_report_compare_and_tensorboard_show_the_ensemble(ensemble_run, tmp_path):
+    import shutil
+
+    from jaxmnist.report import plots
+    from jaxmnist.report.compare import render_comparison
+    from jaxmnist.report.run_report import figure_makers, write_run_report
+    from jaxmnist.report.rundata import load_run
+
+    run = load_run(ensemble_run)
+    confusion = json.loads((ensemble_run / "confusion_matrix.json").read_text())
+    assert run.ensemble_confusion.tolist() == confusion["ensemble_matrix"]
+    summary = run.summary
+    assert np.trace(run.ensemble_confusion) / 150 == summary["ensemble_test_accuracy"]
+    assert "ensemble_confusion_matrix" in figure_makers(run)
+    page = write_run_report(ensemble_run, tmp_path / "report.html").read_text()
+    assert "Ensemble confusion matrix" in page and "Ensemble of 3" in page
+    axes = plots.accuracy_curves(run.records).axes[0]
+    ensemble_line = [x for x in axes.get_lines() if x.get_label() == "test, ensemble"]
+    assert len(ensemble_line) == 1
+    np.testing.assert_allclose(
+        ensemble_line[0].get_ydata(), [100 * r["ensemble_test_accuracy"] for r in run.records]
+    )
+
+    # Compare: the ensemble's row beside a run that has none.
+    single = tmp_path / "single"
+    shutil.copytree(ensemble_run, single)
+    s = json.loads((single / "summary.json").read_text())
+    for key in ("ensemble_test_accuracy", "ensemble_test_loss", "ensemble_members"):
+        del s[key]
+    (single / "summary.json").write_text(json.dumps(s))
+    page = render_comparison([run, load_run(single)])
+    assert "Ensemble test accuracy" in page and "(ensemble of 3)" in page
+
+    tb = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    from jaxmnist.report.tensorboard import EVENTS_DIR, EventWriter
+
+    writer = EventWriter(tmp_path / "tb")
+    for record in run.records:
+        writer.write_epoch(record)
+    writer.close()
+    events = tb.EventAccumulator(str(tmp_path / "tb" / EVENTS_DIR))
+    events.Reload()
+    values = [e.value for e in events.Scalars("accuracy/ensemble_test")]
+    assert values == pytest.approx([r["ensemble_test_accuracy"] for r in run.records])
+    assert len(events.Scalars("loss/ensemble_test")) == len(run.records)
+
+
+def test_the_terminal_shows_the_ensemble(module_data_dir, tmp_path, capsys):
+    run = tmp_path / "run"
+    argv = tiny_train_argv(module_data_dir, run, "--seeds", "2", "--epochs", "1")
+    assert main([a for a in argv if a != "--quiet"]) == 0
+    out = capsys.readouterr().out
+    summary = json.loads((run / "summary.json").read_text())
+    epoch_line = next(line for line in out.splitlines() if "(mean of 2)" in line)
+    assert f"ensemble {summary['ensemble_test_accuracy']:.2%}" in epoch_line
+    assert "ensemble of 2 (the mean of their probabilities): test accuracy" in out
