@@ -15,6 +15,9 @@ fields both families declare and takes the new family's defaults for the rest; a
 the family does not have is a `ConfigError` naming its fields. Reading a saved config
 (`from_dict`) drops the model fields that belong to another registered family (a
 config.json of older versions holds every family's fields), and refuses anything else.
+
+Reading presets and overrides imports no jax (the command line's `--help` reads the
+presets); `validate` does, through the model family and the mesh's syntax.
 """
 
 from __future__ import annotations
@@ -38,9 +41,9 @@ from jaxmnist.models import (
     unknown_field_message,
 )
 from jaxmnist.models.family import validate_common
-from jaxmnist.training import parallel
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
+TARGET_SPLITS = ("test", "val")
 SCHEDULES = ("constant", "cosine", "warmup_cosine", "onecycle")
 # jax.random.key keeps only a seed's low 32 bits (as uint32) when 64-bit types are off, as
 # they are here: 2**32 + 1 and -2**32 + 1 give seed 1's key, and a seed outside int64
@@ -57,6 +60,9 @@ class DataConfig:
     max_shift: int = 2  # augment: pixels of random translation, each way
     max_rotation: float = 0.0  # augment: degrees of random rotation, each way; 0: none
     flip: bool = False  # augment: mirror half the images left-right (clothes, not digits)
+    # Training examples held out as the validation split (stratified, drawn from a fixed
+    # seed: training.validation); never trained on. 0: none
+    validation: int = 0
 
 
 @dataclass(frozen=True)
@@ -82,8 +88,12 @@ class TrainConfig:
     target_accuracy: float | None = (
         None  # stop after the first epoch whose (mean) test accuracy reaches it
     )
+    target_split: str = "test"  # the split target_accuracy watches: test, or val (data.validation)
     eval_batch_size: int = 2000
-    eval_train: bool = True  # accuracy on the full training set every epoch
+    eval_train: bool = True  # evaluate on the training set every epoch; false: batch accuracy
+    # eval_train on a fixed subset of this many training examples (stratified, the same
+    # every epoch: training.evaluate.subset_indices); None, or >= the set's size: all of it
+    eval_train_examples: int | None = None
     progress_every: int = 0  # calls end at least every this many steps (bar updates); 0: by time
 
 
@@ -137,6 +147,13 @@ def _own_model_fields(section: dict) -> dict:
     return {k: v for k, v in section.items() if k in own or k not in others}
 
 
+# The CNN presets evaluate the training set on a fixed subset of this many examples (the
+# test set still in full), sized by benchmarks/eval_overhead.py so that evaluating after
+# every epoch costs at most about 5% of training time. speedrun's test set alone takes
+# about that much, so it evaluates no training set (train accuracy: the batches'); tpu101
+# keeps the full set, as the tutorial does.
+CNN_EVAL_TRAIN_EXAMPLES = 2000
+
 PRESETS: dict[str, Config] = {
     # The TPU 101 tutorial: MNIST, 784-256-10 ReLU, Adam 1e-3, batch 128, 5 epochs.
     "tpu101": Config(),
@@ -154,7 +171,7 @@ PRESETS: dict[str, Config] = {
         data=DataConfig(augment=True, max_shift=2),
         model=CNNConfig(channels=(16, 32), kernel_size=(3,), hidden=(128,)),
         optimizer=OptimizerConfig(name="adam", lr=3e-3, schedule="onecycle"),
-        train=TrainConfig(batch_size=256, epochs=10),
+        train=TrainConfig(batch_size=256, epochs=10, eval_train_examples=CNN_EVAL_TRAIN_EXAMPLES),
     ),
     # Fashion-MNIST CNN: the MNIST CNN's network (206,922 parameters), translations of up
     # to 1 pixel and left-right flips; Adam one-cycle 3e-3, batch 256, 20 epochs (the trials
@@ -163,7 +180,7 @@ PRESETS: dict[str, Config] = {
         data=DataConfig(dataset="fashion_mnist", augment=True, max_shift=1, flip=True),
         model=CNNConfig(channels=(16, 32), kernel_size=(3,), hidden=(128,)),
         optimizer=OptimizerConfig(name="adam", lr=3e-3, schedule="onecycle"),
-        train=TrainConfig(batch_size=256, epochs=20),
+        train=TrainConfig(batch_size=256, epochs=20, eval_train_examples=CNN_EVAL_TRAIN_EXAMPLES),
     ),
     # Least time to 99.0% on MNIST, in one epoch: the network and optimizer of a published
     # one-epoch MNIST recipe (github.com/tuomaso/train_mnist_fast): conv 5x5 1->24 and 3x3
@@ -174,7 +191,7 @@ PRESETS: dict[str, Config] = {
         data=DataConfig(augment=True, max_shift=1),
         model=CNNConfig(channels=(24, 32), kernel_size=(5, 3), padding="valid", hidden=(256,)),
         optimizer=OptimizerConfig(name="adam", lr=1e-2, b1=0.7, b2=0.9, schedule="onecycle"),
-        train=TrainConfig(batch_size=256, epochs=1, target_accuracy=0.99),
+        train=TrainConfig(batch_size=256, epochs=1, target_accuracy=0.99, eval_train=False),
     ),
 }
 
@@ -334,9 +351,16 @@ def validate(cfg: Config, *, num_train_examples: int | None = None) -> None:
     if not 0 <= cfg.data.max_rotation <= 180:
         raise ConfigError(f"data.max_rotation: degrees in [0, 180], got {cfg.data.max_rotation}")
     t, o = cfg.train, cfg.optimizer
+    if not 0 <= cfg.data.validation < n_train:
+        raise ConfigError(
+            f"data.validation: training examples to hold out, from 0 to {n_train - 1} "
+            f"(the training set has {n_train}), got {cfg.data.validation}"
+        )
+    n_train -= cfg.data.validation  # the examples trained on
+    held_out = f" less the {cfg.data.validation} held out" if cfg.data.validation else ""
     if not 0 < t.batch_size <= n_train:
         raise ConfigError(
-            f"batch size must be between 1 and the training set size ({n_train}), "
+            f"batch size must be between 1 and the training set size ({n_train}{held_out}), "
             f"got {t.batch_size}"
         )
     if t.epochs <= 0:
@@ -345,6 +369,11 @@ def validate(cfg: Config, *, num_train_examples: int | None = None) -> None:
         raise ConfigError(f"steps must be positive, got {t.steps}")
     if t.eval_batch_size <= 0:
         raise ConfigError(f"eval batch size must be positive, got {t.eval_batch_size}")
+    if t.eval_train_examples is not None and t.eval_train_examples <= 0:
+        raise ConfigError(
+            "train.eval_train_examples must be a positive number of training examples "
+            f"(or none for the full training set), got {t.eval_train_examples}"
+        )
     if t.seeds <= 0:
         raise ConfigError(f"seeds must be a positive number of models, got {t.seeds}")
     if not 0 <= t.seed <= t.seed + t.seeds - 1 <= MAX_SEED:
@@ -357,7 +386,15 @@ def validate(cfg: Config, *, num_train_examples: int | None = None) -> None:
         raise ConfigError(
             f"target accuracy is a fraction in (0, 1], e.g. 0.973; got {t.target_accuracy:g}"
         )
+    _choice(t.target_split, TARGET_SPLITS, "target split")
+    if t.target_split == "val" and not cfg.data.validation:
+        raise ConfigError(
+            "--target-split val watches the validation split, and there is none: hold out "
+            "examples with data.validation=N"
+        )
     # Syntax only here; the devices are checked by parallel.layout_for.
+    from jaxmnist.training import parallel  # start-up: imports jax, which parsing never needs
+
     parallel.parse_devices(cfg.parallel.devices)
     parallel.parse_mesh(cfg.parallel.mesh)
     if cfg.memory_budget_mb is not None and cfg.memory_budget_mb <= 0:

@@ -35,7 +35,7 @@ from jaxmnist import optim
 from jaxmnist.errors import TrainingError
 from jaxmnist.models import count_params, get_model
 from jaxmnist.training import evaluate as evaluate_lib
-from jaxmnist.training import memory, pacing, parallel
+from jaxmnist.training import memory, pacing, parallel, validation
 from jaxmnist.training.hooks import (
     Callbacks,
     EpochEnd,
@@ -80,15 +80,23 @@ def _check_finite(losses, epoch: int, first_step: int, members, stop: bool) -> l
 
 
 class TargetAccuracy:
-    """Stop rule: stop after the first epoch at which every point's mean test
-    accuracy has reached `target`. `points[i]` is the point member i belongs to."""
+    """Stop rule: stop after the first epoch at which every point's mean accuracy on
+    `split` ("test", or "val": the validation split) has reached `target`. `points[i]` is
+    the point member i belongs to."""
 
-    def __init__(self, target: float | None, points: np.ndarray):
-        self.target, self.points = target, points
+    def __init__(self, target: float | None, points: np.ndarray, split: str = "test"):
+        self.target, self.points, self.split = target, points, split
         self.reached: list = [None] * (int(points.max()) + 1)
 
     def __call__(self, end: EpochEnd, train_seconds: float) -> bool:
-        return self.update(end.epoch, end.test.accuracy, train_seconds)
+        if self.split == "test":
+            return self.update(end.epoch, end.test.accuracy, train_seconds)
+        return self.update(end.epoch, self.accuracy(end.record), train_seconds)
+
+    def accuracy(self, record: dict) -> np.ndarray:
+        """(members,): each member's accuracy on the split watched, from a metrics record."""
+        key = f"{self.split}_accuracy"
+        return np.asarray(record.get(f"{key}_per_seed", [record[key]]))
 
     def update(self, epoch: int, accuracy: np.ndarray, train_seconds: float) -> bool:
         """accuracy: (members,) after `epoch`; True once every point has reached the target."""
@@ -106,8 +114,7 @@ class TargetAccuracy:
         done, seconds = False, 0.0
         for r in records:
             seconds += r["epoch_seconds"]
-            accuracy = np.asarray(r.get("test_accuracy_per_seed", [r["test_accuracy"]]))
-            done = self.update(r["epoch"], accuracy, seconds)
+            done = self.update(r["epoch"], self.accuracy(r), seconds)
         return done
 
 
@@ -126,7 +133,11 @@ class Setup(NamedTuple):
 def setup_run(cfg, members, dataset, layout: parallel.Layout | None = None) -> Setup:
     """Plans, checks memory, initialises the states and places the data (see the module doc).
     `cfg` is validated and `layout` checked for this population by the caller."""
-    spec, n_train = dataset.spec, len(dataset.train_labels)
+    # The validation examples leave the training set here, before anything counts it.
+    split = validation.split_training_set(
+        dataset.train_images, dataset.train_labels, cfg.data.validation
+    )
+    spec, n_train = dataset.spec, len(split.labels)
     layout = layout or parallel.build_layout(1)
     plan = config_lib.plan_steps(cfg.train, n_train)
     input_shape, num_classes = dataset.train_images.shape[1:], len(spec.class_names)
@@ -146,21 +157,30 @@ def setup_run(cfg, members, dataset, layout: parallel.Layout | None = None) -> S
         **layout.describe(),
     }
     info.update(get_model(cfg.model.name).run_facts(cfg.model))  # e.g. the CNN's conv_impl
-    # Estimated before anything is allocated: chunks that fit, or one clear line.
-    chunks, about = memory.chunks_for(cfg, shapes, dataset, len(members), layout.members)
+    pop = Population(
+        cfg, optimizer, members, (len(members),), input_shape, num_classes,
+        len(plan.epoch_steps), layout,
+    )  # fmt: skip
+    # Estimated from the compiled programs before any data or state is allocated: chunks
+    # that fit, or one clear line. The programs compiled for it are the run's own.
+    chunks, about = memory.chunks_for(cfg, pop, plan.steps_per_epoch, dataset)
     if len(members) > 1:
         info.update(models=len(members), seeds=sorted({m.seed for m in members}), **about)
-    pop = Population(
-        cfg, optimizer, members, chunks, input_shape, num_classes, len(plan.epoch_steps), layout
-    )
+    if chunks != pop.chunks:
+        pop = pop.in_chunks(chunks)
     states = pop.init_states()
-    train_data = place_train_data(dataset.train_images, dataset.train_labels, layout)
-    sets = {"test": (dataset.test_images, dataset.test_labels)}
-    if cfg.train.eval_train:
-        sets["train"] = (dataset.train_images, dataset.train_labels)
+    train_data = place_train_data(split.images, split.labels, layout)
+    sets = {"test": (dataset.test_images, dataset.test_labels, None)}
+    if split.val_indices is not None:
+        sets["val"] = (dataset.train_images, dataset.train_labels, split.val_indices)
+    if cfg.train.eval_train:  # all of it, or a fixed subset (train.eval_train_examples)
+        subset = evaluate_lib.train_eval_indices(cfg.train, split.labels)
+        sets["train"] = (split.images, split.labels, subset)
+    info.update(evaluate_lib.train_eval_facts(cfg.train, n_train))
+    info.update(validation.validation_facts(cfg.data.validation))
     eval_sets = {
-        name: evaluate_lib.place_eval_data(x, y, cfg.train.eval_batch_size, layout)
-        for name, (x, y) in sets.items()
+        name: evaluate_lib.place_eval_data(x, y, cfg.train.eval_batch_size, layout, subset)
+        for name, (x, y, subset) in sets.items()
     }
     return Setup(cfg, plan, pop, states, train_data, eval_sets, info)
 
@@ -178,6 +198,7 @@ def train_population(
     stop_rules: tuple[Callable[[EpochEnd, float], bool], ...] = (),
     interrupt: Callable[[], bool] | None = None,
     every_steps: tuple[int, ...] = (),
+    ensemble: bool | None = None,
 ) -> RunResult:
     """Trains `members` (`population.Member`s: seed and hyperparameters) of `cfg`.
 
@@ -192,7 +213,10 @@ def train_population(
     asked after every call (about every half second): when it (in any process)
     says so, the run ends there, mid-epoch or not, after the callbacks have seen a
     `StepsEnd` or `EpochEnd` with `stopping` set. Calls also end at every multiple
-    of each of `every_steps` (e.g. where a checkpoint is due).
+    of each of `every_steps` (e.g. where a checkpoint is due). `ensemble`: also evaluate
+    the ensemble of every member on the test set after each epoch (all its chunks
+    together; `ensemble_test_*` in the records); by default when there are several
+    members and no `points` (seeds of one config, not the points of a sweep).
     """
     calls = Callbacks(callbacks)
     run = setup_run(cfg, members, dataset, layout)
@@ -200,21 +224,27 @@ def train_population(
         start = start(run)
     progress, states = (Progress(), run.states) if start is None else start
     calls.on_start(RunStart(cfg, run.info, progress, dataset))
-    compile_seconds = _compile(run)
+    if ensemble is None:
+        ensemble = len(members) > 1 and points is None
+    compile_seconds = _compile(run, ensemble)
     calls.on_compiled(compile_seconds)
     points = np.zeros(len(members), int) if points is None else np.asarray(points)
-    target = TargetAccuracy(cfg.train.target_accuracy, points)
+    target = TargetAccuracy(cfg.train.target_accuracy, points, cfg.train.target_split)
     every = (*every_steps, cfg.train.progress_every)
     loop = _Loop(run, calls, target, stop_on_nonfinite, interrupt or (lambda: False), every)
+    loop.ensemble = ensemble
     return loop.run(states, progress, (target, *stop_rules), compile_seconds)
 
 
-def _compile(run: Setup) -> float:
-    """Compiles every distinct program ahead of time; returns the seconds it took."""
+def _compile(run: Setup, ensemble: bool = False) -> float:
+    """Compiles every distinct program ahead of time; returns the seconds compiling took,
+    the memory estimate's compiles (in `setup_run`, reused here) included."""
+    run.population.compile(run.plan.steps_per_epoch, run.train_data, run.eval_sets)
+    if ensemble:
+        run.population.compile_ensemble(run.eval_sets["test"])
     start = time.perf_counter()
-    run.population.compile(run.states, run.plan.steps_per_epoch, run.train_data, run.eval_sets)
     parallel.agree(0.0, False)  # several processes: its collective compiles here too
-    return time.perf_counter() - start
+    return run.population.compile_seconds + time.perf_counter() - start
 
 
 class _Loop:
@@ -225,6 +255,7 @@ class _Loop:
         self.stop_on_nonfinite, self.interrupt = stop_on_nonfinite, interrupt
         self.pacer = pacing.Pacer(every)
         self.estimated = False
+        self.ensemble = False  # evaluate the ensemble of every member too (test set)
 
     def run_steps(self, states, metrics, plans, done: int, num_steps: int, step: int):
         """One call, from step `done` of the epoch; returns (states, metrics, steps run,
@@ -279,7 +310,7 @@ class _Loop:
         eval_seconds = progress.eval_seconds
         step = progress.step - progress.epoch_step  # at the start of the epoch under way
         records, diverged = list(progress.records), []
-        test, stopping = None, False
+        test, together, stopping = None, None, False
         partial = progress if progress.epoch_step else None  # resumed inside an epoch
         epochs = range(progress.epoch + 1, len(run.plan.epoch_steps) + 1)
         if self.target.replay(progress.records):  # a resumed run had already reached it
@@ -303,18 +334,27 @@ class _Loop:
             self.check_finite(totals.losses, epoch, step - num_steps, diverged)
             t0 = time.perf_counter()
             test = pop.evaluate(states, "test", run.eval_sets["test"])
+            together = self.evaluate_ensemble(states)
+            val = None
+            if "val" in run.eval_sets:  # the validation split (data.validation)
+                val = pop.evaluate(states, "val", run.eval_sets["val"])
+            t1 = time.perf_counter()
             train_eval = None
             if cfg.train.eval_train:
                 train_eval = pop.evaluate(states, "train", run.eval_sets["train"])
-            eval_seconds += time.perf_counter() - t0
+            t2 = time.perf_counter()
+            eval_seconds += t2 - t0
             record = epoch_record(
                 epoch=epoch,
                 step=step,
                 examples=num_steps * cfg.train.batch_size,
                 totals=totals,
                 test=test,
+                val=val,
                 train_eval=train_eval,
+                ensemble=together,
                 seconds=clock[1],
+                eval_seconds=(t1 - t0, t2 - t1),
             )
             records.append(record)
             losses = totals.losses
@@ -324,6 +364,7 @@ class _Loop:
                 break
         if test is None and not stopping:  # resumed at its last checkpoint, or past its target
             test = pop.evaluate(states, "test", run.eval_sets["test"])
+            together = self.evaluate_ensemble(states)
         return RunResult(
             pop,
             states,
@@ -338,7 +379,14 @@ class _Loop:
             self.target.reached,
             diverged,
             stopping,
+            together,
         )
+
+    def evaluate_ensemble(self, states):
+        """The ensemble of every member on the test set (an EvalResult), or None."""
+        if not self.ensemble:
+            return None
+        return self.setup.population.evaluate_ensemble(states, self.setup.eval_sets["test"])
 
     def check_finite(self, losses, epoch: int, first_step: int, diverged: list) -> None:
         members = self.setup.population.members
@@ -393,16 +441,26 @@ def epoch_record(
     test: Evaluation,
     train_eval: Evaluation | None,
     seconds: float,
+    val: Evaluation | None = None,
+    eval_seconds: tuple[float, float] = (0.0, 0.0),
+    ensemble: evaluate_lib.EvalResult | None = None,
 ) -> dict:
     """One metrics.jsonl line; `examples`: training examples per member this epoch.
 
-    `train_loss` is the mean loss of the epoch's batches, as trained; with the full
-    training set evaluated (`eval_train`), `train_accuracy` and `train_set_loss` are
-    its figures after the epoch, as `jaxmnist eval` measures them.
+    `train_loss` is the mean loss of the epoch's batches, as trained; with the training
+    set evaluated (`eval_train`), `train_accuracy` and `train_set_loss` are its figures
+    after the epoch, as `jaxmnist eval` measures them, over `train_eval_examples` examples
+    (a subset of them: `train.eval_train_examples`). `eval_seconds` (the test set's
+    evaluation, then the training set's) are recorded as `eval_seconds` (both) and
+    `train_eval_seconds`, beside `epoch_seconds` (training alone).
 
     Figures are means over the members, so one member's line is exactly a single
     run's; several members add per-member lists (`*_per_seed`) and the spread of
-    test accuracy. examples_per_second counts every member's examples.
+    test accuracy, and with `ensemble` (the ensemble of every member on the test set)
+    `ensemble_test_accuracy` and `ensemble_test_loss` (the cross-entropy of the mean
+    probabilities). With `val` (the validation split, `data.validation`), `val_loss` and
+    `val_accuracy` follow the test figures, with their spread and per-member lists too.
+    examples_per_second counts every member's examples.
     """
     losses, learning_rates = totals.losses, totals.learning_rates
     train_loss = losses.mean(axis=1)
@@ -416,6 +474,8 @@ def epoch_record(
         "train_batch_accuracy": float(batch_accuracy.mean()),
         "test_loss": float(test.loss.mean()),
         "test_accuracy": float(test.accuracy.mean()),
+        **({} if val is None else {"val_loss": float(val.loss.mean())}),
+        **({} if val is None else {"val_accuracy": float(val.accuracy.mean())}),
         "learning_rate": None if learning_rates is None else float(learning_rates.mean()),
         "epoch_seconds": seconds,
         "examples_per_second": len(losses) * examples / seconds,
@@ -424,6 +484,10 @@ def epoch_record(
         # Named apart from `train_loss`, the batches' mean as trained (augmented, dropout
         # on): this is the figure `jaxmnist eval` reports for the training set.
         record["train_set_loss"] = float(np.mean(train_eval.loss))
+        record["train_eval_examples"] = train_eval.count
+    record["eval_seconds"] = sum(eval_seconds)
+    if train_eval is not None:
+        record["train_eval_seconds"] = eval_seconds[1]
     if len(losses) > 1:
         record.update(
             test_accuracy_std=float(test.accuracy.std(ddof=1)),
@@ -432,4 +496,12 @@ def epoch_record(
             train_accuracy_per_seed=np.asarray(train_accuracy, np.float64).tolist(),
             train_loss_per_seed=train_loss.astype(np.float64).tolist(),
         )
+        if val is not None:
+            record.update(
+                val_accuracy_std=float(val.accuracy.std(ddof=1)),
+                val_accuracy_per_seed=val.accuracy.tolist(),
+                val_loss_per_seed=val.loss.tolist(),
+            )
+    if ensemble is not None:
+        record.update(ensemble_test_accuracy=ensemble.accuracy, ensemble_test_loss=ensemble.loss)
     return record
