@@ -33,7 +33,12 @@ SMOKE = {
     "conv_backward": ([], {"speedrun", "environment"}),
     "devices_scaling": ([], {"scaling", "tpu101_test_accuracy", "environment"}),
     "epoch_vs_tutorial": ([], {"epoch_seconds", "epoch_ratio", "peak_fraction"}),
+    "eval_overhead": ([], {"cases", "largest_subset_within_goal", "environment"}),
+    "memory_estimate": ([], {"cases", "goal", "environment"}),
     "pacing_overhead": (["--presets", "tpu101"], {"presets", "environment"}),
+    "run_overhead": ([], {"runs", "median", "goal_report_seconds", "goal_peak_mb"}),
+    "search_pruning": ([], {"runs", "time_to_target_ratio", "environment"}),
+    "startup": ([], {"invocations", "slowest_median_seconds", "environment"}),
     "tutorial_tpu101": ([], None),
 }
 # Scripts whose every mode trains in `jaxmnist` (or PyTorch) child processes on the real

@@ -1,0 +1,151 @@
+"""`jaxmnist search`: a hyperparameter search with Optuna, trials trained in vmapped batches.
+
+Parameters, sampler and budget are checked before anything is loaded; the study lives in
+an SQLite file in --out unless --storage names another database, where any number of
+workers (`jaxmnist search` with the same --storage and --study) share it. The table
+goes to stdout (or search.json with --json), progress to stderr, the files to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import shlex
+import sys
+import time
+
+from jaxmnist import config as config_lib
+from jaxmnist.commands import options
+from jaxmnist.errors import ConfigError
+
+SAMPLERS = ("tpe", "random", "grid")  # jaxmnist.search.study's, named here for the parser
+PRUNERS = ("median", "halving", "hyperband", "none")
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _examples(text: str) -> int:
+    return 0 if text.strip() == "0" else _count(text)
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "search",
+        allow_abbrev=False,
+        help="search hyperparameters with Optuna: trials in vmapped batches, pruned, many workers",
+    )
+    options.add_config_args(p)
+    g = p.add_argument_group("the search")
+    g.add_argument(
+        "--param",
+        action="append",
+        metavar="KEY=KIND:...",
+        help="a searched field, repeatable: optimizer.lr=log:1e-4:1e-1, "
+        "optimizer.momentum=uniform:0.8:0.99, train.batch_size=uniform:32:256:32 "
+        "(LOW:HIGH[:STEP]), model.hidden=choice:128x64,256x128",
+    )
+    g.add_argument("--trials", type=_count, default=20, help="trials in the study (default 20)")
+    g.add_argument(
+        "--batch",
+        type=_count,
+        default=8,
+        help="most trials asked and trained at once (default 8; fewer when the memory estimate "
+        "says fewer fit); each batch's trials of one shape are one vmapped program",
+    )
+    g.add_argument(
+        "--validation",
+        type=_examples,
+        default=10000,
+        metavar="N",
+        help="training examples held out to rank trials by (default 10000); the test set is "
+        "reported, never used to choose",
+    )
+    g.add_argument(
+        "--sampler", choices=SAMPLERS, default="tpe", help="Optuna sampler (default tpe)"
+    )
+    g.add_argument("--sampler-seed", type=int, default=0, help="the sampler's seed (default 0)")
+    g.add_argument(
+        "--pruner",
+        choices=PRUNERS,
+        default="median",
+        help="Optuna pruner on each epoch's validation accuracy (default median)",
+    )
+    g.add_argument(
+        "--storage",
+        metavar="URL",
+        help="the study's database, any SQLAlchemy URL Optuna takes, e.g. "
+        "postgresql://user:pass@host/db (default: sqlite:///OUT/search.db)",
+    )
+    g.add_argument("--study", default="search", help="the study's name (default search)")
+    g.add_argument(
+        "--heartbeat",
+        type=_count,
+        default=60,
+        metavar="SECONDS",
+        help="a worker's sign of life for its trials (default 60); a trial silent for twice "
+        "this is failed and retried",
+    )
+    g.add_argument(
+        "--retries", type=_examples, default=3, help="times a lost trial is retried (default 3)"
+    )
+    p.add_argument(
+        "--out",
+        help="folder for search.json, search.csv, search.html and the default search.db "
+        "(default runs/search-<preset>-<time>)",
+    )
+    p.add_argument("--json", action="store_true", help="print search.json instead of the table")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    if importlib.util.find_spec("optuna") is None:
+        raise ConfigError("jaxmnist search needs Optuna: pip install 'jaxmnist[search]'")
+    import optuna  # start-up: the search extra
+
+    from jaxmnist.runs import rundir  # start-up: imports jax
+    from jaxmnist.search import outputs, space  # start-up: imports jax and optuna
+    from jaxmnist.search import run as search_run  # start-up: imports jax and optuna
+    from jaxmnist.search.study import StudyOptions, grid_space  # start-up: imports optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # our lines say what it would
+    start = time.perf_counter()
+    cfg, preset = options.resolve_config(args)
+    cfg = search_run.with_validation(cfg, args.validation)
+    config_lib.validate(cfg)
+    params = space.parse_params(args.param or [], cfg)
+    trials = args.trials
+    if args.sampler == "grid":
+        grid_space(params)  # every parameter finite, or one line
+        trials = search_run.grid_trials(params, trials)
+    out = rundir.check_writable(args.out or options.default_out("search", preset))
+    opts = StudyOptions(
+        name=args.study,
+        storage=args.storage or f"sqlite:///{out.absolute() / 'search.db'}",
+        trials=trials,
+        sampler=args.sampler,
+        seed=args.sampler_seed,
+        pruner=args.pruner,
+        heartbeat=args.heartbeat,
+        grace=2 * args.heartbeat,
+        retries=args.retries,
+    )
+    log = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
+    study = search_run.run_search(cfg, params, opts, batch=args.batch, log=log)
+    result = outputs.summarize(
+        study, params, cfg, opts, preset=preset, wall_seconds=time.perf_counter() - start
+    )
+    paths = outputs.write_outputs(result, out, shlex.join(["jaxmnist", *args.argv]))
+    if args.json:
+        print(paths["json"].read_text(), end="")
+    else:
+        print(outputs.format_table(result))
+        print(f"wrote {paths['json']}, {paths['csv'].name}, {paths['html'].name}")
+    return 0

@@ -1,0 +1,224 @@
+"""The Optuna study a search draws from: sampler, pruner, storage, heartbeats, the budget.
+
+Optuna owns sampling, pruning and storage; this module only chooses and wires them:
+
+- the sampler: TPE (with `constant_liar`, so the trials of one batch, asked before any
+  is told, spread out), random, or a grid over finite parameters; each seeded
+- the pruner: median, successive halving, Hyperband, or none, fed the trials' mean
+  validation accuracy after every epoch
+- the storage: any SQLAlchemy URL Optuna's `RDBStorage` takes (an SQLite file by
+  default, PostgreSQL for workers on several machines), with a heartbeat: a worker
+  records one for each of its running trials every `heartbeat` seconds (`Heartbeat`);
+  a trial whose heartbeat is older than the grace period is failed by the next worker
+  that looks (`optuna.storages.fail_stale_trials`), and Optuna's
+  `RetryHeartbeatStaleTrialCallback` enqueues it again with the same parameters, so a killed
+  worker loses nothing
+
+The study's size is its budget of `trials`: every worker counts the same trials.
+`admitted` says whether a trial just asked is within it: the trials that are not
+failed, taken in the order Optuna numbered them, fill the budget, so when two workers
+ask at the same moment exactly one of them gets the last place (a trial only ever
+moves forward in that order, when one before it fails and leaves it). A trial asked
+past the budget is told failed at once, marked `over_budget`, and never trained.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+import warnings
+
+import optuna
+from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.trial import TrialState
+from sqlalchemy.engine import make_url  # SQLAlchemy comes with Optuna's storage
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+
+from jaxmnist.errors import ConfigError
+from jaxmnist.search.space import Param, grid_space
+
+SAMPLERS = ("tpe", "random", "grid")
+PRUNERS = ("median", "halving", "hyperband", "none")
+OVER_BUDGET = "over_budget"  # user attribute of a trial asked past the budget
+DONE = (TrialState.COMPLETE, TrialState.PRUNED)
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyOptions:
+    name: str
+    storage: str  # a SQLAlchemy URL
+    trials: int  # the study's budget, shared by every worker
+    sampler: str = "tpe"
+    seed: int = 0  # the sampler's
+    pruner: str = "median"
+    heartbeat: int = 60  # seconds between a running trial's heartbeats
+    grace: int = 180  # seconds without one before a trial counts as lost
+    retries: int = 3  # times a lost trial is run again
+
+
+class _GridSampler(optuna.samplers.GridSampler):
+    """Optuna's grid, told trial by trial: the search stops on its own budget, so the
+    grid's request to stop `study.optimize` (which a study driven by ask and tell does
+    not run, and refuses) is not made."""
+
+    def after_trial(self, study, trial, state, values) -> None:
+        pass
+
+
+def make_sampler(kind: str, seed: int, params: list[Param]) -> optuna.samplers.BaseSampler:
+    if kind == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, constant_liar=True)
+    if kind == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if kind == "grid":
+        return _GridSampler(grid_space(params), seed=seed)
+    raise ConfigError(f"unknown sampler {kind!r}; choose from: {', '.join(SAMPLERS)}")
+
+
+def make_pruner(kind: str, epochs: int) -> optuna.pruners.BasePruner:
+    """Pruners compare trials at the same epoch; the first epoch is never pruned on."""
+    if kind == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=4, n_warmup_steps=1)
+    if kind == "halving":
+        return optuna.pruners.SuccessiveHalvingPruner(min_resource=1)
+    if kind == "hyperband":
+        return optuna.pruners.HyperbandPruner(min_resource=1, max_resource=max(epochs, 1))
+    if kind == "none":
+        return optuna.pruners.NopPruner()
+    raise ConfigError(f"unknown pruner {kind!r}; choose from: {', '.join(PRUNERS)}")
+
+
+def open_storage(opts: StudyOptions, attempts: int = 5) -> RDBStorage:
+    """The study's storage, with heartbeats and retries; ConfigError for a bad URL or an
+    unreachable database (one line). Workers started together on a new database race to
+    create its tables, and all but one fail on the unique names: they try again, and
+    find the tables made."""
+    for attempt in range(1, attempts + 1):
+        try:
+            with warnings.catch_warnings():
+                # Optuna marks heartbeats and its retry callback experimental; they are its
+                # documented way to run a lost trial again.
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return RDBStorage(
+                    opts.storage,
+                    heartbeat_interval=opts.heartbeat,
+                    grace_period=opts.grace,
+                    heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(opts.retries),
+                    engine_kwargs={"pool_pre_ping": True},
+                )
+        except IntegrityError:
+            if attempt == attempts:
+                raise
+            time.sleep(0.2 * attempt)
+        except (SQLAlchemyError, ImportError, ValueError, RuntimeError) as e:  # URL, driver
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ConfigError(f"--storage {safe_url(opts.storage)}: {first}") from None
+    raise AssertionError("unreachable")
+
+
+def safe_url(url: str) -> str:
+    """The URL without its password, for a message."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except SQLAlchemyError:  # not a URL at all: say it as given
+        return url
+
+
+def open_study(opts: StudyOptions, params: list[Param], epochs: int) -> optuna.Study:
+    """Creates the study or joins it (another worker may have made it); refuses to join
+    one whose search space differs."""
+    storage = open_storage(opts)
+    study = optuna.create_study(
+        study_name=opts.name,
+        storage=storage,
+        sampler=make_sampler(opts.sampler, opts.seed, params),
+        pruner=make_pruner(opts.pruner, epochs),
+        direction="maximize",
+        load_if_exists=True,
+    )
+    if study.direction != optuna.study.StudyDirection.MAXIMIZE:
+        raise ConfigError(f"study {opts.name!r} minimises; a search maximises validation accuracy")
+    space = [p.spec for p in params]
+    if "space" not in study.user_attrs:
+        study.set_user_attr("space", space)
+        study.set_user_attr("trials", opts.trials)
+    joined = study.user_attrs
+    if joined["space"] != space:
+        raise ConfigError(
+            f"study {opts.name!r} searches {' '.join(joined['space'])}, not "
+            f"{' '.join(space)}; name another --study"
+        )
+    if joined["trials"] != opts.trials:
+        raise ConfigError(
+            f"study {opts.name!r} is a search of {joined['trials']} trials, not "
+            f"{opts.trials}; give --trials {joined['trials']}"
+        )
+    return study
+
+
+def ask(study: optuna.Study) -> optuna.Trial:
+    """A trial to run: a retried one first (Optuna hands out enqueued trials first). Its
+    first heartbeat is recorded at once: a trial that never beat is never found stale,
+    so one asked by a worker killed before its `Heartbeat` started would stay running."""
+    with warnings.catch_warnings():
+        # Optuna warns that heartbeats are meant for `optimize`; here `Heartbeat` beats.
+        warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed")
+        trial = study.ask()
+    study._storage.record_heartbeat(trial._trial_id)
+    return trial
+
+
+def admitted(study: optuna.Study, trial: optuna.Trial, budget: int) -> bool:
+    """Whether `trial` (just asked) is within the budget (see the module doc); if not,
+    it is told failed and marked over budget."""
+    live = [
+        t.number
+        for t in study.get_trials(deepcopy=False)
+        if t.state != TrialState.FAIL and t.number <= trial.number
+    ]
+    if len(live) <= budget:
+        return True
+    trial.set_user_attr(OVER_BUDGET, True)
+    study.tell(trial, state=TrialState.FAIL)
+    return False
+
+
+def fail_stale(study: optuna.Study) -> None:
+    """Fails the running trials whose heartbeat stopped; the retry callback enqueues them."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
+
+
+def counts(study: optuna.Study) -> dict[str, int]:
+    """Trials by state name (COMPLETE, PRUNED, RUNNING, WAITING, FAIL)."""
+    out = {s.name: 0 for s in TrialState}
+    for t in study.get_trials(deepcopy=False):
+        out[t.state.name] += 1
+    return out
+
+
+class Heartbeat:
+    """Records a heartbeat for each of `trial_ids` every `interval` seconds, in a thread,
+    while the batch trains (Optuna's `optimize` does this for one trial at a time)."""
+
+    def __init__(self, storage: RDBStorage, trial_ids: list[int], interval: float):
+        self.storage, self.trial_ids, self.interval = storage, list(trial_ids), interval
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._beat, name="search-heartbeat", daemon=True)
+
+    def _beat(self) -> None:
+        while True:
+            for trial_id in self.trial_ids:
+                self.storage.record_heartbeat(trial_id)
+            if self.stopped.wait(self.interval):
+                return
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stopped.set()
+        self.thread.join()

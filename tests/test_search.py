@@ -1,0 +1,405 @@
+"""`jaxmnist search`: the --param syntax, batches as vmapped programs, pruning, the
+objective on validation, outputs, and two workers sharing a PostgreSQL study."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from jaxmnist import config as config_lib
+from jaxmnist.bench.timing import compile_count
+from jaxmnist.cli import build_parser, main
+from jaxmnist.commands import options
+from jaxmnist.errors import ConfigError
+from jaxmnist.search import batch as batch_lib
+from jaxmnist.search import outputs, space
+from jaxmnist.search import run as search_run
+from jaxmnist.search import study as study_lib
+
+BASE = config_lib.get_preset("tpu101")
+TESTS = Path(__file__).parent
+
+
+def small(**fields) -> config_lib.Config:
+    cfg = config_lib.apply_overrides(
+        BASE,
+        {
+            "data.dataset": "tiny",
+            "train.batch_size": 32,
+            "train.epochs": 2,
+            "model.hidden": (16,),
+            "optimizer.name": "adamw",
+            "compile_cache": False,
+            **fields,
+        },
+    )
+    return search_run.with_validation(cfg, 100)
+
+
+def study_opts(tmp_path, name="s", **kw) -> study_lib.StudyOptions:
+    return study_lib.StudyOptions(
+        name=name, storage=f"sqlite:///{tmp_path / 'search.db'}", **{"trials": 3, **kw}
+    )
+
+
+# --- the --param syntax ---------------------------------------------------------------
+
+
+def test_params_parse_to_typed_distributions():
+    ps = space.parse_params(
+        [
+            "optimizer.lr=log:1e-4:1e-1",
+            "optimizer.momentum = uniform:0.8:0.99",
+            "train.batch_size=uniform:32:256:32",
+            "model.hidden=choice:128x64, 256x128,512",
+        ],
+        BASE,
+    )
+    d = [p.distribution() for p in ps]
+    assert d[0] == optuna.distributions.FloatDistribution(1e-4, 1e-1, log=True)
+    assert d[1] == optuna.distributions.FloatDistribution(0.8, 0.99)
+    assert d[2] == optuna.distributions.IntDistribution(32, 256, step=32)
+    assert d[3] == optuna.distributions.CategoricalDistribution(("128x64", "256x128", "512"))
+    assert [p.spec for p in ps][3] == "model.hidden=choice:128x64,256x128,512"
+    cfg = space.trial_config(BASE, {"model.hidden": "256x128", "train.batch_size": 64})
+    assert cfg.model.hidden == (256, 128) and cfg.train.batch_size == 64
+    assert ps[2].grid_values() == [32, 64, 96, 128, 160, 192, 224, 256]
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("optimizer.lr", "is not KEY=log:LOW:HIGH"),
+        ("optimizer.lr=loglog:1:2", "is not KEY=log:LOW:HIGH"),
+        ("optimizer.lr=log:", "is not KEY=log:LOW:HIGH"),
+        ("optimizer.nope=log:1e-4:1e-1", "unknown config field 'optimizer.nope'"),
+        ("optimizer.lr=log:1e-1:1e-4", "LOW must be below HIGH"),
+        ("optimizer.lr=log:0:1e-1", "learning rate"),  # the config's own check
+        ("optimizer.lr=log:1e-4:1e-1:2", "takes no STEP"),
+        ("optimizer.lr=uniform:1e-4:abc", "expected float"),
+        ("optimizer.lr=uniform:1e-4:1e-1:1", "STEP must be above 0 and at most"),
+        ("model.hidden=choice:64,,32", "an empty choice"),
+        ("model.hidden=choice:64,64", "a choice is repeated"),
+        ("model.hidden=uniform:1:2", "is not a number; give its values with choice"),
+        ("optimizer.name=choice:adam,nadam", "unknown optimizer"),
+        ("train.seeds=uniform:1:4", "--seeds N"),
+        ("train.target_accuracy=uniform:0.5:0.9", "never by the test set"),
+        ("train.epochs=uniform:1:4", "every trial trains --epochs"),
+    ],
+)
+def test_bad_params_are_one_line_config_errors(spec, message):
+    with pytest.raises(ConfigError, match=None) as e:
+        space.parse_params([spec], BASE)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ([], "needs at least one --param"),
+        (["--param", "optimizer.lr=log:1e-1:1e-4"], "LOW must be below HIGH"),
+        (["--param", "optimizer.lr=log:1e-4:1e-1", "--param", "optimizer.lr=log:1e-3:1e-1"],
+         "given twice"),
+        (["--param", "optimizer.lr=log:1e-4:1e-1", "--sampler", "grid"], "no grid; give its"),
+        (["--param", "optimizer.lr=log:1e-4:1e-1", "--trials", "0"], "must be at least 1"),
+        (["--param", "optimizer.lr=log:1e-4:1e-1", "--sampler", "bayes"], "invalid choice"),
+        (["--param", "optimizer.lr=log:1e-4:1e-1", "--storage", "nosuchdb://x"],
+         "--storage nosuchdb://x:"),
+    ],
+)  # fmt: skip
+def test_cli_bad_searches_exit_2_in_one_line(extra, message, tmp_path, capsys):
+    out = tmp_path / "search"
+    assert_exit = pytest.raises(SystemExit) if "--trials" in extra or "bayes" in extra else None
+    if assert_exit:
+        with assert_exit as e:
+            main(["search", "--out", str(out), *extra])
+        code = e.value.code
+    else:
+        code = main(["search", "--out", str(out), *extra])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and message in err.splitlines()[-1], err
+    if not assert_exit:
+        assert len(err.splitlines()) == 1 and err.startswith("jaxmnist search: error:")
+    assert not (out / "search.json").exists()
+
+
+def test_the_command_names_the_same_samplers_and_pruners_as_the_study():
+    from jaxmnist.commands import search as command
+
+    assert command.SAMPLERS == study_lib.SAMPLERS and command.PRUNERS == study_lib.PRUNERS
+
+
+# --- searches on the tiny dataset -----------------------------------------------------
+
+
+def test_cli_search_end_to_end_with_sqlite_and_the_best_trains_again(
+    tiny_data_dir, tmp_path, capsys
+):
+    out = tmp_path / "search"
+    args = [
+        "search", "--dataset", "tiny", "--data-dir", str(tiny_data_dir), "--out", str(out),
+        "--batch-size", "32", "--epochs", "2", "--hidden", "16", "--no-compile-cache",
+        "--optimizer", "adamw", "--validation", "100", "--seeds", "2", "--trials", "4",
+        "--batch", "4", "--pruner", "none",
+        "--param", "optimizer.lr=log:1e-4:1e-1", "--param", "optimizer.weight_decay=log:1e-6:1e-2",
+    ]  # fmt: skip
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    assert "batch 1: trials 0, 1, 2, 3" in captured.err
+    assert "program 1/1: 8 models in one program" in captured.err
+    assert "4 complete, 0 pruned, 0 failed trials in study 'search'" in captured.out
+    result = json.loads((out / "search.json").read_text())
+    assert result["counts"]["COMPLETE"] == 4 and result["sampler"] == "tpe"
+    assert (out / "search.db").exists() and result["storage"].startswith("sqlite:///")
+    ranked = [r for r in result["trials"] if r["state"] == "COMPLETE"]
+    assert [r["rank"] for r in ranked] == [1, 2, 3, 4]
+    assert [r["value"] for r in ranked] == sorted((r["value"] for r in ranked), reverse=True)
+    rows = list(csv.DictReader((out / "search.csv").read_text().splitlines()))
+    assert len(rows) == 4 and rows[0]["trial"] == str(result["best"]["number"])
+    page = (out / "search.html").read_text()
+    assert page.count("data:image/png;base64,") == 3  # history, importances, parallel
+    assert "optuna-dashboard sqlite:///" in page and "Optimisation history" in page
+
+    # The best trial's command trains exactly the best trial's config.
+    best = result["best"]
+    argv = shlex.split(best["command"])
+    assert argv[:2] == ["jaxmnist", "train"] and best["command"] in captured.out
+    parsed, extra = build_parser().parse_known_args(argv[1:])
+    parsed.overrides = [*parsed.overrides, *extra]
+    cfg, _ = options.resolve_config(parsed)
+    base, _ = options.resolve_config(build_parser().parse_known_args(args)[0])
+    want = space.trial_config(search_run.with_validation(base, 100), best["values"])
+    assert cfg == want and cfg.optimizer.lr == best["values"]["optimizer.lr"]
+
+
+def _search(tmp_path, tiny_dataset, params, *, name="s", cfg=None, batch=8, **kw):
+    opts = study_opts(tmp_path, name=name, **kw)
+    ps = space.parse_params(params, cfg or small())
+    study = search_run.run_search(cfg or small(), ps, opts, batch=batch, dataset=tiny_dataset)
+    return study, ps, opts
+
+
+def test_a_batch_of_trials_of_one_shape_is_one_vmapped_program(
+    tmp_path, tiny_dataset, tiny_data_dir
+):
+    """Four trials over traced values compile what one trial compiles: one program."""
+    params = ["optimizer.lr=log:1e-4:1e-1"]
+    before = compile_count()
+    _search(tmp_path, tiny_dataset, params, name="one", trials=1, pruner="none")
+    one = compile_count() - before
+    before = compile_count()
+    study, _, _ = _search(tmp_path, tiny_dataset, params, name="four", trials=4, pruner="none")
+    four = compile_count() - before
+    assert one > 0 and four == one
+    attrs = [t.user_attrs for t in study.trials]
+    assert {a["batch"] for a in attrs} == {1} and {a["models_in_program"] for a in attrs} == {4}
+
+
+def test_trials_of_two_shapes_train_as_two_programs_in_one_batch(
+    tmp_path, tiny_dataset, tiny_data_dir
+):
+    study, _, _ = _search(
+        tmp_path,
+        tiny_dataset,
+        ["model.hidden=choice:8,16"],
+        trials=2,
+        sampler="grid",
+        pruner="none",
+    )
+    attrs = sorted((t.params["model.hidden"], t.user_attrs["program"]) for t in study.trials)
+    assert attrs == [("16", "model.hidden=16"), ("8", "model.hidden=8")]
+
+
+def test_grid_search_visits_each_point_once_and_stops_at_the_grid(
+    tmp_path, tiny_dataset, tiny_data_dir
+):
+    ps = space.parse_params(["optimizer.lr=choice:1e-3,3e-3,1e-2"], small())
+    trials = search_run.grid_trials(ps, 10)
+    study, _, _ = _search(
+        tmp_path, tiny_dataset, [ps[0].spec], trials=trials, sampler="grid", pruner="none"
+    )
+    assert trials == 3 and sorted(t.params["optimizer.lr"] for t in study.trials) == [
+        "0.001",
+        "0.003",
+        "0.01",
+    ]
+
+
+def test_pruned_trials_stop_their_program_early(tmp_path, tiny_dataset, tiny_data_dir, monkeypatch):
+    """A pruner that prunes every trial at its first report: every trial PRUNED after
+    epoch 1 of 3, and the program ran one epoch, not three."""
+    monkeypatch.setattr(
+        study_lib, "make_pruner", lambda kind, epochs: optuna.pruners.ThresholdPruner(lower=2.0)
+    )
+    ran = []
+    real = batch_lib.train_population
+
+    def spy(*args, **kw):
+        r = real(*args, **kw)
+        ran.append(len(r.records))
+        return r
+
+    monkeypatch.setattr(batch_lib, "train_population", spy)
+    study, ps, opts = _search(
+        tmp_path, tiny_dataset, ["optimizer.lr=log:1e-4:1e-1"], cfg=small(**{"train.epochs": 3}),
+        trials=3, batch=3,
+    )  # fmt: skip
+    assert [t.state for t in study.trials] == [TrialState.PRUNED] * 3
+    assert ran == [1] and all(t.user_attrs["epochs"] == 1 for t in study.trials)
+    assert all(list(t.intermediate_values) == [1] for t in study.trials)
+    result = outputs.summarize(study, ps, small(), opts, preset="tpu101", wall_seconds=1.0)
+    assert result["counts"]["PRUNED"] == 3 and result["best"] is None
+
+
+def test_the_objective_is_validation_accuracy_never_test(tmp_path, tiny_dataset, tiny_data_dir):
+    study, ps, opts = _search(
+        tmp_path, tiny_dataset, ["optimizer.lr=log:1e-3:1e-1"], trials=3, pruner="none",
+        cfg=small(**{"train.seeds": 2}),
+    )  # fmt: skip
+    done = [t for t in study.trials if t.state == TrialState.COMPLETE]
+    assert len(done) == 3
+    for t in done:
+        val, test = t.user_attrs["val_accuracy_per_seed"], t.user_attrs["test_accuracy_per_seed"]
+        assert len(val) == 2 and t.value == pytest.approx(sum(val) / 2)
+        assert t.user_attrs["test_accuracy_mean"] == pytest.approx(sum(test) / 2)
+    assert any(t.value != pytest.approx(t.user_attrs["test_accuracy_mean"]) for t in done)
+    result = outputs.summarize(study, ps, small(), opts, preset="tpu101", wall_seconds=1.0)
+    assert result["best"]["number"] == max(done, key=lambda t: t.value).number
+
+
+def test_joining_a_study_with_another_space_or_size_is_refused(tmp_path):
+    opts = study_opts(tmp_path)
+    study_lib.open_study(opts, space.parse_params(["optimizer.lr=log:1e-4:1e-1"], BASE), 2)
+    other = space.parse_params(["optimizer.lr=log:1e-3:1e-1"], BASE)
+    with pytest.raises(ConfigError, match="searches optimizer.lr=log:0.0001:0.1, not"):
+        study_lib.open_study(opts, other, 2)
+    same = space.parse_params(["optimizer.lr=log:1e-4:1e-1"], BASE)
+    with pytest.raises(ConfigError, match="give --trials 3"):
+        study_lib.open_study(study_opts(tmp_path, trials=5), same, 2)
+
+
+def test_a_trial_asked_past_the_budget_is_failed_and_marked(tmp_path):
+    opts = study_opts(tmp_path, trials=2)
+    study = study_lib.open_study(opts, space.parse_params(["optimizer.lr=log:1e-4:1e-1"], BASE), 2)
+    asked = [study_lib.ask(study) for _ in range(3)]  # two workers racing for the last place
+    assert [study_lib.admitted(study, t, 2) for t in asked] == [True, True, False]
+    last = study.trials[2]
+    assert last.state == TrialState.FAIL and last.user_attrs[study_lib.OVER_BUDGET] is True
+
+
+# --- two workers on PostgreSQL, one killed --------------------------------------------
+
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def postgres_url():
+    """A private PostgreSQL server on a free loopback port, in a data folder of its own,
+    run as the `postgres` user (initdb refuses root); stopped afterwards."""
+    if not (PG_BIN / "initdb").exists():
+        pytest.skip(
+            f"PostgreSQL's server binaries are not in {PG_BIN} (apt-get install postgresql)"
+        )
+    as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    if as_postgres and shutil.which("runuser") is None:
+        pytest.skip("running as root without runuser: initdb would refuse to start")
+    where = Path(tempfile.mkdtemp(prefix="jaxmnist-pg-"))
+    if as_postgres:
+        shutil.chown(where, "postgres")
+    data, port = where / "data", _free_port()
+    run = lambda *a: subprocess.run([*as_postgres, *a], check=True, capture_output=True)
+    run(PG_BIN / "initdb", "-D", data, "-U", "postgres", "--auth=trust")
+    run(PG_BIN / "pg_ctl", "-D", data, "-l", where / "log", "-w", "-o",
+        f"-k {where} -p {port} -h 127.0.0.1", "start")  # fmt: skip
+    try:
+        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        run(PG_BIN / "pg_ctl", "-D", data, "-m", "immediate", "-w", "stop")
+        shutil.rmtree(where, ignore_errors=True)
+
+
+def test_two_workers_share_a_postgres_study_and_a_killed_ones_trials_are_retried(
+    postgres_url, tiny_data_dir, tmp_path
+):
+    common = [
+        "search", "--dataset", "tiny", "--data-dir", str(tiny_data_dir), "--batch-size", "32",
+        "--epochs", "2", "--hidden", "16", "--no-compile-cache", "--validation", "100",
+        "--trials", "6", "--batch", "2", "--pruner", "none", "--heartbeat", "1",
+        "--storage", postgres_url, "--study", "shared", "--param", "optimizer.lr=log:1e-4:1e-1",
+    ]  # fmt: skip
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+
+    def start(name: str, seed: int):
+        log = open(tmp_path / f"{name}.err", "w")  # noqa: SIM115 (closed below)
+        argv = [
+            sys.executable,
+            str(TESTS / "run_tiny_cli.py"),
+            *common,
+            "--out",
+            str(tmp_path / name),
+        ]
+        argv += ["--sampler-seed", str(seed)]
+        return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log, env=env), log
+
+    doomed, doomed_log = start("doomed", 0)
+    survivor, survivor_log = start("survivor", 1)
+    try:
+        deadline = time.monotonic() + 240
+        while "batch 1: trials" not in (tmp_path / "doomed.err").read_text():
+            assert doomed.poll() is None and time.monotonic() < deadline, (
+                tmp_path / "doomed.err"
+            ).read_text()
+            time.sleep(0.05)
+        doomed.send_signal(signal.SIGKILL)  # mid-batch: its trials are RUNNING
+        doomed.wait()
+        assert survivor.wait(timeout=180) == 0, (tmp_path / "survivor.err").read_text()
+    finally:
+        for worker in (doomed, survivor):
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+        doomed_log.close()
+        survivor_log.close()
+
+    storage = optuna.storages.RDBStorage(postgres_url)
+    try:
+        study = optuna.load_study(study_name="shared", storage=storage)
+        trials = study.trials
+    finally:
+        storage.engine.dispose()  # before the server stops: no connection left to collect
+    study_done(trials, tmp_path)
+
+
+def study_done(trials, tmp_path) -> None:
+    """Six trials COMPLETE; each one the killed worker held FAILED and ran again, once."""
+    by_state = {s: [t for t in trials if t.state == s] for s in TrialState}
+    assert len(by_state[TrialState.COMPLETE]) == 6 and not by_state[TrialState.RUNNING]
+    lost = [t for t in by_state[TrialState.FAIL] if not t.user_attrs.get(study_lib.OVER_BUDGET)]
+    assert lost, "the killed worker held running trials"
+    retries = {t.system_attrs.get("failed_trial"): t for t in by_state[TrialState.COMPLETE]}
+    for t in lost:  # each lost trial ran again, with the same parameters, exactly once
+        assert retries[t.number].params == t.params
+    assert sum("failed_trial" in t.system_attrs for t in trials) == len(lost)
+    assert "(retrying" in (tmp_path / "survivor.err").read_text()
+    result = json.loads((tmp_path / "survivor" / "search.json").read_text())
+    assert result["counts"]["COMPLETE"] == 6 and result["storage"].startswith("postgresql://")
