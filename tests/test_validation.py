@@ -228,6 +228,18 @@ def test_cli_target_split_val_stops_on_it_and_says_so(train_argv, tmp_path, caps
     assert "val loss" in out and "val: 100 training examples held out" in out
 
 
+def test_compare_shows_the_validation_curves_and_figures(train_argv, tmp_path, capsys):
+    runs = [tmp_path / "a", tmp_path / "b"]
+    for run_dir, lr in zip(runs, ("1e-3", "3e-3")):
+        argv = train_argv(run_dir, "--epochs", "2", "--no-report", f"optimizer.lr={lr}")
+        assert main([*argv, "data.validation=100"]) == 0
+    out = tmp_path / "c.html"
+    assert main(["compare", *map(str, runs), "--out", str(out)]) == 0
+    page = out.read_text()
+    assert "Validation accuracy of every run after each epoch" in page
+    assert "Validation accuracy</th>" in page and "100 held out" in page
+
+
 # --- bad values and old runs --------------------------------------------------------------
 
 

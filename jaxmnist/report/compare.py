@@ -268,6 +268,7 @@ def render_comparison(runs: list[RunData]) -> str:
         "train_loss": "Training loss of every run against step, overlaid",
         "test_loss": "Test loss of every run after each epoch, overlaid",
         "test_accuracy": "Test accuracy of every run after each epoch, overlaid",
+        "val_accuracy": "Validation accuracy of every run after each epoch, overlaid",
     }
     legend = html.html_table(
         ["Run", "Directory", "Command"],

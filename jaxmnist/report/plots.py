@@ -339,17 +339,21 @@ def per_class_accuracy(matrix: np.ndarray, class_names: list[str]) -> Figure:
 
 def compare_curves(runs: list[tuple[str, list[dict], np.ndarray, np.ndarray]]) -> dict[str, Figure]:
     """Runs overlaid, one figure each for the smoothed training loss against step,
-    and test loss and test accuracy against epoch. runs: (label, metrics records,
-    steps, per-step losses). Returns {"train_loss", "test_loss", "test_accuracy"}."""
+    and test loss and test accuracy against epoch, and validation accuracy when a run
+    held out a split. runs: (label, metrics records, steps, per-step losses). Returns
+    {"train_loss", "test_loss", "test_accuracy"[, "val_accuracy"]}."""
     colors = matplotlib.colormaps["tab10"]
     height = 3.6 + 0.22 * math.ceil(len(runs) / 2)  # room for the legend below
     figs = {}
+    kinds = [
+        ("train_loss", "Training loss (moving average)", "step"),
+        ("test_loss", "Test loss", "epoch"),
+        ("test_accuracy", "Test accuracy", "epoch"),
+    ]
+    if any("val_accuracy" in r for _, records, _, _ in runs for r in records):
+        kinds.append(("val_accuracy", "Validation accuracy", "epoch"))
     with style():
-        for name, title, xlabel in (
-            ("train_loss", "Training loss (moving average)", "step"),
-            ("test_loss", "Test loss", "epoch"),
-            ("test_accuracy", "Test accuracy", "epoch"),
-        ):
+        for name, title, xlabel in kinds:
             fig = new_figure(5.4, height)
             ax = fig.subplots()
             for k, (label, records, steps, losses) in enumerate(runs):
@@ -372,10 +376,10 @@ def compare_curves(runs: list[tuple[str, list[dict], np.ndarray, np.ndarray]]) -
                         lw=1.5,
                         label=label,
                     )
-                elif name == "test_accuracy":
+                elif name.endswith("accuracy") and all(name in r for r in records):
                     ax.plot(
                         epochs,
-                        [100 * r["test_accuracy"] for r in records],
+                        [100 * r[name] for r in records],
                         "o-",
                         color=c,
                         ms=4,
@@ -387,7 +391,7 @@ def compare_curves(runs: list[tuple[str, list[dict], np.ndarray, np.ndarray]]) -
                 _log_y(ax)
             else:
                 ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-            if name == "test_accuracy":
+            if name.endswith("accuracy"):
                 ax.yaxis.set_major_formatter(PercentFormatter(decimals=None))
             fig.legend(
                 *ax.get_legend_handles_labels(),
