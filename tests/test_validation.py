@@ -173,6 +173,12 @@ def test_sweep_ranks_by_validation_not_test(tiny_data_dir):
     assert "Validation accuracy</th>" in page and "Ranked by validation accuracy" in page
     assert sweep.ranking_metric(tiny_cfg(validation=100)) == "val_accuracy"
     assert sweep.ranking_metric(tiny_cfg(validation=0)) == "test_accuracy"
+    from jaxmnist.report.spread_plots import sweep_figure
+
+    (ax,) = sweep_figure(table).axes  # the sweep's plot shows what it ranks by
+    assert ax.get_title() == "Validation accuracy across the sweep"
+    means = next(line for line in ax.get_lines() if len(line.get_ydata()) == 2).get_ydata()
+    assert list(means) == pytest.approx([91.0, 97.0])  # by lr: validation means, not test
 
 
 def test_cli_sweep_holds_out_a_split_by_default_and_ranks_by_it(tiny_data_dir, tmp_path, capsys):

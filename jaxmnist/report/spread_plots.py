@@ -73,20 +73,26 @@ def _is_log_axis(values) -> bool:
     return len(nums) == len(values) > 1 and min(nums) > 0 and max(nums) / min(nums) >= 10
 
 
-def _interval(x: dict) -> tuple[float, float]:
+# What a sweep ranks by (its `ranked_by`), in words.
+METRIC_NAMES = {"test_accuracy": "test accuracy", "val_accuracy": "validation accuracy"}
+
+
+def _interval(x: dict, metric: str) -> tuple[float, float]:
     """(below, above) the mean in percentage points: the 95% CI, or 0 for one seed."""
-    if x["test_accuracy_ci95"] is None:
+    if x[f"{metric}_ci95"] is None:
         return 0.0, 0.0
-    lo, hi = x["test_accuracy_ci95"]
-    return 100 * (x["test_accuracy_mean"] - lo), 100 * (hi - x["test_accuracy_mean"])
+    lo, hi = x[f"{metric}_ci95"]
+    return 100 * (x[f"{metric}_mean"] - lo), 100 * (hi - x[f"{metric}_mean"])
 
 
-def sweep_one_axis(key: str, values: list, results: list[dict]) -> Figure:
-    """Mean test accuracy against the one swept value, 95% CI as error bars."""
+def sweep_one_axis(
+    key: str, values: list, results: list[dict], metric: str = "test_accuracy"
+) -> Figure:
+    """Mean `metric` against the one swept value, 95% CI as error bars."""
     by_value = {_label(x["values"][key]): x for x in results}
     rows = [by_value[_label(v)] for v in values]
-    means = np.array([100 * x["test_accuracy_mean"] for x in rows])
-    err = np.array([_interval(x) for x in rows]).T
+    means = np.array([100 * x[f"{metric}_mean"] for x in rows])
+    err = np.array([_interval(x, metric) for x in rows]).T
     log = _is_log_axis(values)
     pos = np.asarray(values, float) if log else np.arange(len(values))
     with style():
@@ -105,8 +111,8 @@ def sweep_one_axis(key: str, values: list, results: list[dict]) -> Figure:
         )
         for x, v in zip(rows, pos):
             ax.scatter(
-                [v] * len(x["test_accuracy_per_seed"]),
-                100 * np.asarray(x["test_accuracy_per_seed"]),
+                [v] * len(x[f"{metric}_per_seed"]),
+                100 * np.asarray(x[f"{metric}_per_seed"]),
                 color=TRAIN,
                 s=9,
                 alpha=0.45,
@@ -128,22 +134,24 @@ def sweep_one_axis(key: str, values: list, results: list[dict]) -> Figure:
             ax.minorticks_off()
         else:
             ax.set_xticks(pos, [_label(v) for v in values])
-        ax.set(title="Test accuracy across the sweep", xlabel=key)
+        ax.set(title=f"{METRIC_NAMES[metric].capitalize()} across the sweep", xlabel=key)
         ax.yaxis.set_major_formatter(PCT)
         ax.legend(fontsize=8, loc="best")
     return fig
 
 
-def sweep_heatmap(key_x: str, xs: list, key_y: str, ys: list, results: list[dict]) -> Figure:
-    """Mean test accuracy over two swept values, each cell annotated mean ± std."""
+def sweep_heatmap(
+    key_x: str, xs: list, key_y: str, ys: list, results: list[dict], metric: str = "test_accuracy"
+) -> Figure:
+    """Mean `metric` over two swept values, each cell annotated mean ± std."""
     cell = {(_label(x["values"][key_y]), _label(x["values"][key_x])): x for x in results}
     mean = np.full((len(ys), len(xs)), np.nan)
     text = [["" for _ in xs] for _ in ys]
     for i, y in enumerate(ys):
         for j, x in enumerate(xs):
             r = cell[_label(y), _label(x)]
-            mean[i, j] = 100 * r["test_accuracy_mean"]
-            std = r["test_accuracy_std"]
+            mean[i, j] = 100 * r[f"{metric}_mean"]
+            std = r[f"{metric}_std"]
             text[i][j] = f"{mean[i, j]:.2f}%" + (f"\n± {100 * std:.2f}" if std is not None else "")
     cmap = matplotlib.colormaps["viridis"]
     finite = mean[np.isfinite(mean)]
@@ -170,18 +178,19 @@ def sweep_heatmap(key_x: str, xs: list, key_y: str, ys: list, results: list[dict
                 )
         ax.set_xticks(range(len(xs)), [_label(x) for x in xs])
         ax.set_yticks(range(len(ys)), [_label(y) for y in ys])
-        ax.set(xlabel=key_x, ylabel=key_y, title="Mean test accuracy (bold: best)")
+        ax.set(xlabel=key_x, ylabel=key_y, title=f"Mean {METRIC_NAMES[metric]} (bold: best)")
         ax.grid(False)
         ax.spines[:].set_visible(False)
-        fig.colorbar(im, ax=ax, shrink=0.85, pad=0.02, format=PCT).set_label("mean test accuracy")
+        bar = fig.colorbar(im, ax=ax, shrink=0.85, pad=0.02, format=PCT)
+        bar.set_label(f"mean {METRIC_NAMES[metric]}")
     return fig
 
 
-def sweep_points(results: list[dict]) -> Figure:
+def sweep_points(results: list[dict], metric: str = "test_accuracy") -> Figure:
     """Every point as its mean with a 95% CI bar, best at the top (three or more axes)."""
     shown = results[:40]
-    means = np.array([100 * x["test_accuracy_mean"] for x in shown])
-    err = np.array([_interval(x) for x in shown]).T
+    means = np.array([100 * x[f"{metric}_mean"] for x in shown])
+    err = np.array([_interval(x, metric) for x in shown]).T
     with style():
         fig = new_figure(7.2, 0.28 * len(shown) + 1.5)
         ax = fig.subplots()
@@ -191,17 +200,19 @@ def sweep_points(results: list[dict]) -> Figure:
         ax.invert_yaxis()
         ax.xaxis.set_major_formatter(PCT)
         more = f" (best {len(shown)} of {len(results)})" if len(results) > len(shown) else ""
-        ax.set(title=f"Mean test accuracy with 95% CI{more}", xlabel="test accuracy")
+        name = METRIC_NAMES[metric]
+        ax.set(title=f"Mean {name} with 95% CI{more}", xlabel=name)
         ax.grid(axis="y", visible=False)
     return fig
 
 
 def sweep_figure(sweep: dict) -> Figure:
-    """The plot a sweep gets, by its number of axes."""
+    """The plot a sweep gets, by its number of axes, of the metric it ranks by."""
     axes = list(sweep["axes"].items())
+    metric = sweep.get("ranked_by", "test_accuracy")
     if len(axes) == 1:
-        return sweep_one_axis(axes[0][0], axes[0][1], sweep["results"])
+        return sweep_one_axis(axes[0][0], axes[0][1], sweep["results"], metric)
     if len(axes) == 2:
         (kx, xs), (ky, ys) = axes if len(axes[0][1]) >= len(axes[1][1]) else axes[::-1]
-        return sweep_heatmap(kx, xs, ky, ys, sweep["results"])
-    return sweep_points(sweep["results"])
+        return sweep_heatmap(kx, xs, ky, ys, sweep["results"], metric)
+    return sweep_points(sweep["results"], metric)
