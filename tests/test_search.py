@@ -119,6 +119,8 @@ def test_bad_params_are_one_line_config_errors(spec, message):
         (["--param", "optimizer.lr=log:1e-4:1e-1", "--sampler", "bayes"], "invalid choice"),
         (["--param", "optimizer.lr=log:1e-4:1e-1", "--storage", "nosuchdb://x"],
          "--storage nosuchdb://x:"),
+        (["--param", "optimizer.lr=log:1e-4:1e-1", "--validation", "100", "data.validation=50"],
+         "give the validation split once"),
     ],
 )  # fmt: skip
 def test_cli_bad_searches_exit_2_in_one_line(extra, message, tmp_path, capsys):
@@ -134,7 +136,7 @@ def test_cli_bad_searches_exit_2_in_one_line(extra, message, tmp_path, capsys):
     assert code == 2 and message in err.splitlines()[-1], err
     if not assert_exit:
         assert len(err.splitlines()) == 1 and err.startswith("jaxmnist search: error:")
-    assert not (out / "search.json").exists()
+    assert not out.exists()  # no folder either: nothing was tried
 
 
 def test_the_command_names_the_same_samplers_and_pruners_as_the_study():
@@ -279,6 +281,22 @@ def test_the_objective_is_validation_accuracy_never_test(tmp_path, tiny_dataset,
     assert any(t.value != pytest.approx(t.user_attrs["test_accuracy_mean"]) for t in done)
     result = outputs.summarize(study, ps, small(), opts, preset="tpu101", wall_seconds=1.0)
     assert result["best"]["number"] == max(done, key=lambda t: t.value).number
+
+
+def test_a_space_of_refused_combinations_stops_in_one_line(
+    tmp_path, tiny_dataset, tiny_data_dir, monkeypatch
+):
+    """Every drawn combination refused by the config: the search stops with a ConfigError
+    after twice its trials (at least 10), instead of drawing for ever."""
+
+    def refuse(cfg):
+        raise ConfigError("model.hidden: this combination is refused")
+
+    ps = space.parse_params(["optimizer.lr=log:1e-3:1e-1"], small())  # each end is valid
+    opts = study_opts(tmp_path, trials=2, pruner="none")
+    monkeypatch.setattr(batch_lib.config_lib, "validate", refuse)
+    with pytest.raises(ConfigError, match=r"1[12] drawn combinations were not valid configs \(the"):
+        search_run.run_search(small(), ps, opts, dataset=tiny_dataset)
 
 
 def test_joining_a_study_with_another_space_or_size_is_refused(tmp_path):

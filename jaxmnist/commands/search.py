@@ -13,6 +13,7 @@ import importlib.util
 import shlex
 import sys
 import time
+from pathlib import Path
 
 from jaxmnist import config as config_lib
 from jaxmnist.commands import options
@@ -63,10 +64,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument(
         "--validation",
         type=_examples,
-        default=10000,
         metavar="N",
-        help="training examples held out to rank trials by (default 10000); the test set is "
-        "reported, never used to choose",
+        help="training examples held out to rank trials by (default 10000, or data.validation=N"
+        "); the test set is reported, never used to choose",
     )
     g.add_argument(
         "--sampler", choices=SAMPLERS, default="tpe", help="Optuna sampler (default tpe)"
@@ -118,14 +118,20 @@ def run(args: argparse.Namespace) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # our lines say what it would
     start = time.perf_counter()
     cfg, preset = options.resolve_config(args)
-    cfg = search_run.with_validation(cfg, args.validation)
+    if "data.validation" in options.explicit_overrides(args):
+        if args.validation is not None:
+            raise ConfigError("give the validation split once: --validation N or data.validation=N")
+    else:
+        cfg = search_run.with_validation(cfg, 10000 if args.validation is None else args.validation)
     config_lib.validate(cfg)
     params = space.parse_params(args.param or [], cfg)
     trials = args.trials
     if args.sampler == "grid":
         grid_space(params)  # every parameter finite, or one line
         trials = search_run.grid_trials(params, trials)
-    out = rundir.check_writable(args.out or options.default_out("search", preset))
+    out = Path(args.out or options.default_out("search", preset))
+    made = not out.exists()
+    rundir.check_writable(out)
     opts = StudyOptions(
         name=args.study,
         storage=args.storage or f"sqlite:///{out.absolute() / 'search.db'}",
@@ -138,7 +144,12 @@ def run(args: argparse.Namespace) -> int:
         retries=args.retries,
     )
     log = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
-    study = search_run.run_search(cfg, params, opts, batch=args.batch, log=log)
+    try:
+        study = search_run.run_search(cfg, params, opts, batch=args.batch, log=log)
+    except BaseException:
+        if made and not any(out.iterdir()):  # refused before a trial: leave no empty folder
+            out.rmdir()
+        raise
     result = outputs.summarize(
         study, params, cfg, opts, preset=preset, wall_seconds=time.perf_counter() - start
     )

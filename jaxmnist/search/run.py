@@ -24,6 +24,7 @@ from optuna.trial import TrialState
 from jaxmnist import config as config_lib
 from jaxmnist import runtime
 from jaxmnist.data import load_dataset
+from jaxmnist.errors import ConfigError
 from jaxmnist.search import study as study_lib
 from jaxmnist.search.batch import batch_size, run_batch
 from jaxmnist.search.space import Param, suggest
@@ -116,4 +117,21 @@ def run_search(
         except BaseException:
             _fail_and_retry(study, storage, trials)
             raise
+        _check_refused(study, opts.trials)
     return study
+
+
+def _check_refused(study: optuna.Study, trials: int) -> None:
+    """ConfigError once the drawn combinations the config refuses outnumber what the
+    search may spend on them (twice its trials, at least 10): a space that is mostly
+    invalid would otherwise be sampled for ever."""
+    refused = [
+        t.user_attrs["error"]
+        for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
+        if "error" in t.user_attrs
+    ]
+    if len(refused) > max(2 * trials, 10):
+        raise ConfigError(
+            f"{len(refused)} drawn combinations were not valid configs (the last: "
+            f"{refused[-1]}); narrow the --param ranges"
+        )
