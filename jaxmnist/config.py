@@ -59,6 +59,8 @@ class DataConfig:
     augment: bool = False  # random moves of each training image, on the device (data.augment)
     max_shift: int = 2  # augment: pixels of random translation, each way
     max_rotation: float = 0.0  # augment: degrees of random rotation, each way; 0: none
+    max_scale: float = 0.0  # augment: random zoom, a factor within 1 ± this; 0: none
+    max_shear: float = 0.0  # augment: degrees of random horizontal shear, each way
     flip: bool = False  # augment: mirror half the images left-right (clothes, not digits)
     # Training examples held out as the validation split (stratified, drawn from a fixed
     # seed: training.validation); never trained on. 0: none
@@ -350,6 +352,10 @@ def validate(cfg: Config, *, num_train_examples: int | None = None) -> None:
         )
     if not 0 <= cfg.data.max_rotation <= 180:
         raise ConfigError(f"data.max_rotation: degrees in [0, 180], got {cfg.data.max_rotation}")
+    if not 0 <= cfg.data.max_scale < 1:
+        raise ConfigError(f"data.max_scale: a fraction in [0, 1), got {cfg.data.max_scale}")
+    if not 0 <= cfg.data.max_shear <= 45:
+        raise ConfigError(f"data.max_shear: degrees in [0, 45], got {cfg.data.max_shear}")
     t, o = cfg.train, cfg.optimizer
     if not 0 <= cfg.data.validation < n_train:
         raise ConfigError(

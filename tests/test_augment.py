@@ -14,6 +14,7 @@ from jaxmnist.errors import ConfigError
 
 ON = config_lib.DataConfig(augment=True, max_shift=2)
 ROTATE = dataclasses.replace(ON, max_rotation=15.0)
+AFFINE = dataclasses.replace(ROTATE, max_scale=0.15, max_shear=12.0)
 augment = jax.jit(augment_lib.augment, static_argnums=2)
 
 
@@ -30,7 +31,7 @@ def _shifted(image: np.ndarray, dy: int, dx: int) -> np.ndarray:
     return np.roll(image, (dy, dx), axis=(0, 1))  # exact here: the border is zeros
 
 
-@pytest.mark.parametrize("cfg", [ON, ROTATE], ids=["translate", "rotate"])
+@pytest.mark.parametrize("cfg", [ON, ROTATE, AFFINE], ids=["translate", "rotate", "affine"])
 def test_shape_dtype_kept_same_key_same_result_new_key_new_result(images, cfg):
     a = augment(jax.random.key(1), images, cfg)
     assert a.shape == images.shape and a.dtype == jnp.uint8
@@ -99,8 +100,14 @@ def test_rotation_keeps_the_ink_roughly(images):
 
 @pytest.mark.parametrize(
     "cfg",
-    [ON, ROTATE, dataclasses.replace(ROTATE, flip=True), dataclasses.replace(ON, flip=True)],
-    ids=["translate", "rotate", "rotate-flip", "translate-flip"],
+    [
+        ON,
+        ROTATE,
+        AFFINE,
+        dataclasses.replace(ROTATE, flip=True),
+        dataclasses.replace(ON, flip=True),
+    ],
+    ids=["translate", "rotate", "affine", "rotate-flip", "translate-flip"],
 )
 def test_colour_images_move_every_channel_as_one(images, cfg):
     """(B, H, W, C): each channel gets exactly the moves its image's key draws for a
@@ -124,9 +131,58 @@ def test_it_never_sees_labels():
         ("max_shift", "-1", "data.max_shift must be >= 0"),
         ("max_rotation", "200", r"data.max_rotation: degrees in \[0, 180\]"),
         ("max_rotation", "nan", "data.max_rotation"),
+        ("max_scale", "1", r"data.max_scale: a fraction in \[0, 1\)"),
+        ("max_scale", "-0.1", "data.max_scale"),
+        ("max_shear", "60", r"data.max_shear: degrees in \[0, 45\]"),
+        ("max_shear", "nan", "data.max_shear"),
     ],
 )
 def test_bad_augment_fields_are_config_errors(field, value, message):
     cfg = config_lib.apply_overrides(config_lib.Config(), {f"data.{field}": value})
     with pytest.raises(ConfigError, match=message):
         config_lib.validate(cfg)
+
+
+@pytest.mark.parametrize(
+    "scale, shear", [(0.2, 0.0), (0.0, 20.0), (0.2, 20.0)], ids=["scale", "shear", "both"]
+)
+def test_scale_and_shear_are_the_affine_warp_scipy_computes(images, scale, shear):
+    """The drawn scale and shear of each image (from the same key streams) applied by
+    scipy.ndimage.affine_transform, bilinear, zero fill: the same pixels, give or take
+    one grey level where float32 and float64 round a half differently."""
+    from scipy import ndimage as scipy_ndimage
+
+    cfg = dataclasses.replace(ON, max_shift=1, max_scale=scale, max_shear=shear)
+    key = jax.random.key(11)
+    out = np.asarray(augment(key, images, cfg))
+    _, k_shift = jax.random.split(key)
+    k_scale, k_shear = jax.random.split(jax.random.fold_in(key, augment_lib.AFFINE_STREAM))
+    b = len(images)
+    shifts = np.asarray(jax.random.randint(k_shift, (b, 2), -1, 2), np.float64)
+    scales = 1 + np.asarray(jax.random.uniform(k_scale, (b,), jnp.float32, -scale, scale))
+    limit = np.radians(shear)
+    tans = np.tan(np.asarray(jax.random.uniform(k_shear, (b,), jnp.float32, -limit, limit)))
+    centre = np.array([13.5, 13.5])
+    for i in range(b):
+        forward = np.array([[1.0, 0.0], [tans[i], 1.0]]) * scales[i]  # shear · scale
+        inverse = np.linalg.inv(forward)
+        offset = centre - inverse @ (centre + shifts[i])
+        want = scipy_ndimage.affine_transform(
+            np.asarray(images[i], np.float64), inverse, offset, order=1, cval=0.0
+        )
+        want = np.clip(np.round(want), 0, 255)
+        assert np.abs(out[i].astype(int) - want.astype(int)).max() <= 1, f"image {i}"
+    assert not np.array_equal(out, np.asarray(images))
+
+
+def test_rotation_alone_draws_what_it_drew_before_scale_and_shear_existed(images):
+    """No scale and no shear: the warp is the rotation's, to the bit (a run started before
+    these fields resumes with the same augmented batches)."""
+    key = jax.random.key(12)
+    out = np.asarray(augment(key, images, ROTATE))
+    k_angle, k_shift = jax.random.split(key)
+    angles = jax.random.uniform(k_angle, (8,), jnp.float32, -np.radians(15.0), np.radians(15.0))
+    shifts = jax.random.randint(k_shift, (8, 2), -2, 3).astype(jnp.float32)
+    cos, sin = jnp.cos(angles), jnp.sin(angles)
+    rotation_inv = jnp.stack([jnp.stack([cos, sin], -1), jnp.stack([-sin, cos], -1)], -2)
+    np.testing.assert_array_equal(out, augment_lib.warp_images(images, rotation_inv, shifts))

@@ -106,3 +106,29 @@ def test_every_step_of_an_epoch_augments_with_its_own_key_from_the_plan(tiny_dat
     jax.block_until_ready(out)
     jax.effects_barrier()
     assert sorted(seen) == sorted(planned)
+
+
+def test_the_report_shows_augmented_examples_and_only_when_augmenting(
+    train_argv, tiny_arrays, tmp_path
+):
+    from jaxmnist.cli import main
+
+    moved = tmp_path / "moved"
+    argv = train_argv(moved, "--epochs", "1", "data.augment=true", "data.max_rotation=15")
+    assert main([*argv, "data.max_scale=0.1", "data.max_shear=10"]) == 0
+    with np.load(moved / "augmented_examples.npz") as f:
+        images, labels = f["images"], f["labels"]
+    first = [int(np.argmax(tiny_arrays["train_labels"] == c)) for c in range(10)]
+    np.testing.assert_array_equal(images[:10], tiny_arrays["train_images"][first])  # as stored
+    assert list(labels) == list(tiny_arrays["train_labels"][first]) * 3
+    assert not np.array_equal(images[10:20], images[:10])  # then moved
+    page = (moved / "report.html").read_text()
+    assert 'id="augmentation"' in page and "as augmentation moved it twice" in page
+
+    plain = tmp_path / "plain"
+    assert main(train_argv(plain, "--epochs", "1")) == 0
+    assert not (plain / "augmented_examples.npz").exists()
+    assert 'id="augmentation"' not in (plain / "report.html").read_text()
+
+    (moved / "augmented_examples.npz").write_bytes(b"not a zip")  # damaged: one line, exit 1
+    assert main(["report", str(moved)]) == 1

@@ -12,9 +12,10 @@ member of a population) draws different offsets. With `cfg.augment` off it retur
 images unchanged, so a caller can always call it.
 
 Translations alone are an exact integer crop (a gather, about a copy of the batch).
-Rotations need interpolation: the whole move becomes one bilinear warp
-(`jax.scipy.ndimage.map_coordinates`), rounded back to uint8. Every channel of an
-image moves with it, by the same offset, angle and flip.
+Rotations, scaling (`max_scale`: a factor within 1 ± max_scale) and shear (`max_shear`
+degrees) need interpolation: the whole move becomes one affine warp about the centre
+with bilinear sampling (`jax.scipy.ndimage.map_coordinates`), rounded back to uint8.
+Every channel of an image moves with it, by the same offset, matrix and flip.
 """
 
 from __future__ import annotations
@@ -30,14 +31,17 @@ from jax.scipy import ndimage
 def augment(key: jax.Array, images: jax.Array, cfg) -> jax.Array:
     """images: uint8 (B, H, W) or (B, H, W, C) -> the same shape, each image moved at random.
 
-    cfg: DataConfig (`augment`, `max_shift` in pixels, `max_rotation` in degrees, `flip`).
+    cfg: DataConfig (`augment`, `max_shift` in pixels, `max_rotation` and `max_shear` in
+    degrees, `max_scale` a fraction, `flip`).
     """
     if not cfg.augment:
         return images
     if cfg.flip:  # its own draw, so the moves are those of the same key without flips
         images = random_flip(jax.random.fold_in(key, FLIP_STREAM), images)
-    if cfg.max_rotation != 0:
-        return random_warp(key, images, cfg.max_shift, cfg.max_rotation)
+    if cfg.max_rotation != 0 or cfg.max_scale != 0 or cfg.max_shear != 0:
+        return random_warp(
+            key, images, cfg.max_shift, cfg.max_rotation, cfg.max_scale, cfg.max_shear
+        )
     if cfg.max_shift != 0:
         return random_translate(key, images, cfg.max_shift)
     return images
@@ -70,25 +74,53 @@ def random_translate(key: jax.Array, images: jax.Array, max_shift: int) -> jax.A
 
 
 def random_warp(
-    key: jax.Array, images: jax.Array, max_shift: int, max_rotation: float
+    key: jax.Array,
+    images: jax.Array,
+    max_shift: int,
+    max_rotation: float,
+    max_scale: float = 0.0,
+    max_shear: float = 0.0,
 ) -> jax.Array:
-    """A random rotation about the centre (uniform in ±`max_rotation` degrees) and an
-    integer shift (uniform in ±`max_shift`) per image, as one bilinear warp with zero
-    fill. images uint8 (B, H, W) or (B, H, W, C) -> the same shape."""
-    b, h, w = images.shape[:3]
-    k_angle, k_shift = jax.random.split(key)
+    """A random affine move per image: about the centre, a rotation (uniform in
+    ±`max_rotation` degrees), a scale factor (uniform in 1 ± `max_scale`, the same along
+    both axes) and a horizontal shear (uniform in ±`max_shear` degrees), then an integer
+    shift (uniform in ±`max_shift`); one bilinear warp with zero fill. images uint8
+    (B, H, W) or (B, H, W, C) -> the same shape."""
+    b = images.shape[0]
+    k_angle, k_shift = jax.random.split(key)  # as with rotations alone: the same draws
+    k_scale, k_shear = jax.random.split(jax.random.fold_in(key, AFFINE_STREAM))
     limit = math.radians(max_rotation)
     angles = jax.random.uniform(k_angle, (b,), jnp.float32, -limit, limit)
     shifts = jax.random.randint(k_shift, (b, 2), -max_shift, max_shift + 1).astype(jnp.float32)
+    scales = 1 + jax.random.uniform(k_scale, (b,), jnp.float32, -max_scale, max_scale)
+    shear_limit = math.radians(max_shear)
+    shears = jnp.tan(jax.random.uniform(k_shear, (b,), jnp.float32, -shear_limit, shear_limit))
+    # The map from an output pixel back to where it samples, in (row, col) about the
+    # centre: the inverse of rotation · shear · scale, written out, so that with no shear
+    # and no scale it is the rotation's inverse to the bit (the runs before these fields).
+    cos, sin = jnp.cos(angles), jnp.sin(angles)
+    one = jnp.ones_like(cos)
+    rotation_inv = jnp.stack([jnp.stack([cos, sin], -1), jnp.stack([-sin, cos], -1)], -2)
+    shear_inv = jnp.stack([jnp.stack([one, 0 * one], -1), jnp.stack([-shears, one], -1)], -2)
+    inverse = (shear_inv @ rotation_inv) / scales[:, None, None]
+    return warp_images(images, inverse, shifts)
+
+
+AFFINE_STREAM = 0x616666  # fold_in data for the scale and shear keys ("aff")
+
+
+def warp_images(images: jax.Array, inverse: jax.Array, shifts: jax.Array) -> jax.Array:
+    """Each image moved by an affine map about the centre: the output pixel at p shows the
+    input at `inverse` (p - centre - shift) + centre, bilinear, zero outside. images uint8
+    (B, H, W) or (B, H, W, C); inverse float (B, 2, 2) over (row, col); shifts (B, 2)."""
+    h, w = images.shape[1:3]
     rows, cols = jnp.meshgrid(jnp.arange(h, dtype=jnp.float32), jnp.arange(w, dtype=jnp.float32))
     rows, cols = rows.T, cols.T  # (H, W) grids of output coordinates
     cy, cx = (h - 1) / 2, (w - 1) / 2
 
-    def warp(image, angle, shift):
-        # Output pixel p samples the input at R(-angle) (p - centre - shift) + centre.
+    def warp(image, m, shift):
         y, x = rows - cy - shift[0], cols - cx - shift[1]
-        cos, sin = jnp.cos(angle), jnp.sin(angle)
-        src = [cos * y + sin * x + cy, -sin * y + cos * x + cx]
+        src = [m[0, 0] * y + m[0, 1] * x + cy, m[1, 0] * y + m[1, 1] * x + cx]
 
         def plane(p):
             return ndimage.map_coordinates(p.astype(jnp.float32), src, order=1, cval=0.0)
@@ -96,5 +128,22 @@ def random_warp(
         # Several channels: each is warped by the same coordinates.
         return plane(image) if image.ndim == 2 else jax.vmap(plane, -1, -1)(image)
 
-    out = jax.vmap(warp)(images, angles, shifts)
+    out = jax.vmap(warp)(images, inverse.astype(jnp.float32), shifts)
     return jnp.clip(jnp.round(out), 0, 255).astype(jnp.uint8)
+
+
+EXAMPLE_STREAM = 0x657861  # fold_in data for the report's examples ("exa")
+
+
+def examples(images, labels, cfg, seed: int, moves: int = 2):
+    """For the report: the first training image of each class as stored, then `moves`
+    rows of the same images as augmentation moves them (keys drawn from `seed`).
+    images uint8 (N, H, W[, C]), labels (N,) -> (uint8 ((1 + moves) * K, ...), labels)."""
+    import numpy as np
+
+    labels = np.asarray(labels)
+    first = [int(np.argmax(labels == c)) for c in np.unique(labels)]  # in class order
+    picked = jnp.asarray(np.asarray(images)[first])
+    key = jax.random.fold_in(jax.random.key(seed), EXAMPLE_STREAM)
+    rows = [picked] + [augment(jax.random.fold_in(key, i), picked, cfg) for i in range(moves)]
+    return np.concatenate([np.asarray(r) for r in rows]), np.tile(labels[first], 1 + moves)

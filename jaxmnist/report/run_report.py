@@ -201,6 +201,18 @@ def figure_makers(run: RunData) -> dict[str, tuple[Callable[[], Figure], str]]:
                 "tile per output channel: blue negative, red positive, white zero"
             ),
         )
+    if run.augmented is not None:
+        moved, moved_labels = run.augmented
+        figs["augmented"] = (
+            lambda: image_grids.class_examples(
+                moved,
+                moved_labels,
+                run.class_names,
+                "Training images: as stored (top row), then two random moves of each",
+                cols=len(moved) // 3,
+            ),
+            "A training image of each class as stored, then as augmentation moved it twice",
+        )
     p = run.predictions
     if p is not None:
         idx = class_examples(p.labels, len(run.class_names))
@@ -363,6 +375,9 @@ def render_run_report(run: RunData, figs: dict[str, tuple[bytes, str]]) -> str:
         sections.append(("Time to accuracy", target_table(s)))
     if "class_examples" in figs:
         sections.append(("Data", fig("class_examples", "The first test image of each class.")))
+    if "augmented" in figs:
+        moves = _note("Drawn from the run's seed; training draws new moves every step.")
+        sections.append(("Augmentation", fig("augmented") + moves))
     curves = html.figure_grid([fig("loss_curves"), fig("accuracy_curves")])
     sections.append(("Training curves", curves + _note(CURVES_NOTE)))
     if "first_layer_filters" in figs:

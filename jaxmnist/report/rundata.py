@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +43,8 @@ class RunData:
     command: str | None  # None: not recorded (e.g. a library call)
     # int64 (C, C): a run of several seeds, the ensemble of its members; else None.
     ensemble_confusion: np.ndarray | None = None
+    # (images uint8, labels): training images as augmentation moved them; else None.
+    augmented: tuple | None = None
 
     @property
     def name(self) -> str:
@@ -188,7 +191,22 @@ def load_run(run_dir: str | os.PathLike, *, predictions: bool = True) -> RunData
         preds,
         command,
         ensemble,
+        _read_augmented(path / "augmented_examples.npz"),
     )
+
+
+def _read_augmented(path: Path) -> tuple | None:
+    """(images, labels) of augmented_examples.npz, or None where the run has none; a
+    damaged file is a CorruptRunError, not a missing section."""
+    if not path.exists():
+        return None
+    try:
+        with np.load(path) as f:
+            images, labels = f["images"], f["labels"]
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
+        raise CorruptRunError(f"{path}: corrupt ({e})") from None
+    _require(images.dtype == np.uint8 and len(images) == len(labels), path, "corrupt arrays")
+    return images, labels
 
 
 def class_stats(confusion: np.ndarray) -> dict[str, np.ndarray]:

@@ -54,6 +54,7 @@ PARAMS_FILE = "params.npz"
 COMMAND_FILE = "command.txt"
 REPORT_FILE = "report.html"
 DIVERGED_FILE = "diverged.json"  # a non-finite loss stopped the run (see `resume`)
+AUGMENTED_FILE = "augmented_examples.npz"  # images as augmentation moves them
 CHECKPOINT_DIR = "checkpoints"
 
 

@@ -17,6 +17,7 @@ are neither duplicated nor missing.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -26,6 +27,7 @@ import jax
 import numpy as np
 
 from jaxmnist import runtime
+from jaxmnist.data.augment import examples
 from jaxmnist.errors import WriteError
 from jaxmnist.report.predictions import PREDICTIONS_FILE, save_test_predictions
 from jaxmnist.runs import rundir
@@ -39,7 +41,12 @@ RESULT_FILES = (
     rundir.DIVERGED_FILE,
 )
 # What a new run writes as it goes, besides config.json and environment.json.
-PROGRESS_FILES = (rundir.METRICS_FILE, rundir.STEP_LOSS_FILE, rundir.DATA_FILE)
+PROGRESS_FILES = (
+    rundir.METRICS_FILE,
+    rundir.STEP_LOSS_FILE,
+    rundir.DATA_FILE,
+    rundir.AUGMENTED_FILE,
+)
 # A run's final arrays: a new run removes them at once, a resumed one replaces them at its end.
 FINAL_FILES = (rundir.PARAMS_FILE, rundir.CONFUSION_FILE)
 
@@ -81,6 +88,8 @@ class RunWriter(Callback):
             rundir.atomic_write(self.path / rundir.STEP_LOSS_FILE, b"step,loss\n")
         if start.dataset is not None:
             self._write_data(start.dataset)
+            if start.cfg.data.augment:
+                self._write_augmented(start.cfg, start.dataset)
 
     def on_epoch_end(self, end: EpochEnd) -> None:
         rundir.append_lines(self.path / rundir.METRICS_FILE, json.dumps(end.record) + "\n")
@@ -126,6 +135,16 @@ class RunWriter(Callback):
                 "sha256": {f.name: f.sha256 for f in dataset.spec.files},
             },
         )
+
+    def _write_augmented(self, cfg, dataset) -> None:
+        """augmented_examples.npz: a training image of each class and two of its random
+        moves, drawn from the run's seed, for the report (which imports no jax)."""
+        images, labels = examples(
+            dataset.train_images, dataset.train_labels, cfg.data, cfg.train.seed
+        )
+        buf = io.BytesIO()
+        np.savez(buf, images=images, labels=labels)
+        rundir.atomic_write(self.path / rundir.AUGMENTED_FILE, buf.getvalue())
 
     def _rewind(self, progress) -> None:
         """metrics.jsonl and step_loss.csv exactly as they were at the restored checkpoint."""
