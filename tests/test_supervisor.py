@@ -92,3 +92,23 @@ def test_a_communication_error_waits_for_the_verdict_only_in_a_child(monkeypatch
     assert waited == []  # not a lost peer: reported at once
     supervisor.wait_for_verdict(RuntimeError("gloo: Connection reset by peer"), 5)
     assert len(waited) == 20  # the heartbeat timeout and 15 s of slack, in steps of 0.5 s
+
+
+def test_the_childs_stderr_outlives_its_parent():
+    """Writing to the pipe of a parent that is gone goes nowhere instead of raising
+    BrokenPipeError wherever the writer was (the stop line of a signal handler)."""
+    import subprocess
+
+    code = """
+import os, sys
+from jaxmnist.training.supervisor import _ParentStderr
+read, write = os.pipe()
+os.dup2(write, 2)
+sys.stderr = _ParentStderr(os.fdopen(2, "w", buffering=1))
+os.close(read)  # the parent is gone
+print("stopping after the steps under way", file=sys.stderr, flush=True)
+print("and again", file=sys.stderr, flush=True)
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout == "ok\n", done.stderr

@@ -115,9 +115,41 @@ def resume_hint(args, workdir) -> str:
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
+class _ParentStderr:
+    """The child's sys.stderr, the parent's pipe: once the parent is gone, what is written
+    goes nowhere instead of raising BrokenPipeError wherever the writer was (a signal
+    handler's line, mid-step), so the stop that follows still saves its checkpoint."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError:
+            self._divert()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError:
+            self._divert()
+
+    def _divert(self) -> None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)  # C++ logging too
+        os.close(devnull)
+        self._stream = open(os.devnull, "w")  # noqa: SIM115 -- for the process's lifetime
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
 def _end_with_parent() -> None:
     """In the child: SIGTERM (a clean stop with a checkpoint, in every process) when
     the parent dies; at once if it is gone already."""
+    sys.stderr = _ParentStderr(sys.stderr)
     try:
         import ctypes
 
