@@ -113,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
                 rundir.check_reusable(workdir, args.overwrite)
             mode = "json" if args.json else "quiet" if args.quiet else "normal"
             # Only process 0 prints; the others say nothing but errors.
-            callbacks = [TerminalReporter(mode, workdir)] * main + profile.profiler(args, workdir)
+            callbacks = [TerminalReporter(mode, workdir)] if main else []
+            callbacks += profile.profiler(args, workdir)  # --profile-steps
             if main and not args.no_report:  # a child imports matplotlib while this trains
                 renderer = ReportRenderer()
             summary = _train(args, cfg, workdir, callbacks, layout)

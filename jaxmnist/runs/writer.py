@@ -17,6 +17,7 @@ are neither duplicated nor missing.
 
 from __future__ import annotations
 
+import concurrent.futures
 import io
 import json
 import os
@@ -60,6 +61,7 @@ class RunWriter(Callback):
     ):
         self.path = rundir.check_writable(workdir)
         self.resuming, self.command = resuming, command
+        self._augmented: concurrent.futures.Future | None = None
 
     def _remove_stale(self) -> None:
         stale = RESULT_FILES if self.resuming else (*RESULT_FILES, *PROGRESS_FILES, *FINAL_FILES)
@@ -88,8 +90,11 @@ class RunWriter(Callback):
             rundir.atomic_write(self.path / rundir.STEP_LOSS_FILE, b"step,loss\n")
         if start.dataset is not None:
             self._write_data(start.dataset)
-            if start.cfg.data.augment:
-                self._write_augmented(start.cfg, start.dataset)
+            if start.cfg.data.augment and not (self.path / rundir.AUGMENTED_FILE).exists():
+                # Its small program compiles beside the run's own, not before it.
+                pool = concurrent.futures.ThreadPoolExecutor(1)
+                self._augmented = pool.submit(self._write_augmented, start.cfg, start.dataset)
+                pool.shutdown(wait=False)
 
     def on_epoch_end(self, end: EpochEnd) -> None:
         rundir.append_lines(self.path / rundir.METRICS_FILE, json.dumps(end.record) + "\n")
@@ -98,6 +103,8 @@ class RunWriter(Callback):
         rundir.append_lines(self.path / rundir.STEP_LOSS_FILE, "".join(rows))
 
     def on_finish(self, end: RunEnd) -> None:
+        if self._augmented is not None:
+            self._augmented.result()  # the report reads it; its error is the run's
         dataset, summary, test = end.dataset, end.summary, end.result.test
         if end.test_probabilities is not None:
             save_test_predictions(
