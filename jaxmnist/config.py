@@ -97,6 +97,7 @@ class TrainConfig:
     # every epoch: training.evaluate.subset_indices); None, or >= the set's size: all of it
     eval_train_examples: int | None = None
     progress_every: int = 0  # calls end at least every this many steps (bar updates); 0: by time
+    label_smoothing: float = 0.0  # training loss against smoothed one-hot targets; 0: none
 
 
 @dataclass(frozen=True)
@@ -407,6 +408,8 @@ def validate(cfg: Config, *, num_train_examples: int | None = None) -> None:
         raise ConfigError(f"memory_budget_mb must be positive, got {cfg.memory_budget_mb}")
     if t.progress_every < 0:
         raise ConfigError(f"progress_every must be >= 0, got {t.progress_every}")
+    if not 0 <= t.label_smoothing < 1:
+        raise ConfigError(f"train.label_smoothing must be in [0, 1), got {t.label_smoothing}")
     if not (math.isfinite(o.lr) and o.lr > 0):
         raise ConfigError(f"learning rate must be finite and positive, got {o.lr}")
     if not (math.isfinite(o.weight_decay) and o.weight_decay >= 0):

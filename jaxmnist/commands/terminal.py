@@ -136,6 +136,8 @@ class TerminalReporter(Callback):
             )
         if "ensemble_test_accuracy" in r:  # the mean of the members' probabilities
             spread += f"  ensemble {r['ensemble_test_accuracy']:.2%}"
+            if "ensemble_val_accuracy" in r:  # and on the validation split
+                spread += f" (val {r['ensemble_val_accuracy']:.2%})"
         val = f"{r['val_loss']:>9.4f} {r['val_accuracy']:>8.2%} " if "val_loss" in r else ""
         self._print(
             f"{r['epoch']:>5} {r['step']:>6} {r['train_loss']:>10.4f} {r['train_accuracy']:>9.2%} "
@@ -199,10 +201,16 @@ def val_lines(s: dict) -> list[str]:
 
 def ensemble_line(s: dict) -> str:
     """The ensemble of a multi-seed summary: the mean of its members' probabilities."""
-    return (
+    line = (
         f"ensemble of {s['ensemble_members']} (the mean of their probabilities): test "
         f"accuracy {s['ensemble_test_accuracy']:.2%}, loss {s['ensemble_test_loss']:.4f}"
     )
+    if "ensemble_val_accuracy" in s:  # the validation split (data.validation)
+        line += (
+            f"; validation accuracy {s['ensemble_val_accuracy']:.2%}, "
+            f"loss {s['ensemble_val_loss']:.4f}"
+        )
+    return line
 
 
 def target_lines(s: dict) -> list[str]:

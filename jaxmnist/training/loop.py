@@ -215,8 +215,9 @@ def train_population(
     `StepsEnd` or `EpochEnd` with `stopping` set. Calls also end at every multiple
     of each of `every_steps` (e.g. where a checkpoint is due). `ensemble`: also evaluate
     the ensemble of every member on the test set after each epoch (all its chunks
-    together; `ensemble_test_*` in the records); by default when there are several
-    members and no `points` (seeds of one config, not the points of a sweep).
+    together; `ensemble_test_*` in the records), and on the validation split when there
+    is one (`ensemble_val_*`); by default when there are several members and no `points`
+    (seeds of one config, not the points of a sweep).
     """
     calls = Callbacks(callbacks)
     run = setup_run(cfg, members, dataset, layout)
@@ -241,7 +242,9 @@ def _compile(run: Setup, ensemble: bool = False) -> float:
     the memory estimate's compiles (in `setup_run`, reused here) included."""
     run.population.compile(run.plan.steps_per_epoch, run.train_data, run.eval_sets)
     if ensemble:
-        run.population.compile_ensemble(run.eval_sets["test"])
+        for name in ("test", "val"):
+            if name in run.eval_sets:  # the validation split: data.validation
+                run.population.compile_ensemble(run.eval_sets[name], name)
     start = time.perf_counter()
     parallel.agree(0.0, False)  # several processes: its collective compiles here too
     return run.population.compile_seconds + time.perf_counter() - start
@@ -255,7 +258,7 @@ class _Loop:
         self.stop_on_nonfinite, self.interrupt = stop_on_nonfinite, interrupt
         self.pacer = pacing.Pacer(every)
         self.estimated = False
-        self.ensemble = False  # evaluate the ensemble of every member too (test set)
+        self.ensemble = False  # evaluate the ensemble of every member too (test, val)
 
     def run_steps(self, states, metrics, plans, done: int, num_steps: int, step: int):
         """One call, from step `done` of the epoch; returns (states, metrics, steps run,
@@ -335,9 +338,10 @@ class _Loop:
             t0 = time.perf_counter()
             test = pop.evaluate(states, "test", run.eval_sets["test"])
             together = self.evaluate_ensemble(states)
-            val = None
+            val = together_val = None
             if "val" in run.eval_sets:  # the validation split (data.validation)
                 val = pop.evaluate(states, "val", run.eval_sets["val"])
+                together_val = self.evaluate_ensemble(states, "val")
             t1 = time.perf_counter()
             train_eval = None
             if cfg.train.eval_train:
@@ -353,6 +357,7 @@ class _Loop:
                 val=val,
                 train_eval=train_eval,
                 ensemble=together,
+                ensemble_val=together_val,
                 seconds=clock[1],
                 eval_seconds=(t1 - t0, t2 - t1),
             )
@@ -382,11 +387,12 @@ class _Loop:
             together,
         )
 
-    def evaluate_ensemble(self, states):
-        """The ensemble of every member on the test set (an EvalResult), or None."""
+    def evaluate_ensemble(self, states, name: str = "test"):
+        """The ensemble of every member on eval set `name` (an EvalResult), or None."""
         if not self.ensemble:
             return None
-        return self.setup.population.evaluate_ensemble(states, self.setup.eval_sets["test"])
+        data = self.setup.eval_sets[name]
+        return self.setup.population.evaluate_ensemble(states, data, name)
 
     def check_finite(self, losses, epoch: int, first_step: int, diverged: list) -> None:
         members = self.setup.population.members
@@ -444,6 +450,7 @@ def epoch_record(
     val: Evaluation | None = None,
     eval_seconds: tuple[float, float] = (0.0, 0.0),
     ensemble: evaluate_lib.EvalResult | None = None,
+    ensemble_val: evaluate_lib.EvalResult | None = None,
 ) -> dict:
     """One metrics.jsonl line; `examples`: training examples per member this epoch.
 
@@ -459,7 +466,9 @@ def epoch_record(
     test accuracy, and with `ensemble` (the ensemble of every member on the test set)
     `ensemble_test_accuracy` and `ensemble_test_loss` (the cross-entropy of the mean
     probabilities). With `val` (the validation split, `data.validation`), `val_loss` and
-    `val_accuracy` follow the test figures, with their spread and per-member lists too.
+    `val_accuracy` follow the test figures, with their spread and per-member lists too;
+    with `ensemble_val` (the ensemble on that split), `ensemble_val_accuracy` and
+    `ensemble_val_loss`.
     examples_per_second counts every member's examples.
     """
     losses, learning_rates = totals.losses, totals.learning_rates
@@ -504,4 +513,8 @@ def epoch_record(
             )
     if ensemble is not None:
         record.update(ensemble_test_accuracy=ensemble.accuracy, ensemble_test_loss=ensemble.loss)
+    if ensemble_val is not None:
+        record.update(
+            ensemble_val_accuracy=ensemble_val.accuracy, ensemble_val_loss=ensemble_val.loss
+        )
     return record

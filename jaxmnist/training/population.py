@@ -117,7 +117,8 @@ class Population:
         self.steps_fns: dict = {}  # chunk size -> compiled train_steps
         self.rate_fns: dict = {}  # chunk size -> compiled learning rates
         self.eval_fns: dict = {}  # (chunk size, set name) -> compiled evaluation
-        self.ensemble_fns: dict = {}  # chunk size, and "finish" -> the ensemble's (test set)
+        # set name -> {chunk size, and "finish" -> the ensemble's compiled programs on it}
+        self.ensemble_fns: dict = {}
         self.programs: dict = {}  # chunk size -> its compiled programs (`chunk_programs`)
         self.compile_seconds = 0.0  # spent in `chunk_programs`, for the estimate or the run
 
@@ -339,9 +340,10 @@ class Population:
         """Member `index`'s parameters on the host, unstacked."""
         return jax.tree.map(lambda x: x[index], self.params(states))
 
-    def compile_ensemble(self, data: evaluate_lib.PlacedEval) -> None:
-        """Compiles the ensemble's evaluation on `data` ahead of time (see
-        `evaluate_ensemble`): one program per chunk size, and the one that adds the chunks."""
+    def compile_ensemble(self, data: evaluate_lib.PlacedEval, name: str = "test") -> None:
+        """Compiles the ensemble's evaluation on `data`, the eval set `name` ("test", "val"),
+        ahead of time (see `evaluate_ensemble`): one program per chunk size, and the one
+        that adds the chunks. Each set keeps its own: their example counts differ."""
         start = time.perf_counter()
         lay = self.layout
         log_sums = jax.jit(
@@ -372,15 +374,17 @@ class Population:
         chunk_sums = [parts[size] for size in self.chunks]
         done = jax.jit(finish, out_shardings=lay.replicated)
         fns["finish"] = done.lower(chunk_sums, data.arrays).compile()
-        self.ensemble_fns = fns
+        self.ensemble_fns[name] = fns
         self.compile_seconds += time.perf_counter() - start
 
-    def evaluate_ensemble(self, states, data: evaluate_lib.PlacedEval) -> evaluate_lib.EvalResult:
+    def evaluate_ensemble(
+        self, states, data: evaluate_lib.PlacedEval, name: str = "test"
+    ) -> evaluate_lib.EvalResult:
         """The ensemble of every member, its chunks together (the mean of their softmax
-        probabilities), evaluated exactly on `data` (compiled by `compile_ensemble`): each
-        chunk sums its members' probabilities (as logs, on the devices), then one program
-        adds the chunks and makes the ensemble's figures."""
-        fns = self.ensemble_fns
+        probabilities), evaluated exactly on `data`, the set compiled as `name` by
+        `compile_ensemble`: each chunk sums its members' probabilities (as logs, on the
+        devices), then one program adds the chunks and makes the ensemble's figures."""
+        fns = self.ensemble_fns[name]
         chunk_sums = [
             fns[size](s.params, data.arrays) for size, s in zip(self.chunks, states, strict=True)
         ]

@@ -148,6 +148,10 @@ def summarise(cfg, r: RunResult, dataset, layout: parallel.Layout, wall_seconds:
             ensemble_test_accuracy=r.ensemble.accuracy,
             ensemble_test_loss=r.ensemble.loss,
         )
+    # The ensemble on the validation split (data.validation), as its last epoch measured it.
+    for key in ("ensemble_val_accuracy", "ensemble_val_loss"):
+        if key in r.records[-1]:
+            summary[key] = r.records[-1][key]
     if cfg.train.target_accuracy is not None:
         summary.update(_target_summary(cfg, r))
     return summary

@@ -57,11 +57,19 @@ def init_state(key, cfg, optimizer, input_shape, num_classes) -> TrainState:
 
 def make_train_step(cfg, optimizer) -> Callable:
     """Returns `step(state, images_u8 (B, H, W), labels (B,), key=None) -> (state, (loss,
-    correct))`; `key` is dropout's (`model.dropout`), None for none."""
+    correct))`; `key` is dropout's (`model.dropout`), None for none. With
+    `train.label_smoothing` a > 0 the loss is the batch's mean cross-entropy against
+    `optax.smooth_labels` targets (a / C on each of the C classes, 1 - a + a / C on the label)."""
+
+    smoothing = cfg.train.label_smoothing
 
     def loss_fn(params, images, labels, key):
         logits, stats = train_apply_uint8(params, images, cfg.model, key)
-        loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+        if smoothing:  # the training loss only; evaluation keeps the plain cross-entropy
+            targets = optax.smooth_labels(jax.nn.one_hot(labels, logits.shape[-1]), smoothing)
+            loss = optax.softmax_cross_entropy(logits, targets).mean()
+        else:  # 0 keeps the integer-label program exactly as it was
+            loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
         return loss, (logits, stats)
 
     def step(state: TrainState, images, labels, key=None):
