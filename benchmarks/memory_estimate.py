@@ -12,12 +12,15 @@ through /proc/self/clear_refs) minus the resident set then, after `malloc_trim` 
 handed the compiler's freed memory back (else the run would reuse it unseen). So both
 are of the same thing: what the data, the models and the running programs hold. The
 goal: every estimate within +30% / -10% of the measured peak (below it is an
-out-of-memory crash, above it only smaller chunks).
+out-of-memory crash, above it only smaller chunks). On CPU the peak of one case moves
+from run to run (the allocator's reuse differs), so each case runs `--repeats` times,
+each in a fresh process, and its measured figure is the largest: the one a plan must
+cover. Every repeat's figure is kept in the result.
 
 Needs MNIST where JAXMNIST_DATA_DIR (or the cache) has it, except with --smoke.
 
 Usage: JAXMNIST_DATA_DIR=../shared/datasets python benchmarks/memory_estimate.py
-    [--steps 5] [--presets tpu101,codelab,cnn,speedrun] [--seeds 1,8] [--smoke]
+    [--steps 5] [--repeats 3] [--presets tpu101,codelab,cnn,speedrun] [--seeds 1,8] [--smoke]
 Prints a table and writes JSON (`--out`, default benchmarks/results/memory_estimate.json).
 """
 
@@ -138,6 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--presets", default="tpu101,codelab,cnn,speedrun")
     p.add_argument("--seeds", default="1,8", help="population sizes, comma-separated")
     p.add_argument("--steps", type=int, default=5, help="training steps per case")
+    p.add_argument("--repeats", type=int, default=3, help="fresh processes per case (max taken)")
     p.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     p.add_argument("--out", type=Path)
     one = ("PRESET", "BATCH_NORM", "SEEDS")
@@ -150,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     presets, counts = args.presets.split(","), [int(s) for s in args.seeds.split(",")]
     if args.smoke:
-        presets, counts, args.steps = ["speedrun"], [1, 2], 2
+        presets, counts, args.steps, args.repeats = ["speedrun"], [1, 2], 2, 2
     out = args.out or default_out("memory_estimate.json", args.smoke)
     load_before = os.getloadavg()
     cases = []
@@ -159,7 +163,10 @@ def main(argv: list[str] | None = None) -> None:
     for preset in presets:
         for bn in (False, True) if preset in WITH_BATCH_NORM else (None,):
             for seeds in counts:
-                c = run_case(preset, bn, seeds, args.steps, args.smoke)
+                runs = [run_case(preset, bn, seeds, args.steps, args.smoke)
+                        for _ in range(args.repeats)]  # fmt: skip
+                c = max(runs, key=lambda r: r["measured_mb"])
+                c["measured_mb_repeats"] = [r["measured_mb"] for r in runs]
                 c["ratio"] = round(c["estimate_mb"] / max(c["measured_mb"], 1e-9), 3)
                 c["within_goal"] = LOW <= c["ratio"] <= HIGH
                 cases.append(c)
@@ -171,7 +178,12 @@ def main(argv: list[str] | None = None) -> None:
                 )
     ratios = [c["ratio"] for c in cases]
     print(f"ratio estimate/measured: {min(ratios):.2f} .. {max(ratios):.2f}")
-    figures = {"steps": args.steps, "goal": {"low": LOW, "high": HIGH}, "cases": cases}
+    figures = {
+        "steps": args.steps,
+        "repeats": args.repeats,
+        "goal": {"low": LOW, "high": HIGH},
+        "cases": cases,
+    }
     print(save_benchmark(out, figures, load_before))
 
 

@@ -31,21 +31,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchlib.launch import jaxmnist_command
 from benchlib.results import SMOKE_HELP, default_out, save_benchmark
 
 GOAL_REPORT_SECONDS = 0.5
 GOAL_PEAK_MB = 320
-# --smoke: the command line in a child that first registers a tiny generated dataset.
-SMOKE_LAUNCH = """\
-import sys
-from pathlib import Path
-from jaxmnist.cli import main
-from jaxmnist.data import registry, synthetic
-arrays = synthetic.tiny_arrays()
-registry.DATASETS["tiny"] = spec = synthetic.tiny_spec(arrays, name="tiny")
-synthetic.write_idx_folder(Path(sys.argv[1]) / spec.folder, arrays, spec)
-sys.exit(main(sys.argv[2:]))
-"""
 
 
 def tree_rss_kb(pid: int) -> int:
@@ -115,19 +105,10 @@ def main(argv: list[str] | None = None) -> None:
     rounds = 1 if args.smoke else args.rounds
     runs: dict = {code: {"report": [], "no_report": []} for code in codes}
     with tempfile.TemporaryDirectory(prefix="run-overhead-") as work:
-        base = ["train", "--preset", "tpu101", "--quiet"]
+        prefix, tiny = jaxmnist_command(args.smoke, Path(work))
+        base = ["train", "--preset", "tpu101", "--quiet", *tiny]
         if args.smoke:
-            prefix = [sys.executable, "-c", SMOKE_LAUNCH, str(Path(work) / "data")]
-            base += [
-                "--dataset",
-                "tiny",
-                "--data-dir",
-                str(Path(work) / "data"),
-                "train.steps=4",
-                "train.batch_size=2",
-            ]
-        else:
-            prefix = [sys.executable, "-m", "jaxmnist"]
+            base += ["train.steps=4", "train.batch_size=2"]
         for i in range(rounds):
             for code, path in codes.items():
                 env = {**os.environ, "PYTHONPATH": path}

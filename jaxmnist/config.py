@@ -196,6 +196,21 @@ PRESETS: dict[str, Config] = {
         optimizer=OptimizerConfig(name="adam", lr=1e-2, b1=0.7, b2=0.9, schedule="onecycle"),
         train=TrainConfig(batch_size=256, epochs=1, target_accuracy=0.99, eval_train=False),
     ),
+    # The best MNIST ensemble in an hour on a 2-core CPU: 8 members trained in one
+    # program, evaluated as the mean of their probabilities. conv 3x3 24, pool; conv 3x3
+    # 48, pool; dense 256 with dropout 0.3 (615,594 parameters); random affine warps
+    # (±2 px, ±10°, scale ±10%, shear ±10°); Adam one-cycle 3e-3, batch 256, 50 epochs.
+    # Chosen on a validation split (README, "Record presets"), not on the test set.
+    "record": Config(
+        data=DataConfig(
+            augment=True, max_shift=2, max_rotation=10.0, max_scale=0.1, max_shear=10.0
+        ),
+        model=CNNConfig(channels=(24, 48), kernel_size=(3,), hidden=(256,), dropout=0.3),
+        optimizer=OptimizerConfig(name="adam", lr=3e-3, schedule="onecycle"),
+        train=TrainConfig(
+            batch_size=256, epochs=50, seeds=8, eval_train_examples=CNN_EVAL_TRAIN_EXAMPLES
+        ),
+    ),
 }
 
 

@@ -36,6 +36,7 @@ SMOKE = {
     "eval_overhead": ([], {"cases", "largest_subset_within_goal", "environment"}),
     "memory_estimate": ([], {"cases", "goal", "environment"}),
     "pacing_overhead": (["--presets", "tpu101"], {"presets", "environment"}),
+    "record": (["--presets", "record"], {"presets", "environment"}),
     "run_overhead": ([], {"runs", "median", "goal_report_seconds", "goal_peak_mb"}),
     "search_pruning": ([], {"runs", "time_to_target_ratio", "environment"}),
     "startup": ([], {"invocations", "slowest_median_seconds", "environment"}),

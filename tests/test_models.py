@@ -280,7 +280,12 @@ def test_cnn_apply_refuses_flattened_images(reference_params):
 
 @pytest.mark.parametrize(
     "preset, num_params, augment",
-    [("cnn", 206_922, True), ("fashion_cnn", 206_922, True), ("speedrun", 215_194, True)],
+    [
+        ("cnn", 206_922, True),
+        ("fashion_cnn", 206_922, True),
+        ("speedrun", 215_194, True),
+        ("record", 615_594, True),
+    ],
 )
 def test_cnn_presets_validate_and_have_pinned_parameter_counts(preset, num_params, augment):
     cfg = config_lib.get_preset(preset)

@@ -82,6 +82,23 @@ def test_the_child_draws_the_page_and_plots_the_parent_would(
     )
 
 
+def test_a_cnn_on_a_dataset_registered_at_run_time_gets_its_filters_from_the_child(
+    train_argv, tmp_path, no_drawing_here
+):
+    """Drawing a CNN's first-layer filters reads its parameters, which needs the run's
+    dataset spec: the child, which lacks the registration made here, is told it."""
+    run = tmp_path / "cnn"
+    argv = train_argv(run, "--model", "cnn", "model.channels=2", "--hidden", "4", "--epochs", "1")
+    assert main([*argv, "--quiet"]) == 0
+    assert (run / "plots" / "first_layer_filters.png").is_file()
+    assert "First-layer filters" in (run / "report.html").read_text()
+
+
+def test_a_dataset_spec_survives_the_trip_to_the_child(tiny_spec):
+    sent = json.loads(json.dumps(registry.spec_to_dict(tiny_spec)))
+    assert registry.spec_from_dict(sent) == tiny_spec
+
+
 def test_the_child_draws_without_jax(run_copy, no_drawing_here):
     """JAX costs the child a second of start-up and its memory: the parent tells it what
     the model family's module would (`describe.MODEL_FACTS`)."""

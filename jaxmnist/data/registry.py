@@ -210,6 +210,25 @@ FASHION_MNIST = DatasetSpec(
 
 DATASETS: dict[str, DatasetSpec] = {s.name: s for s in (MNIST, FASHION_MNIST)}
 """All known datasets by name."""
+BUILT_IN = frozenset(DATASETS)  # the names every process knows without being told
+
+
+def spec_to_dict(spec: DatasetSpec) -> dict:
+    """`spec` as plain JSON-able data; `spec_from_dict` makes it again (a process tells
+    another about a dataset registered at run time)."""
+    return dataclasses.asdict(spec)
+
+
+def spec_from_dict(d: dict) -> DatasetSpec:
+    """The `DatasetSpec` that `spec_to_dict` made `d` of."""
+    return DatasetSpec(
+        **{
+            **d,
+            "class_names": tuple(d["class_names"]),
+            "files": tuple(IdxFile(**f) for f in d["files"]),
+            "sources": tuple(d["sources"]),
+        }
+    )
 
 
 def get_spec(name: str | DatasetSpec) -> DatasetSpec:

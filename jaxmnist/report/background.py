@@ -15,8 +15,9 @@ Nothing is lost when the child fails: if it cannot be started, exits without an 
 (a crash, a bug: its traceback is on stderr) or has not answered within `timeout`
 seconds (it is then killed), the report is drawn here instead, as without the child.
 What the child would need JAX or a registration made at run time for (the run's model
-family's description and first-layer kernel, datasets' display names) it is told
-(`describe.MODEL_FACTS`, `describe.DATASET_TITLES`).
+family's description and first-layer kernel, datasets' display names, and the spec of a
+dataset registered at run time, which reading a CNN's parameters needs) it is told
+(`describe.MODEL_FACTS`, `describe.DATASET_TITLES`, the registry).
 A child that is never told (the run stopped or failed) is stopped by `close()`, which
 runs by itself when the renderer is garbage-collected or this process exits.
 """
@@ -81,12 +82,19 @@ class ReportRenderer:
         """The child's answer, or None when there is none (no child, a crash, a timeout)."""
         if self.proc is None:
             return None
-        from jaxmnist.data import DATASETS  # start-up: loaded by training already
+        from jaxmnist.data import DATASETS, registry  # start-up: loaded by training already
 
         request = {
             "run_dir": os.fspath(run_dir),
             "cwd": os.getcwd(),
             "dataset_titles": {name: spec.display_name for name, spec in DATASETS.items()},
+            # Datasets registered at run time (tests, plugins), which the child's registry
+            # lacks: reading a CNN's parameters for its filters needs the run's spec.
+            "datasets": {
+                name: registry.spec_to_dict(spec)
+                for name, spec in DATASETS.items()
+                if name not in registry.BUILT_IN
+            },
             "model_facts": _model_facts(run_dir),
         }
         out = b""
@@ -144,6 +152,7 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # atomic writes clean up
     try:
         # start-up: matplotlib, in the child while the run trains
+        from jaxmnist.data import registry
         from jaxmnist.report import describe
         from jaxmnist.report.run_report import write_run_report
     except Exception:  # noqa: BLE001  the parent draws the report and shows the error
@@ -154,6 +163,8 @@ def main() -> int:
     request = json.loads(line)
     os.chdir(request["cwd"])  # the run directory as the parent names it
     describe.DATASET_TITLES.update(request["dataset_titles"])
+    for name, spec in request.get("datasets", {}).items():
+        registry.DATASETS.setdefault(name, registry.spec_from_dict(spec))
     describe.MODEL_FACTS.update(request["model_facts"])
     try:
         answer = {"report": str(write_run_report(request["run_dir"], draw=draw_in_two))}

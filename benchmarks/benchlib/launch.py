@@ -1,0 +1,29 @@
+"""How a benchmark starts `jaxmnist` in a child process, on the real data or, for
+`--smoke`, on a tiny generated dataset the child registers first (as "tiny", written
+under a folder the caller names), so that a smoke run exercises the same command line.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+SMOKE_LAUNCH = """\
+import sys
+from pathlib import Path
+from jaxmnist.cli import main
+from jaxmnist.data import registry, synthetic
+arrays = synthetic.tiny_arrays()
+registry.DATASETS["tiny"] = spec = synthetic.tiny_spec(arrays, name="tiny")
+synthetic.write_idx_folder(Path(sys.argv[1]) / spec.folder, arrays, spec)
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def jaxmnist_command(smoke: bool, work: Path) -> tuple[list[str], list[str]]:
+    """(the command that starts jaxmnist, arguments every `train` of a smoke run adds):
+    `python -m jaxmnist` and none, or the tiny dataset's launcher and its flags."""
+    if not smoke:
+        return [sys.executable, "-m", "jaxmnist"], []
+    data = str(work / "data")
+    return [sys.executable, "-c", SMOKE_LAUNCH, data], ["--dataset", "tiny", "--data-dir", data]

@@ -1,0 +1,158 @@
+"""The record presets' claims: an ensemble's test accuracy, and the whole run's time.
+
+For each preset, one `jaxmnist train --preset P` process run as a user runs it (the
+report and checkpoints on), timed from start to exit (data loading, compiling,
+training, evaluation and the report: the whole run). From its summary.json and
+metrics.jsonl: the ensemble's test accuracy and loss (the mean of the members'
+probabilities), the members' mean test accuracy with its 95% CI, and both after every
+epoch. The machine's 1-minute load average is sampled every 30 s while the run goes
+(other jobs slow it: a result keeps the range it saw).
+
+Goals (#21), on a 2-core CPU: `record` (MNIST): ensemble >= 99.75%, members' mean
+>= 99.6%, whole run <= 60 minutes; `fashion_record` (Fashion-MNIST): ensemble >= 94.5%,
+whole run <= 90 minutes.
+
+Usage: JAXMNIST_DATA_DIR=../shared/datasets python benchmarks/record.py
+       [--presets record,fashion_record] [--smoke]
+Prints a line per preset and writes JSON (`--out`, default benchmarks/results/record.json;
+presets measured by earlier invocations stay in it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from jaxmnist import stats
+
+from benchlib.launch import jaxmnist_command
+from benchlib.results import SMOKE_HELP, default_out, save_benchmark
+
+GOALS = {
+    "record": {"ensemble": 0.9975, "members_mean": 0.996, "minutes": 60},
+    "fashion_record": {"ensemble": 0.945, "members_mean": None, "minutes": 90},
+}
+# --smoke: the preset's recipe on the tiny dataset, shrunk to seconds.
+SMOKE_OVERRIDES = [
+    "--seeds", "2", "train.steps=3", "train.batch_size=2", "model.channels=2,4", "model.hidden=4",
+]  # fmt: skip
+
+
+class LoadSampler:
+    """The 1-minute load average every `every` seconds, in a thread, until stopped."""
+
+    def __init__(self, every: float = 30.0):
+        self.samples = [os.getloadavg()[0]]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(every,), daemon=True)
+        self._thread.start()
+
+    def _run(self, every: float) -> None:
+        while not self._stop.wait(every):
+            self.samples.append(os.getloadavg()[0])
+
+    def stop(self) -> list[float]:
+        self._stop.set()
+        self._thread.join()
+        self.samples.append(os.getloadavg()[0])
+        return self.samples
+
+
+def run_preset(preset: str, work: Path, smoke: bool) -> dict:
+    """One whole `jaxmnist train --preset P` run; its figures against the goals."""
+    launch, tiny = jaxmnist_command(smoke, work)
+    run_dir = work / preset
+    args = ["train", "--preset", preset, "--quiet", *tiny, *(SMOKE_OVERRIDES if smoke else [])]
+    args += ["--run-dir", str(run_dir)]  # a scratch folder: left out of the recorded command
+    sampler = LoadSampler()
+    t0 = time.perf_counter()
+    proc = subprocess.run([*launch, *args], capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - t0
+    load = sampler.stop()
+    if proc.returncode != 0:
+        raise SystemExit(f"jaxmnist {' '.join(args)} failed: {proc.stderr.strip()[-800:]}")
+    s = json.loads((run_dir / "summary.json").read_text())
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
+    members = stats.spread(s["test_accuracy_per_seed"])
+    goal = GOALS[preset]
+    met = {
+        "ensemble": s["ensemble_test_accuracy"] >= goal["ensemble"],
+        "minutes": wall <= 60 * goal["minutes"],
+    }
+    if goal["members_mean"] is not None:
+        met["members_mean"] = members.mean >= goal["members_mean"]
+    return {
+        "command": "jaxmnist " + " ".join(args[:-2]),
+        "goal": goal,
+        "met": met,
+        "wall_seconds": wall,
+        "compile_seconds": s["compile_seconds"],
+        "train_seconds": s["train_seconds"],
+        "eval_seconds": s["eval_seconds"],
+        "members": len(s["test_accuracy_per_seed"]),
+        "epochs": s["epochs"],
+        "ensemble_test_accuracy": s["ensemble_test_accuracy"],
+        "ensemble_test_loss": s["ensemble_test_loss"],
+        "members_mean_test_accuracy": members.mean,
+        "members_ci95": members.ci95,
+        "members_min": members.min,
+        "members_max": members.max,
+        "test_accuracy_per_seed": s["test_accuracy_per_seed"],
+        "curve": [
+            {
+                "epoch": r["epoch"],
+                "ensemble_test_accuracy": r.get("ensemble_test_accuracy"),
+                "members_mean_test_accuracy": r["test_accuracy"],
+                "epoch_seconds": r["epoch_seconds"],
+            }
+            for r in records
+        ],
+        "load_during": {"min": min(load), "max": max(load), "samples": load},
+    }
+
+
+def describe(preset: str, r: dict) -> str:
+    ci = r["members_ci95"]
+    ci_text = f", 95% CI {ci[0]:.2%}-{ci[1]:.2%}" if ci else ""
+    verdict = ", ".join(f"{k} {'met' if ok else 'MISSED'}" for k, ok in r["met"].items())
+    return (
+        f"{preset}: ensemble of {r['members']} {r['ensemble_test_accuracy']:.2%} "
+        f"(goal {r['goal']['ensemble']:.2%}); members' mean {r['members_mean_test_accuracy']:.2%}"
+        f"{ci_text}; whole run {r['wall_seconds'] / 60:.1f} min (goal {r['goal']['minutes']} "
+        f"min; training {r['train_seconds']:.0f} s, evaluation {r['eval_seconds']:.0f} s); "
+        f"load {r['load_during']['min']:.1f}-{r['load_during']['max']:.1f}: {verdict}"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--presets", default="record,fashion_record")
+    p.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    p.add_argument("--out", type=Path, help="default benchmarks/results/record.json")
+    args = p.parse_args(argv)
+    presets = args.presets.split(",")
+    unknown = [x for x in presets if x not in GOALS]
+    if unknown:
+        sys.exit(f"unknown preset {unknown[0]!r}: this measures {', '.join(GOALS)}")
+    if not (args.smoke or os.environ.get("JAXMNIST_DATA_DIR")):
+        sys.exit("set JAXMNIST_DATA_DIR to the folder holding the datasets (no download here)")
+    out = args.out or default_out("record.json", args.smoke)
+    load_before = os.getloadavg()
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="record-") as work:
+        for preset in presets:
+            results[preset] = run_preset(preset, Path(work), args.smoke)
+            print(describe(preset, results[preset]), flush=True)
+    previous = json.loads(out.read_text()) if out.exists() else {}
+    print(save_benchmark(out, {"presets": {**previous.get("presets", {}), **results}}, load_before))
+
+
+if __name__ == "__main__":
+    main()
