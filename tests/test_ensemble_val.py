@@ -14,6 +14,8 @@ import pytest
 from jaxmnist import config as config_lib
 from jaxmnist.commands.terminal import TerminalReporter
 from jaxmnist.models import apply_uint8
+from jaxmnist.report import plots
+from jaxmnist.report.tensorboard import EVENTS_DIR, EventWriter
 from jaxmnist.training import memory, validation
 from jaxmnist.training.hooks import Callback
 from jaxmnist.training.run import train_and_evaluate
@@ -123,3 +125,21 @@ def test_without_a_validation_split_there_is_no_val_ensemble(tiny_dataset):
     assert "ensemble_test_accuracy" in result.records[-1]
     assert not any(k.startswith("ensemble_val") for k in result.records[-1])
     assert set(result.population.ensemble_fns) == {"test"}
+
+
+def test_tensorboard_and_the_accuracy_plot_show_the_val_ensemble(val_run, tmp_path):
+    _, path, _, _, _ = val_run
+    records = [json.loads(x) for x in (path / "metrics.jsonl").read_text().splitlines()]
+    labels = [line.get_label() for line in plots.accuracy_curves(records).axes[0].lines]
+    assert "validation, ensemble" in labels and "test, ensemble" in labels
+
+    tb = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    writer = EventWriter(tmp_path / "tb")
+    for record in records:
+        writer.write_epoch(record)
+    writer.close()
+    events = tb.EventAccumulator(str(tmp_path / "tb" / EVENTS_DIR))
+    events.Reload()
+    values = [e.value for e in events.Scalars("accuracy/ensemble_val")]
+    assert values == pytest.approx([r["ensemble_val_accuracy"] for r in records])
+    assert len(events.Scalars("loss/ensemble_val")) == len(records)

@@ -203,7 +203,8 @@ def loss_curves(records: list[dict], steps: np.ndarray, losses: np.ndarray) -> F
 
 def accuracy_curves(records: list[dict], train_label: str = "train") -> Figure:
     """Training and test accuracy after each epoch, against step and epoch (and the
-    ensemble's test accuracy, dashed, for a run of several seeds)."""
+    ensemble's test accuracy, dashed, for a run of several seeds; with a validation split,
+    its accuracy and the ensemble's there)."""
     ends = np.array([r["step"] for r in records])
     train_acc = [100 * r["train_accuracy"] for r in records]
     test_acc = [100 * r["test_accuracy"] for r in records]
@@ -218,6 +219,9 @@ def accuracy_curves(records: list[dict], train_label: str = "train") -> Figure:
         if all("ensemble_test_accuracy" in r for r in records):  # several seeds' ensemble
             ensemble = [100 * r["ensemble_test_accuracy"] for r in records]
             ax.plot(ends, ensemble, "s--", color=TEST, ms=4, lw=1.2, label="test, ensemble")
+        if all("ensemble_val_accuracy" in r for r in records):  # and on the validation split
+            ensemble = [100 * r["ensemble_val_accuracy"] for r in records]
+            ax.plot(ends, ensemble, "^--", color=VAL, ms=4, lw=1.2, label="validation, ensemble")
         # Decimals from the axis's own range: a run within a tenth of a percent needs two,
         # or its ticks would repeat one label.
         ax.yaxis.set_major_formatter(PercentFormatter(decimals=None))

@@ -11,6 +11,7 @@ and the config as text. The file format is tensorboardX's, not ours.
     learning_rate  examples_per_second  epoch              per epoch
     loss/ensemble_test  accuracy/ensemble_test             per epoch, several seeds
     loss/val  accuracy/val                                 per epoch, with data.validation
+    loss/ensemble_val  accuracy/ensemble_val               the same, several seeds
     loss/train_step                                        per step
     confusion_matrix  predictions                          images, last step
     config                                                 text, step 0
@@ -44,8 +45,14 @@ ENSEMBLE_SCALARS = {
     "loss/ensemble_test": "ensemble_test_loss",
     "accuracy/ensemble_test": "ensemble_test_accuracy",
 }
-# A run that holds out a validation split (data.validation) only.
-VAL_SCALARS = {"loss/val": "val_loss", "accuracy/val": "val_accuracy"}
+# A run that holds out a validation split (data.validation) only; the ensemble's too with
+# several seeds.
+VAL_SCALARS = {
+    "loss/val": "val_loss",
+    "accuracy/val": "val_accuracy",
+    "loss/ensemble_val": "ensemble_val_loss",
+    "accuracy/ensemble_val": "ensemble_val_accuracy",
+}
 
 
 class EventWriter:
