@@ -210,7 +210,6 @@ FASHION_MNIST = DatasetSpec(
 
 DATASETS: dict[str, DatasetSpec] = {s.name: s for s in (MNIST, FASHION_MNIST)}
 """All known datasets by name."""
-BUILT_IN = frozenset(DATASETS)  # the names every process knows without being told
 
 
 def spec_to_dict(spec: DatasetSpec) -> dict:

@@ -15,9 +15,9 @@ Nothing is lost when the child fails: if it cannot be started, exits without an 
 (a crash, a bug: its traceback is on stderr) or has not answered within `timeout`
 seconds (it is then killed), the report is drawn here instead, as without the child.
 What the child would need JAX or a registration made at run time for (the run's model
-family's description and first-layer kernel, datasets' display names, and the spec of a
-dataset registered at run time, which reading a CNN's parameters needs) it is told
-(`describe.MODEL_FACTS`, `describe.DATASET_TITLES`, the registry).
+family's description and first-layer kernel; the datasets, whose display names the page
+shows and whose spec reading a CNN's parameters needs) it is told (`describe.MODEL_FACTS`,
+and every registered dataset's spec, put in the child's registry).
 A child that is never told (the run stopped or failed) is stopped by `close()`, which
 runs by itself when the renderer is garbage-collected or this process exits.
 """
@@ -82,19 +82,14 @@ class ReportRenderer:
         """The child's answer, or None when there is none (no child, a crash, a timeout)."""
         if self.proc is None:
             return None
-        from jaxmnist.data import DATASETS, registry  # start-up: loaded by training already
+        from jaxmnist.data import registry  # start-up: loaded by training already
 
         request = {
             "run_dir": os.fspath(run_dir),
             "cwd": os.getcwd(),
-            "dataset_titles": {name: spec.display_name for name, spec in DATASETS.items()},
-            # Datasets registered at run time (tests, plugins), which the child's registry
-            # lacks: reading a CNN's parameters for its filters needs the run's spec.
-            "datasets": {
-                name: registry.spec_to_dict(spec)
-                for name, spec in DATASETS.items()
-                if name not in registry.BUILT_IN
-            },
+            # Every dataset, those registered at run time (tests, plugins) included, which
+            # the child's registry would lack.
+            "datasets": {n: registry.spec_to_dict(s) for n, s in registry.DATASETS.items()},
             "model_facts": _model_facts(run_dir),
         }
         out = b""
@@ -162,9 +157,8 @@ def main() -> int:
         return 0
     request = json.loads(line)
     os.chdir(request["cwd"])  # the run directory as the parent names it
-    describe.DATASET_TITLES.update(request["dataset_titles"])
-    for name, spec in request.get("datasets", {}).items():
-        registry.DATASETS.setdefault(name, registry.spec_from_dict(spec))
+    for name, spec in request["datasets"].items():
+        registry.DATASETS[name] = registry.spec_from_dict(spec)
     describe.MODEL_FACTS.update(request["model_facts"])
     try:
         answer = {"report": str(write_run_report(request["run_dir"], draw=draw_in_two))}

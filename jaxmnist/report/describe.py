@@ -39,17 +39,16 @@ def secs(x) -> str:
 
 
 # What a process that trained a run tells the child process drawing its report
-# (`background`), so that the child needs neither JAX nor the families and datasets
-# registered at run time: display names of datasets, and `model_facts` of model sections
-# (keyed by `model_key`).
-DATASET_TITLES: dict[str, str] = {}
+# (`background`), so that the child needs neither JAX nor the families registered at run
+# time: `model_facts` of model sections (keyed by `model_key`). Datasets registered at
+# run time it puts in the child's registry.
 MODEL_FACTS: dict[str, dict] = {}
 
 
 def dataset_title(name: str) -> str:
     """ "mnist" -> "MNIST"; a dataset jaxmnist does not know keeps its name."""
     spec = DATASETS.get(name)
-    return spec.display_name if spec is not None else DATASET_TITLES.get(name, str(name))
+    return spec.display_name if spec is not None else str(name)
 
 
 def flatten(cfg: dict, prefix: str = "") -> dict[str, object]:

@@ -148,10 +148,6 @@ def summarise(cfg, r: RunResult, dataset, layout: parallel.Layout, wall_seconds:
             ensemble_test_accuracy=r.ensemble.accuracy,
             ensemble_test_loss=r.ensemble.loss,
         )
-    # The ensemble on the validation split (data.validation), as its last epoch measured it.
-    for key in ("ensemble_val_accuracy", "ensemble_val_loss"):
-        if key in r.records[-1]:
-            summary[key] = r.records[-1][key]
     if cfg.train.target_accuracy is not None:
         summary.update(_target_summary(cfg, r))
     return summary
@@ -173,8 +169,8 @@ def _seed_summary(r: RunResult) -> dict:
 
 def _val_summary(r: RunResult) -> dict:
     """The validation split's figures after the last epoch (`data.validation`), under the
-    test figures' names with `val_` for `test_`, and the seed that drew it; empty
-    without one."""
+    test figures' names with `val_` for `test_` (the ensemble's too), and the seed that drew
+    it; empty without one."""
     last = r.records[-1]
     if "val_accuracy" not in last:
         return {}
@@ -190,6 +186,8 @@ def _val_summary(r: RunResult) -> dict:
             val_accuracy_per_seed=last["val_accuracy_per_seed"],
             val_loss_per_seed=last["val_loss_per_seed"],
         )
+    # Several seeds: their ensemble on the split too.
+    out.update({k: last[k] for k in ("ensemble_val_accuracy", "ensemble_val_loss") if k in last})
     return out
 
 
