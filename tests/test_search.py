@@ -18,6 +18,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+import sqlalchemy.exc
 from optuna.trial import TrialState
 
 from jaxmnist import config as config_lib
@@ -421,3 +422,47 @@ def study_done(trials, tmp_path) -> None:
     assert "(retrying" in (tmp_path / "survivor.err").read_text()
     result = json.loads((tmp_path / "survivor" / "search.json").read_text())
     assert result["counts"]["COMPLETE"] == 6 and result["storage"].startswith("postgresql://")
+
+
+class _DuplicateTable(Exception):
+    sqlstate = "42P07"  # PostgreSQL's duplicate_table, as psycopg reports it
+
+
+@pytest.mark.parametrize(
+    "lost",
+    [
+        sqlalchemy.exc.ProgrammingError("CREATE TABLE", {}, _DuplicateTable("exists")),
+        sqlalchemy.exc.IntegrityError("INSERT", {}, Exception("unique")),
+    ],
+    ids=["duplicate table", "unique name"],
+)
+def test_a_worker_that_loses_the_race_to_create_the_tables_tries_again(lost, monkeypatch):
+    """Two workers started together on a new PostgreSQL database both create Optuna's
+    tables; the one that finds a table made is told so as a ProgrammingError
+    (duplicate_table), not an IntegrityError, and must try again all the same."""
+    calls = []
+
+    def storage(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == 1:
+            raise lost
+        return "storage"
+
+    monkeypatch.setattr(study_lib, "RDBStorage", storage)
+    monkeypatch.setattr(study_lib.time, "sleep", lambda s: None)
+    opts = study_lib.StudyOptions("s", "postgresql://db/s", trials=4)
+    assert study_lib.open_storage(opts) == "storage" and len(calls) == 2
+
+
+def test_a_database_error_that_is_not_the_race_is_one_line_at_once(monkeypatch):
+    calls = []
+
+    def storage(*args, **kwargs):
+        calls.append(args)
+        raise sqlalchemy.exc.ProgrammingError("SELECT", {}, Exception("permission denied\nmore"))
+
+    monkeypatch.setattr(study_lib, "RDBStorage", storage)
+    opts = study_lib.StudyOptions("s", "postgresql://u:secret@db/s", trials=4)
+    with pytest.raises(ConfigError, match="permission denied") as e:
+        study_lib.open_storage(opts)
+    assert len(calls) == 1 and "\n" not in str(e.value) and "secret" not in str(e.value)

@@ -92,8 +92,8 @@ def make_pruner(kind: str, epochs: int) -> optuna.pruners.BasePruner:
 def open_storage(opts: StudyOptions, attempts: int = 5) -> RDBStorage:
     """The study's storage, with heartbeats and retries; ConfigError for a bad URL or an
     unreachable database (one line). Workers started together on a new database race to
-    create its tables, and all but one fail on the unique names: they try again, and
-    find the tables made."""
+    create its tables, and all but one fail on a unique name or a table that already
+    exists: they try again, and find the tables made."""
     for attempt in range(1, attempts + 1):
         try:
             with warnings.catch_warnings():
@@ -107,14 +107,25 @@ def open_storage(opts: StudyOptions, attempts: int = 5) -> RDBStorage:
                     heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(opts.retries),
                     engine_kwargs={"pool_pre_ping": True},
                 )
-        except IntegrityError:
-            if attempt == attempts:
-                raise
-            time.sleep(0.2 * attempt)
         except (SQLAlchemyError, ImportError, ValueError, RuntimeError) as e:  # URL, driver
+            if _lost_creation_race(e) and attempt < attempts:
+                time.sleep(0.2 * attempt)
+                continue
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise ConfigError(f"--storage {safe_url(opts.storage)}: {first}") from None
     raise AssertionError("unreachable")
+
+
+# PostgreSQL's SQLSTATEs for a table (duplicate_table) or a type or constraint
+# (duplicate_object) that another session has just created.
+_ALREADY_CREATED = ("42P07", "42710")
+
+
+def _lost_creation_race(e: Exception) -> bool:
+    """Whether `e` says another worker made first what this one was making: a unique row
+    (IntegrityError), or on PostgreSQL a table or type (Optuna's schema, alembic's)."""
+    code = getattr(getattr(e, "orig", None), "sqlstate", None)
+    return isinstance(e, IntegrityError) or code in _ALREADY_CREATED
 
 
 def safe_url(url: str) -> str:
