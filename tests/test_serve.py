@@ -224,10 +224,21 @@ def test_argument_mistakes_exit_2(tiny_model_run, tmp_path, capsys):
     assert e.value.code == 2
 
 
-def test_the_command_serves_on_loopback_by_default(tiny_model_run):
-    """The real command: it prints its address, answers there, and only on 127.0.0.1."""
+# Starts the command given as its arguments with SIGINT ignored, as a shell without job
+# control starts a background job (and everything the job starts): exec keeps it ignored.
+IGNORING_SIGINT = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+    "os.execv(sys.argv[1], sys.argv[1:])"
+)
+
+
+@pytest.mark.parametrize("sigint", ["default", "inherited ignored"])
+def test_the_command_serves_on_loopback_by_default(tiny_model_run, sigint):
+    """The real command: it prints its address, answers there, and only on 127.0.0.1; Ctrl+C
+    ends it alike whether SIGINT came to it at its default or ignored."""
+    launch = [] if sigint == "default" else [sys.executable, "-c", IGNORING_SIGINT]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jaxmnist", "serve", str(tiny_model_run), "--port", "0"],
+        [*launch, sys.executable, "-m", "jaxmnist", "serve", str(tiny_model_run), "--port", "0"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -8,8 +8,10 @@ then printed. Only loopback Host headers are accepted while bound to loopback.
 from __future__ import annotations
 
 import errno
+import signal
 import socket
 import sys
+import threading
 
 from jaxmnist.errors import ConfigError, JaxmnistError
 from jaxmnist.use.predict import TrainedModel, load_trained
@@ -82,5 +84,10 @@ def serve(run_dir, host: str = "127.0.0.1", port: int = 8000, member=None) -> in
     print(f"open {url_of(sock)} (Ctrl+C to stop)", flush=True)
     if host not in LOOPBACK:
         print(f"listening on {host}: other machines can reach this server", file=sys.stderr)
+    if threading.current_thread() is threading.main_thread():
+        # uvicorn stops on Ctrl+C even where SIGINT came ignored (a background job of a
+        # shell without job control), then raises it again with the handler it replaced:
+        # Python's, so that every Ctrl+C ends alike ("interrupted", exit 130).
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     server.run(sockets=[sock])
     return 0
