@@ -84,7 +84,8 @@ def serve(run_dir, host: str = "127.0.0.1", port: int = 8000, member=None) -> in
     print(f"open {url_of(sock)} (Ctrl+C to stop)", flush=True)
     if host not in LOOPBACK:
         print(f"listening on {host}: other machines can reach this server", file=sys.stderr)
-    if threading.current_thread() is threading.main_thread():
+    main = threading.current_thread() is threading.main_thread()
+    if main and signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         # uvicorn stops on Ctrl+C even where SIGINT came ignored (a background job of a
         # shell without job control), then raises it again with the handler it replaced:
         # Python's, so that every Ctrl+C ends alike ("interrupted", exit 130).
