@@ -15,7 +15,8 @@ whole run <= 90 minutes.
 Usage: JAXMNIST_DATA_DIR=../shared/datasets python benchmarks/record.py
        [--presets record,fashion_record] [--smoke]
 Prints a line per preset and writes JSON (`--out`, default benchmarks/results/record.json;
-presets measured by earlier invocations stay in it).
+presets measured by earlier invocations stay in it, each with the environment and the load
+average before and after its own run).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import threading
 import time
 from pathlib import Path
 
-from jaxmnist import stats
+from jaxmnist import runtime, stats
 
 from benchlib.launch import jaxmnist_command
 from benchlib.results import SMOKE_HELP, default_out, save_benchmark
@@ -148,7 +149,13 @@ def main(argv: list[str] | None = None) -> None:
     results = {}
     with tempfile.TemporaryDirectory(prefix="record-") as work:
         for preset in presets:
+            before = os.getloadavg()
             results[preset] = run_preset(preset, Path(work), args.smoke)
+            results[preset]["load_average_around"] = {
+                "before": list(before),
+                "after": list(os.getloadavg()),
+            }
+            results[preset]["environment"] = runtime.environment()
             print(describe(preset, results[preset]), flush=True)
     previous = json.loads(out.read_text()) if out.exists() else {}
     print(save_benchmark(out, {"presets": {**previous.get("presets", {}), **results}}, load_before))

@@ -205,3 +205,17 @@ def test_serve_load_on_a_tiny_run(on_path, tiny_model_run, tmp_path):
     load("serve_load").main([str(tiny_model_run), *argv])
     result = json.loads(out.read_text())
     assert result["completed"] == 20 and result["errors"] == 0, result["error_kinds"]
+
+
+def test_record_keeps_each_presets_own_environment_and_load(on_path, tmp_path):
+    """Presets measured by separate invocations share one file: each keeps the machine and
+    the load average of its own run, not those of the last invocation."""
+    out, module = tmp_path / "record.json", load("record")
+    module.main(["--smoke", "--out", str(out), "--presets", "record"])
+    first = json.loads(out.read_text())["presets"]["record"]
+    module.main(["--smoke", "--out", str(out), "--presets", "fashion_record"])
+    presets = json.loads(out.read_text())["presets"]
+    assert presets["record"] == first and set(presets) == {"record", "fashion_record"}
+    for result in presets.values():
+        assert result["environment"]["cpu_count"] >= 1
+        assert set(result["load_average_around"]) == {"before", "after"}
