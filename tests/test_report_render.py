@@ -208,40 +208,64 @@ def test_the_fixed_margins_hold_every_label(spec, accuracy):
 
 
 # draw_in_two forks, which a process that has loaded JAX must not: run it in a fresh one.
+# Each figure takes the seconds argv gives it (the first's, then the others'), and says
+# which process drew it.
 DRAW_IN_TWO = """\
-import json, os, sys
+import json, os, sys, time
 from jaxmnist.report import background, plots
 parent, fail_in_copy = os.getpid(), sys.argv[1] == "fail"
-def make():
-    if fail_in_copy and os.getpid() != parent:
-        raise RuntimeError("the copy fails")
-    os.write(2, f"{os.getpid()}\\n".encode())  # one write: the two do not mix
-    fig = plots.new_figure(1, 1)
-    fig.subplots().plot([0, 1])
-    return fig
-pngs = background.draw_in_two({f"f{i}": (make, "alt") for i in range(4)})
-print(json.dumps({"parent": parent, "names": sorted(pngs),
+first, others = float(sys.argv[2]), float(sys.argv[3])
+def maker(name, seconds):
+    def make():
+        if fail_in_copy and os.getpid() != parent:
+            raise RuntimeError("the copy fails")
+        time.sleep(seconds)
+        os.write(2, f"{name} {os.getpid()}\\n".encode())  # one write: the two do not mix
+        fig = plots.new_figure(1, 1)
+        fig.subplots().plot([0, 1])
+        return fig
+    return make
+pngs = background.draw_in_two(
+    {f"f{i}": (maker(f"f{i}", first if i == 0 else others), "alt") for i in range(4)}
+)
+print(json.dumps({"parent": parent, "names": list(pngs),
                   "png": all(p.startswith(b"\\x89PNG") for p in pngs.values())}))
 """
 
 
-def _draw_in_two(how: str) -> tuple[dict, str]:
+def _draw_in_two(how: str, first: float = 0.1, others: float = 0.1) -> tuple[dict, dict, str]:
+    """The answer of DRAW_IN_TWO, and which process drew each figure (name -> pid)."""
     done = subprocess.run(
-        [sys.executable, "-c", DRAW_IN_TWO, how], capture_output=True, text=True, check=True
+        [sys.executable, "-c", DRAW_IN_TWO, how, str(first), str(others)],
+        capture_output=True,
+        text=True,
+        check=True,
     )
-    return json.loads(done.stdout), done.stderr
+    drawn = [line.split() for line in done.stderr.splitlines()]
+    drawn = [(w[0], int(w[1])) for w in drawn if len(w) == 2 and w[1].isdigit()]
+    drawers = dict(drawn)
+    assert len(drawers) == len(drawn), drawn  # none drawn twice
+    return json.loads(done.stdout), drawers, done.stderr
 
 
 def test_draw_in_two_draws_in_two_processes():
-    out, err = _draw_in_two("ok")
+    out, drawers, _ = _draw_in_two("ok")
     assert out["names"] == ["f0", "f1", "f2", "f3"] and out["png"]
-    pids = [int(line) for line in err.split()]
-    assert len(pids) == 4 and pids.count(out["parent"]) == 2  # half of them in the copy
+    assert sorted(drawers) == out["names"]  # each drawn once
+    assert len(set(drawers.values())) == 2 and out["parent"] in drawers.values()
+
+
+def test_draw_in_two_shares_the_figures_as_they_come_not_by_halves():
+    # One costly figure first: the other process draws the three cheap ones meanwhile,
+    # where a split into halves would have given the first one's process a second.
+    out, drawers, _ = _draw_in_two("ok", first=1.5, others=0.05)
+    assert sorted(drawers) == sorted(out["names"])
+    slow = drawers["f0"]
+    assert [n for n, pid in drawers.items() if pid == slow] == ["f0"], drawers
 
 
 def test_draw_in_two_draws_here_what_its_copy_failed_to():
-    out, err = _draw_in_two("fail")
+    out, drawers, err = _draw_in_two("fail")
     assert out["names"] == ["f0", "f1", "f2", "f3"] and out["png"]
     assert "RuntimeError: the copy fails" in err  # its traceback, then drawn here
-    pids = [int(line) for line in err.split() if line.isdigit()]
-    assert pids == [out["parent"]] * 4
+    assert drawers == {name: out["parent"] for name in out["names"]}

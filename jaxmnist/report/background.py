@@ -169,41 +169,57 @@ def main() -> int:
 
 
 def draw_in_two(makers: dict) -> dict[str, bytes]:
-    """{name: PNG bytes} of `makers` ({name: (figure maker, alt)}, `run_report`), every
-    other figure drawn by a forked copy of this process: the run has ended, so that the
-    machine's cores are free. What the copy does not deliver (it could not be forked,
-    failed: its traceback is on stderr) is drawn here; so is everything once JAX is
-    loaded, as it cannot be forked."""
+    """{name: PNG bytes} of `makers` ({name: (figure maker, alt)}, `run_report`), drawn
+    by this process and a forked copy of it at once: the run has ended, so that the
+    machine's cores are free. The two take the figures one at a time from a shared queue
+    (a pipe holding their indices), so that one costly figure (a confusion matrix) does
+    not leave one of them idle while the other draws the rest of its half. What the copy
+    does not deliver (it could not be forked, failed: its traceback is on stderr) is
+    drawn here; so is everything once JAX is loaded, as it cannot be forked."""
     import pickle
     import traceback
 
     from jaxmnist.report.plots import to_png  # start-up: matplotlib, loaded by the child
 
     names = list(makers)
-    theirs = names[::2]
+    pngs: dict[str, bytes] = {}
+
+    def draw(name: str) -> None:
+        pngs[name] = to_png(makers[name][0]())
+
+    pid = queue = r = w = None
     try:
-        if "jax" in sys.modules:  # its threads make a fork unsafe (a CNN run's filters)
+        if "jax" in sys.modules or len(names) > 255:  # JAX's threads make a fork unsafe
             raise OSError
+        queue, fill = os.pipe()
+        os.write(fill, bytes(range(len(names))))  # one byte per figure, far below a pipe's size
+        os.close(fill)  # before the fork: the queue ends where its last index is taken
         r, w = os.pipe()
         pid = os.fork()
     except OSError:
-        pid = None
-        theirs = []
-    if pid == 0:  # the copy: draws its share, sends it, and never returns
+        for fd in (r, w):  # no copy: this process takes every index itself
+            if fd is not None:
+                os.close(fd)
+    if pid == 0:  # the copy: draws what it takes, sends it, and never returns
         code = 1
         try:
             os.close(r)
+            try:
+                _take_from(queue, names, draw)
+                code = 0
+            except BaseException:  # noqa: BLE001  the rest is drawn by the parent
+                traceback.print_exc()
             with os.fdopen(w, "wb") as f:
-                pickle.dump({n: to_png(makers[n][0]()) for n in theirs}, f)
-            code = 0
-        except BaseException:  # noqa: BLE001  this process draws them instead
-            traceback.print_exc()
+                pickle.dump(pngs, f)
         finally:
             os._exit(code)
     data = b""
     try:
-        pngs = {n: to_png(makers[n][0]()) for n in names if n not in theirs}
+        if queue is not None:
+            _take_from(queue, names, draw)
     finally:  # even when drawing here failed: the copy is waited for, never left behind
+        if queue is not None:
+            os.close(queue)
         if pid is not None:
             os.close(w)
             with os.fdopen(r, "rb") as f:
@@ -215,8 +231,15 @@ def draw_in_two(makers: dict) -> dict[str, bytes]:
         pass
     for n in names:
         if n not in pngs:
-            pngs[n] = to_png(makers[n][0]())
-    return pngs
+            draw(n)
+    return {n: pngs[n] for n in names}
+
+
+def _take_from(queue: int, names: list[str], draw) -> None:
+    """Calls `draw(name)` for each figure whose index this process reads from the pipe
+    `queue`, one at a time, until the pipe is empty (a read of one byte is atomic)."""
+    while token := os.read(queue, 1):
+        draw(names[token[0]])
 
 
 def _model_facts(run_dir: Path) -> dict:
@@ -233,4 +256,9 @@ def _model_facts(run_dir: Path) -> dict:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # The answer is the child's last act, and the run waits for the child to exit: skip
+    # the interpreter's teardown of matplotlib's modules (a quarter of a second here).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
