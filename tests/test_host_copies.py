@@ -1,5 +1,9 @@
 """One copy of the data in host memory: arrays loaded so that XLA:CPU uses them in place."""
 
+import gzip
+import hashlib
+import tracemalloc
+
 import jax
 import numpy as np
 import pytest
@@ -57,3 +61,24 @@ def test_loaded_arrays_are_aligned_and_go_to_the_device_in_place(
         assert not arr.flags.writeable, role
     # The training set on the device is the loaded array itself: one copy, not two.
     assert np.shares_memory(np.asarray(jax.device_put(ds.train_images)), ds.train_images)
+
+
+@pytest.mark.parametrize("compress", [True, False])
+def test_an_idx_file_is_read_into_its_array_without_other_copies(tmp_path, compress):
+    # Neither the file's bytes nor their decompressed copy is held beside the array:
+    # the peak of what reading allocates stays near the array's own size.
+    images = (np.arange(24_000 * 28 * 28) % 251).astype(np.uint8).reshape(24_000, 28, 28)
+    path = tmp_path / "images"
+    data = synthetic.idx_bytes(images)
+    path.write_bytes(gzip.compress(data, compresslevel=1) if compress else data)
+    del data
+    tracemalloc.start()
+    try:
+        got, digest = formats.read_idx(path, formats.size_cap(images.nbytes + 16), ndim=3)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    np.testing.assert_array_equal(got, images)
+    assert got.ctypes.data % formats.ALIGNMENT == 0 and not got.flags.writeable
+    assert digest == hashlib.sha256(synthetic.idx_bytes(images)).hexdigest()
+    assert peak < images.nbytes + 8 * formats.CHUNK, (peak, images.nbytes)  # a few pieces
