@@ -62,6 +62,7 @@ class DataConfig:
     max_scale: float = 0.0  # augment: random zoom, a factor within 1 ± this; 0: none
     max_shear: float = 0.0  # augment: degrees of random horizontal shear, each way
     flip: bool = False  # augment: mirror half the images left-right (clothes, not digits)
+    erase: float = 0.0  # augment: probability of a random rectangle of noise (random erasing)
     # Training examples held out as the validation split (stratified, drawn from a fixed
     # seed: training.validation); never trained on. 0: none
     validation: int = 0
@@ -384,6 +385,8 @@ def validate(cfg: Config, *, num_train_examples: int | None = None) -> None:
         raise ConfigError(f"data.max_scale: a fraction in [0, 1), got {cfg.data.max_scale}")
     if not 0 <= cfg.data.max_shear <= 45:
         raise ConfigError(f"data.max_shear: degrees in [0, 45], got {cfg.data.max_shear}")
+    if not 0 <= cfg.data.erase <= 1:
+        raise ConfigError(f"data.erase: a probability in [0, 1], got {cfg.data.erase}")
     t, o = cfg.train, cfg.optimizer
     if not 0 <= cfg.data.validation < n_train:
         raise ConfigError(

@@ -15,6 +15,8 @@ from jaxmnist.errors import ConfigError
 ON = config_lib.DataConfig(augment=True, max_shift=2)
 ROTATE = dataclasses.replace(ON, max_rotation=15.0)
 AFFINE = dataclasses.replace(ROTATE, max_scale=0.15, max_shear=12.0)
+ERASE = dataclasses.replace(ON, erase=0.5)
+ERASE_ONLY = dataclasses.replace(ON, max_shift=0, erase=1.0)
 augment = jax.jit(augment_lib.augment, static_argnums=2)
 
 
@@ -31,7 +33,9 @@ def _shifted(image: np.ndarray, dy: int, dx: int) -> np.ndarray:
     return np.roll(image, (dy, dx), axis=(0, 1))  # exact here: the border is zeros
 
 
-@pytest.mark.parametrize("cfg", [ON, ROTATE, AFFINE], ids=["translate", "rotate", "affine"])
+@pytest.mark.parametrize(
+    "cfg", [ON, ROTATE, AFFINE, ERASE_ONLY], ids=["translate", "rotate", "affine", "erase"]
+)
 def test_shape_dtype_kept_same_key_same_result_new_key_new_result(images, cfg):
     a = augment(jax.random.key(1), images, cfg)
     assert a.shape == images.shape and a.dtype == jnp.uint8
@@ -62,6 +66,8 @@ def test_off_or_zero_moves_is_the_identity(images):
         dataclasses.replace(ON, augment=False),
         dataclasses.replace(ON, max_shift=0),
         dataclasses.replace(ROTATE, augment=False),
+        dataclasses.replace(ERASE_ONLY, augment=False),
+        dataclasses.replace(ERASE_ONLY, erase=0.0),
     ]:
         np.testing.assert_array_equal(augment(jax.random.key(4), images, cfg), images)
 
@@ -76,6 +82,51 @@ def test_flip_mirrors_a_random_half_and_leaves_the_moves_as_they_were(images):
     both = np.asarray(augment(jax.random.key(7), images, dataclasses.replace(ON, flip=True)))
     moved = np.asarray(augment(jax.random.key(7), jnp.asarray(out), ON))
     np.testing.assert_array_equal(both, moved)  # the flips, then the same key's moves
+
+
+def _changed_box(before: np.ndarray, after: np.ndarray):
+    """(rows, cols) slices of the smallest rectangle holding every changed pixel, and the
+    share of its pixels that changed; None when nothing changed."""
+    changed = before != after
+    if changed.ndim == 3:
+        changed = changed.any(-1)
+    if not changed.any():
+        return None
+    rows, cols = np.flatnonzero(changed.any(1)), np.flatnonzero(changed.any(0))
+    box = (slice(rows[0], rows[-1] + 1), slice(cols[0], cols[-1] + 1))
+    return box, changed[box].mean()
+
+
+def test_erasing_fills_one_rectangle_of_each_image_with_noise_of_the_papers_sizes():
+    blank = jnp.zeros((64, 28, 28), jnp.uint8)  # noise differs from 0 at 255 of 256 pixels
+    out = np.asarray(augment(jax.random.key(9), blank, ERASE_ONLY))
+    sizes = set()
+    for i in range(len(out)):
+        found = _changed_box(np.asarray(blank[i]), out[i])
+        assert found is not None, f"image {i} was not erased at probability 1"
+        (rows, cols), filled = found
+        assert filled > 0.9, f"image {i}: not one filled rectangle ({filled:.2f})"
+        area = (rows.stop - rows.start) * (cols.stop - cols.start)
+        # The paper's 2-40% of the image, give or take the rounding of each side.
+        assert 0.02 * 784 - 8 <= area <= 0.4 * 784 + 25, (i, area)
+        sizes.add((rows.stop - rows.start, cols.stop - cols.start))
+    assert len(sizes) > len(out) // 2  # drawn per image
+    assert len(np.unique(out[out > 0])) > 200  # random values, not one colour
+
+
+def test_erasing_happens_to_about_its_share_and_leaves_the_moves_as_they_were(images):
+    many = jnp.zeros((2000, 28, 28), jnp.uint8)
+    out = np.asarray(augment(jax.random.key(10), many, dataclasses.replace(ERASE_ONLY, erase=0.3)))
+    share = (out.reshape(len(out), -1) > 0).any(1).mean()
+    assert 0.25 < share < 0.35, share  # 0.3 within about 5 standard deviations
+    moved = np.asarray(augment(jax.random.key(11), images, ROTATE))
+    both = np.asarray(augment(jax.random.key(11), images, dataclasses.replace(ROTATE, erase=1.0)))
+    for i in range(len(moved)):  # the same key's moves, then a rectangle erased
+        (rows, cols), filled = _changed_box(moved[i], both[i])
+        assert filled > 0.9, f"image {i}: the rectangle was turned with the image"
+        outside = np.ones(moved[i].shape, bool)
+        outside[rows, cols] = False
+        np.testing.assert_array_equal(both[i][outside], moved[i][outside])
 
 
 def test_a_tiny_rotation_is_an_integer_translation(images):
@@ -121,6 +172,15 @@ def test_colour_images_move_every_channel_as_one(images, cfg):
     assert not np.array_equal(out, rgb)
 
 
+def test_colour_images_lose_the_same_rectangle_in_every_channel():
+    blank = jnp.zeros((16, 28, 28, 3), jnp.uint8)
+    out = np.asarray(augment(jax.random.key(12), blank, ERASE_ONLY))
+    for i in range(len(out)):
+        boxes = [_changed_box(np.zeros((28, 28), np.uint8), out[i, ..., c])[0] for c in range(3)]
+        assert boxes[0] == boxes[1] == boxes[2], (i, boxes)
+        assert not np.array_equal(out[i, ..., 0], out[i, ..., 1])  # each channel its own noise
+
+
 def test_it_never_sees_labels():
     assert list(inspect.signature(augment_lib.augment).parameters) == ["key", "images", "cfg"]
 
@@ -135,6 +195,8 @@ def test_it_never_sees_labels():
         ("max_scale", "-0.1", "data.max_scale"),
         ("max_shear", "60", r"data.max_shear: degrees in \[0, 45\]"),
         ("max_shear", "nan", "data.max_shear"),
+        ("erase", "1.5", r"data.erase: a probability in \[0, 1\]"),
+        ("erase", "nan", "data.erase"),
     ],
 )
 def test_bad_augment_fields_are_config_errors(field, value, message):

@@ -4,7 +4,8 @@
 for images of several channels, by its own random offset
 (zero-padding by `max_shift` pixels and cropping back to the original size, the usual
 pad-and-random-crop), when `max_rotation` is set also turns it by a random angle, and
-with `flip` mirrors a random half of them left-right (for clothes, never for digits).
+with `flip` mirrors a random half of them left-right (for clothes, never for digits), and
+with `erase` fills a random rectangle of some of them with noise (random erasing).
 It sees no labels, so it cannot disturb them; it keeps shape and dtype, so it slots into
 the compiled epoch between the batch gather and the model; and it is deterministic in its
 key, so a run stays reproducible from its seed while each key (each step, epoch and
@@ -39,21 +40,58 @@ def augment(key: jax.Array, images: jax.Array, cfg) -> jax.Array:
     if cfg.flip:  # its own draw, so the moves are those of the same key without flips
         images = random_flip(jax.random.fold_in(key, FLIP_STREAM), images)
     if cfg.max_rotation != 0 or cfg.max_scale != 0 or cfg.max_shear != 0:
-        return random_warp(
+        images = random_warp(
             key, images, cfg.max_shift, cfg.max_rotation, cfg.max_scale, cfg.max_shear
         )
-    if cfg.max_shift != 0:
-        return random_translate(key, images, cfg.max_shift)
+    elif cfg.max_shift != 0:
+        images = random_translate(key, images, cfg.max_shift)
+    if cfg.erase != 0:  # its own draw too, on the moved images
+        images = random_erase(jax.random.fold_in(key, ERASE_STREAM), images, cfg.erase)
     return images
 
 
 FLIP_STREAM = 0x666C6970  # fold_in data for the flips' key ("flip"), far from split indices
+ERASE_STREAM = 0x657261  # fold_in data for the erasing's key ("era")
+# Random erasing's rectangle (Zhong et al., "Random Erasing Data Augmentation", 2017, and
+# torchvision's RandomErasing): its area a fraction of the image's, its aspect ratio
+# (height / width) drawn log-uniformly, both from the paper's defaults.
+ERASE_AREA = (0.02, 0.4)
+ERASE_RATIO = (0.3, 1 / 0.3)
 
 
 def random_flip(key: jax.Array, images: jax.Array) -> jax.Array:
     """Each image of (B, H, W) or (B, H, W, C) mirrored left-right with probability 1/2."""
     mirror = jax.random.bernoulli(key, 0.5, (images.shape[0],) + (1,) * (images.ndim - 1))
     return jnp.where(mirror, images[:, :, ::-1], images)
+
+
+def random_erase(key: jax.Array, images: jax.Array, prob: float) -> jax.Array:
+    """Each image of (B, H, W) or (B, H, W, C), with probability `prob`, gets one
+    rectangle of random pixel values (every channel its own): area and aspect ratio as
+    `ERASE_AREA` and `ERASE_RATIO`, at a uniform place where it fits. Where the paper
+    draws again a rectangle that does not fit, its sides are cut to the image's here,
+    so that every draw is one pass. uint8 in, uint8 out."""
+    b, h, w = images.shape[:3]
+    k_on, k_area, k_ratio, k_row, k_col, k_fill = jax.random.split(key, 6)
+    on = jax.random.bernoulli(k_on, prob, (b,))
+    area = h * w * jax.random.uniform(k_area, (b,), jnp.float32, *ERASE_AREA)
+    ratio = jnp.exp(jax.random.uniform(k_ratio, (b,), jnp.float32, *map(math.log, ERASE_RATIO)))
+    tall = jnp.clip(jnp.round(jnp.sqrt(area * ratio)), 1, h).astype(jnp.int32)
+    wide = jnp.clip(jnp.round(jnp.sqrt(area / ratio)), 1, w).astype(jnp.int32)
+    top = jnp.floor(jax.random.uniform(k_row, (b,)) * (h - tall + 1)).astype(jnp.int32)
+    left = jnp.floor(jax.random.uniform(k_col, (b,)) * (w - wide + 1)).astype(jnp.int32)
+    rows = jnp.arange(h)[None, :, None]
+    cols = jnp.arange(w)[None, None, :]
+    inside = (
+        on[:, None, None]
+        & (rows >= top[:, None, None])
+        & (rows < (top + tall)[:, None, None])
+        & (cols >= left[:, None, None])
+        & (cols < (left + wide)[:, None, None])
+    )
+    inside = inside.reshape(inside.shape + (1,) * (images.ndim - 3))
+    noise = jax.random.randint(k_fill, images.shape, 0, 256, jnp.int32).astype(images.dtype)
+    return jnp.where(inside, noise, images)
 
 
 def random_translate(key: jax.Array, images: jax.Array, max_shift: int) -> jax.Array:
