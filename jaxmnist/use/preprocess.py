@@ -32,7 +32,6 @@ from functools import partial
 
 import numpy as np
 from PIL import Image
-from scipy import ndimage
 
 from jaxmnist.data.registry import FASHION_MNIST, MNIST, DatasetSpec, get_spec
 from jaxmnist.errors import DataError
@@ -191,6 +190,8 @@ def _normalise(image: Image.Image, image_shape, by_mass: bool) -> np.ndarray:
     if not small.any():
         return out
     if by_mass:
+        from scipy import ndimage  # here: the report's child imports this module to draw
+
         cy, cx = ndimage.center_of_mass(_strength(small).astype(np.float64))
     else:
         cy, cx = (small.shape[0] - 1) / 2, (small.shape[1] - 1) / 2
