@@ -1,5 +1,3 @@
-import sys
+from jaxmnist.cli import run
 
-from jaxmnist.cli import main
-
-sys.exit(main())
+run()

@@ -183,6 +183,46 @@ def test_real_entry_point_runs_as_a_program(tiny_data_dir, tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+# `jaxmnist` as installed (`cli.run`), with what a program may have left for Python's exit:
+# a thread still running, an atexit handler, and an object that says when it is torn down.
+EXITS_AS_PYTHON_WOULD = """\
+import atexit, sys, threading, time
+from jaxmnist import cli
+atexit.register(lambda: print("atexit handler ran"))
+def late():  # outlasts the command
+    time.sleep(2)
+    print("thread finished")
+threading.Thread(target=late).start()
+class Teardown:
+    def __del__(self):
+        print("interpreter torn down")
+keep = Teardown()
+sys.argv = ["jaxmnist", *sys.argv[1:]]
+cli.run()
+print("after run")
+"""
+
+
+@pytest.mark.parametrize("argv, code", [(["config"], 0), (["eval", "no-such-run"], 2)])
+def test_the_command_exits_as_python_would_without_its_teardown(argv, code):
+    proc = subprocess.run(
+        [sys.executable, "-c", EXITS_AS_PYTHON_WOULD, *argv],
+        env={k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"},
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == code, proc.stderr
+    out = proc.stdout  # a pipe: block-buffered, so everything printed was flushed
+    assert out.index("thread finished") < out.index("atexit handler ran")  # Python's order
+    assert "interpreter torn down" not in out and "after run" not in out
+    if code == 0:
+        assert '"dataset": "mnist"' in out  # the command's own output, whole
+    else:
+        assert "no-such-run" in proc.stderr
+
+
 def test_an_os_error_from_the_environment_is_one_line_and_exit_1(monkeypatch, capsys):
     from jaxmnist.commands import config
 
