@@ -31,6 +31,7 @@ SMOKE = {
     "bf16_matmul": ([], {"matmul_gflops", "tpu101", "environment"}),
     "checkpoint_overhead": ([], {"median_epoch_wall_seconds", "checkpoint_overhead"}),
     "conv_backward": ([], {"speedrun", "environment"}),
+    "data_loading": ([], {"loads", "median", "environment"}),
     "devices_scaling": ([], {"scaling", "tpu101_test_accuracy", "environment"}),
     "epoch_vs_tutorial": ([], {"epoch_seconds", "epoch_ratio", "peak_fraction"}),
     "eval_overhead": ([], {"cases", "largest_subset_within_goal", "environment"}),
