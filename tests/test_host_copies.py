@@ -82,3 +82,22 @@ def test_an_idx_file_is_read_into_its_array_without_other_copies(tmp_path, compr
     assert got.ctypes.data % formats.ALIGNMENT == 0 and not got.flags.writeable
     assert digest == hashlib.sha256(synthetic.idx_bytes(images)).hexdigest()
     assert peak < images.nbytes + 8 * formats.CHUNK, (peak, images.nbytes)  # a few pieces
+
+
+def test_an_npz_is_read_into_its_arrays_without_other_copies(tmp_path):
+    arrays = synthetic.tiny_arrays(train_size=24_000, test_size=100)
+    spec = synthetic.tiny_spec(arrays)
+    path = tmp_path / "mnist.npz"
+    path.write_bytes(synthetic.npz_bytes(arrays))
+    total = sum(a.nbytes for a in arrays.values())
+    tracemalloc.start()
+    try:
+        got, reports = formats.load_npz(path, spec)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    for role, arr in arrays.items():
+        np.testing.assert_array_equal(got[role], arr)
+        assert got[role].ctypes.data % formats.ALIGNMENT == 0 and not got[role].flags.writeable
+    assert [r.sha256 for r in reports] == [f.sha256 for f in spec.files]
+    assert peak < total + 8 * formats.CHUNK, (peak, total)

@@ -340,27 +340,38 @@ def load_idx_files(
     return arrays, reports
 
 
-def _npz_header(
+def _read_npz_member(
     npz: np.lib.npyio.NpzFile, key: str, spec: DatasetSpec, role: str, label: object
-) -> None:
-    """Check an npz member's .npy header before np.load allocates what it claims."""
+) -> np.ndarray:
+    """An npz member's array, its .npy header checked before anything is allocated, read
+    a chunk at a time straight into an aligned array (as `read_idx` reads a file)."""
     with npz.zip.open(key + ".npy") as f:
         version = np.lib.format.read_magic(f)
         if version == (1, 0):
-            shape, _, dtype = np.lib.format.read_array_header_1_0(f)
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
         elif version == (2, 0):
-            shape, _, dtype = np.lib.format.read_array_header_2_0(f)
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
         else:
             raise DataError(f"{label}: array {key} uses .npy format {version}, expected 1.0 or 2.0")
-    if dtype.hasobject:
-        raise DataError(
-            f"{label}: array {key} holds Python objects (pickled data); refusing to load it"
-        )
-    if dtype != np.uint8:
-        raise DataError(f"{label}: array {key} has dtype {dtype}, expected uint8")
-    want = spec.array_shape(role)
-    if len(shape) != len(want) or math.prod(shape) > math.prod(want):
-        raise DataError(f"{label}: array {key} has shape {shape}, expected {want}")
+        if dtype.hasobject:
+            raise DataError(
+                f"{label}: array {key} holds Python objects (pickled data); refusing to load it"
+            )
+        if dtype != np.uint8:
+            raise DataError(f"{label}: array {key} has dtype {dtype}, expected uint8")
+        want = spec.array_shape(role)
+        if len(shape) != len(want) or math.prod(shape) > math.prod(want):
+            raise DataError(f"{label}: array {key} has shape {shape}, expected {want}")
+        out = _aligned_empty(math.prod(shape))
+        view, done = memoryview(out), 0
+        while done < len(out) and (n := f.readinto(view[done : done + CHUNK])):
+            done += n
+    if done < len(out):
+        raise DataError(f"{label}: corrupt npz file (array {key} ends after {done} bytes)")
+    if fortran:  # column-major on disk: the C-ordered copy is the one kept
+        return aligned(out.reshape(shape[::-1]).T)
+    out.flags.writeable = False
+    return out.reshape(shape)
 
 
 def load_npz(
@@ -405,15 +416,14 @@ def load_npz(
                     f"(has {', '.join(npz.files) or 'none'})"
                 )
             for role, key in NPZ_KEYS.items():
-                _npz_header(npz, key, spec, role, label)
-                arrays[role] = npz[key]
+                arrays[role] = _read_npz_member(npz, key, spec, role, label)
     except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error) as e:
         raise DataError(f"{label}: corrupt npz file ({e})") from None
     where = {r: f"{label} [{k}]" for r, k in NPZ_KEYS.items()}
     _check_counts(arrays, where)
     reports = []
     for role, key in NPZ_KEYS.items():
-        arrays[role] = arr = aligned(arrays[role])
+        arr = arrays[role]
         _check_array(arr, spec, role, where[role])
         h = hashlib.sha256(idx_header(arr.shape))
         h.update(arr.data)
