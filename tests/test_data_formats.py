@@ -312,6 +312,26 @@ def test_npz_truncated(tmp_path, arrays, spec):
         formats.load_npz(path, spec)
 
 
+def test_npz_member_shorter_than_its_header_says(tmp_path, arrays, spec):
+    # A well-formed zip whose x_train.npy stops 100 bytes short of its declared shape.
+    path = tmp_path / "mnist.npz"
+    with zipfile.ZipFile(path, "w") as zf:
+        for key, arr in npz_members(arrays).items():
+            buf = io.BytesIO()
+            np.save(buf, arr)
+            data = buf.getvalue()
+            zf.writestr(key + ".npy", data[:-100] if key == "x_train" else data)
+    with pytest.raises(DataError, match=r"corrupt npz file \(array x_train ends after \d+ bytes"):
+        formats.load_npz(path, spec)
+
+
+def test_npz_in_fortran_order_is_read_in_c_order(tmp_path, arrays, spec):
+    members = {k: np.asfortranarray(v) for k, v in npz_members(arrays).items()}
+    got, _ = formats.load_npz(npz_with(tmp_path, **members), spec)
+    np.testing.assert_array_equal(got["train_images"], arrays["train_images"])
+    assert got["train_images"].flags.c_contiguous and not got["train_images"].flags.writeable
+
+
 def test_idx_header_matches_published_layout(arrays):
     data = synthetic.idx_bytes(arrays["train_images"])
     assert data[:4] == b"\x00\x00\x08\x03" and struct.unpack(">3I", data[4:16]) == (6, 28, 28)
