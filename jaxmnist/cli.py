@@ -12,8 +12,8 @@ the rest, so `--help`, `--version` and a mistyped flag answer without loading th
 `COMMANDS` and imported by name when the parser is built.
 
 The `jaxmnist` command is `run`: `main`, then an exit that skips the interpreter's own
-teardown, which after a command that loaded JAX collects JAX's cyclic garbage module by
-module for longer than a small run trains (README, "Around training").
+teardown, in which, after a command that loaded JAX, Python collects JAX's cyclic garbage
+module by module while the user waits (README, "Around training").
 """
 
 from __future__ import annotations
