@@ -26,6 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from benchlib.launch import add_code_copies, code_copies
 from benchlib.results import SMOKE_HELP, default_out, save_benchmark
 
 # One load in this process: {seconds, peak growth, array bytes} as JSON on stdout.
@@ -75,21 +76,14 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dataset", default="mnist")
     p.add_argument("--repeats", type=int, default=4, help="fresh processes per copy (default 4)")
-    p.add_argument(
-        "--pythonpath",
-        action="append",
-        default=[],
-        metavar="DIR",
-        help="also load with the code in DIR (put first on PYTHONPATH); repeatable",
-    )
+    add_code_copies(p, "load")
     p.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     p.add_argument("--out", type=Path, help="default benchmarks/results/data_loading.json")
     args = p.parse_args(argv)
     out = args.out or default_out("data_loading.json", args.smoke)
     env = dict(os.environ)
     load_before = os.getloadavg()
-    here = str(Path(__file__).resolve().parent.parent)
-    codes = {"this": here, **{f"pythonpath:{d}": str(Path(d).resolve()) for d in args.pythonpath}}
+    codes = code_copies(args)
     if not (args.smoke or env.get("JAXMNIST_DATA_DIR")):
         sys.exit("set JAXMNIST_DATA_DIR to the folder holding the dataset (no download here)")
     dataset = "tiny" if args.smoke else args.dataset

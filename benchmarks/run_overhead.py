@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib.launch import jaxmnist_command
+from benchlib.launch import add_code_copies, code_copies, jaxmnist_command
 from benchlib.results import SMOKE_HELP, default_out, save_benchmark
 
 GOAL_REPORT_SECONDS = 0.5
@@ -87,13 +87,7 @@ def one_run(cmd: list[str], env: dict, cwd: str | None = None) -> dict:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rounds", type=int, default=3, help="pairs of runs (default 3)")
-    p.add_argument(
-        "--pythonpath",
-        action="append",
-        default=[],
-        metavar="DIR",
-        help="also run the code in DIR (put first on PYTHONPATH), side by side; repeatable",
-    )
+    add_code_copies(p, "run")
     p.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     p.add_argument("--out", type=Path, help="default benchmarks/results/run_overhead.json")
     args = p.parse_args(argv)
@@ -101,8 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     if not (args.smoke or os.environ.get("JAXMNIST_DATA_DIR")):
         sys.exit("set JAXMNIST_DATA_DIR to the folder holding mnist/ (no download here)")
     load_before = os.getloadavg()
-    here = str(Path(__file__).resolve().parent.parent)
-    codes = {"this": here, **{f"pythonpath:{d}": str(Path(d).resolve()) for d in args.pythonpath}}
+    codes = code_copies(args)
     rounds = 1 if args.smoke else args.rounds
     runs: dict = {code: {"report": [], "no_report": []} for code in codes}
     with tempfile.TemporaryDirectory(prefix="run-overhead-") as work:

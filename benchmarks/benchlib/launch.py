@@ -1,14 +1,17 @@
 """How a benchmark starts `jaxmnist` in a child process, on the real data or, for
 `--smoke`, on a tiny generated dataset the child registers first (as "tiny", written
-under a folder the caller names), so that a smoke run exercises the same command line.
+under a folder the caller names), so that a smoke run exercises the same command line;
+and which copies of the code it runs side by side (`--pythonpath DIR`).
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
 SMOKE_LAUNCH = """\
+import argparse
 import sys
 from pathlib import Path
 from jaxmnist.cli import main
@@ -27,3 +30,23 @@ def jaxmnist_command(smoke: bool, work: Path) -> tuple[list[str], list[str]]:
         return [sys.executable, "-m", "jaxmnist"], []
     data = str(work / "data")
     return [sys.executable, "-c", SMOKE_LAUNCH, data], ["--dataset", "tiny", "--data-dir", data]
+
+
+def add_code_copies(parser: argparse.ArgumentParser, what: str) -> None:
+    """`--pythonpath DIR` (repeatable): also `what` with the code in DIR, side by side
+    (e.g. `git archive OLD jaxmnist` unpacked in DIR)."""
+    parser.add_argument(
+        "--pythonpath",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help=f"also {what} with the code in DIR (put first on PYTHONPATH), side by side; "
+        "repeatable",
+    )
+
+
+def code_copies(args: argparse.Namespace) -> dict[str, str]:
+    """{name: folder to put first on PYTHONPATH}: this checkout ("this"), then each
+    `--pythonpath` folder ("pythonpath:DIR")."""
+    here = str(Path(__file__).resolve().parents[2])
+    return {"this": here, **{f"pythonpath:{d}": str(Path(d).resolve()) for d in args.pythonpath}}
