@@ -96,9 +96,9 @@ class _Uncompressed:
     does more than `max_size` bytes of output."""
 
     def __init__(self, f, max_size: int, source: object):
-        self.gzipped = f.read(2) == GZIP_MAGIC
+        gzipped = f.read(2) == GZIP_MAGIC
         f.seek(0)
-        self.stream = gzip.GzipFile(fileobj=f, mode="rb") if self.gzipped else f
+        self.stream = gzip.GzipFile(fileobj=f, mode="rb") if gzipped else f
         self.max_size, self.source, self.total = max_size, source, 0
 
     def read(self, n: int) -> bytes:
