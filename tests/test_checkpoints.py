@@ -10,6 +10,7 @@ the first of each program compiles.
 
 import dataclasses
 import json
+import logging
 import os
 import shutil
 import signal
@@ -671,3 +672,17 @@ def test_an_interrupted_saves_temporary_folder_is_removed_when_the_run_goes_on(
     assert not any(p.exists() for p in leftovers)
     assert sorted(p.name for p in folder.iterdir()) == ["40", "60", "80"]
     assert checkpoint.remove_unfinished(folder) == []
+
+
+def test_after_a_failed_restore_asyncio_keeps_quiet_only_about_orbax_tasks(caplog):
+    """Orbax's sibling reads of a damaged checkpoint fail the same way, unawaited: asyncio
+    would log each when it is collected, after the one-line warning said it all."""
+    checkpoint._quiet_abandoned_writes()
+    log = logging.getLogger("asyncio")
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        log.error(
+            "Task exception was never retrieved\nfuture: <Task finished coro=<async_deserialize()"
+            " done, defined at /venv/site-packages/orbax/checkpoint/_src/serialization.py:394>>"
+        )
+        log.error("Task exception was never retrieved\nfuture: <Task finished coro=<mine()>>")
+    assert [r.getMessage().split("coro=")[1] for r in caplog.records] == ["<mine()>>"]

@@ -344,9 +344,14 @@ def _quiet_abandoned_writes() -> None:
     """After a failed save or restore, Orbax's other in-flight TensorStore writes or
     reads still finish and call back into the event loop the failed call already
     closed; Python reports each as an unraisable "Event loop is closed" traceback on
-    stderr. The failure is reported in one line (`_write_error`, the damaged-checkpoint
-    warning): those echoes of it are dropped, and every other unraisable exception
-    still goes to the previous hook."""
+    stderr, and asyncio logs each of Orbax's tasks that failed the same way, unawaited,
+    as "Task exception was never retrieved" when it is collected. The failure is
+    reported in one line (`_write_error`, the damaged-checkpoint warning): those echoes
+    of it are dropped, and every other unraisable exception and asyncio record still
+    goes where it went."""
+    asyncio_log = logging.getLogger("asyncio")
+    if _orbax_task_echo not in asyncio_log.filters:
+        asyncio_log.addFilter(_orbax_task_echo)
     previous = sys.unraisablehook
 
     def hook(unraisable) -> None:
@@ -357,6 +362,13 @@ def _quiet_abandoned_writes() -> None:
 
     if getattr(previous, "__name__", "") != "hook":
         sys.unraisablehook = hook
+
+
+def _orbax_task_echo(record: logging.LogRecord) -> bool:
+    """False (drop it) for asyncio's record of an Orbax task whose exception was never
+    retrieved (`_quiet_abandoned_writes`)."""
+    text = record.getMessage()
+    return not (text.startswith("Task exception was never retrieved") and "/orbax/" in text)
 
 
 def _warn(message: str) -> None:
