@@ -3,8 +3,10 @@
 Tests that need a real separate process (several processes of one distributed
 run, a process killed with SIGKILL) run `python tests/run_tiny_cli.py ARGS...`:
 the dataset `tiny` (tests/conftest.py's learnable arrays, deterministic) is
-registered before `jaxmnist.cli.main(ARGS)` runs, so `--dataset tiny --data-dir
-DIR` finds the files a fixture wrote to DIR.
+registered before the command runs, so `--dataset tiny --data-dir DIR` finds the
+files a fixture wrote to DIR. It ends as the `jaxmnist` command does (`cli.run`:
+no interpreter teardown), so what these tests see at the end of a process is what
+users get.
 """
 
 import sys
@@ -14,9 +16,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from conftest import learnable_arrays
 
-from jaxmnist.cli import main
+from jaxmnist import cli
 from jaxmnist.data import registry, synthetic
 
 if __name__ == "__main__":
     registry.DATASETS["tiny"] = synthetic.tiny_spec(learnable_arrays(), name="tiny")
-    sys.exit(main(sys.argv[1:]))
+    cli.run()  # main(sys.argv[1:]), then the command's own exit
