@@ -11,11 +11,13 @@ import pytest
 from jaxmnist import cli
 from jaxmnist import config as config_lib
 from jaxmnist.profiling import breakdown as breakdown_lib
+from jaxmnist.profiling import flops as flops_lib
 from jaxmnist.profiling.classify import OpEvent, read_hlo
 from jaxmnist.profiling.run import profile_config
 
 # A module as `Compiled.as_text()` prints one: a stack-frame table (XLA prints each
-# frame's parent one above its id), fusions and what they call, a oneDNN custom call.
+# frame's parent one above its id), fusions and what they call, oneDNN's custom calls
+# (each dot's $DOT: its dimension numbers; $ONEDNN: the targets' common prefix).
 HLO = """HloModule jit_step, is_scheduled=true
 
 FileNames
@@ -56,7 +58,7 @@ StackFrames
 %fused_computation.1 (param_0.1: f32[4,4], param_1.1: f32[4,4]) -> f32[4,4] {
   %param_0.1 = f32[4,4]{1,0} parameter(0)
   %param_1.1 = f32[4,4]{1,0} parameter(1)
-  ROOT %dot.9 = f32[4,4]{1,0} dot(%param_0.1, %param_1.1)
+  ROOT %dot.9 = f32[4,4]{1,0} dot(%param_0.1, %param_1.1), $DOT
 }
 
 %fused_computation.2 (param_0.2: f32[4]) -> f32[4] {
@@ -81,11 +83,15 @@ ENTRY %main (a: f32[4,4], b: f32[4,4], x: f32[1,8,8,1], w: f32[3,3,1,2], v: f32[
   %x = f32[1,8,8,1]{3,2,1,0} parameter(2)
   %w = f32[3,3,1,2]{3,2,1,0} parameter(3)
   %v = f32[4]{0} parameter(4)
-  %dot.1 = f32[4,4]{1,0} dot(%a, %b), metadata={op_name="d" stack_frame_id=1}
-  %dot.2 = f32[4,4]{1,0} dot(%a, %b), metadata={op_name="d" stack_frame_id=2}
-  %dot.3 = f32[4,4]{1,0} dot(%a, %b), metadata={op_name="d" stack_frame_id=5}
+  %dot.1 = f32[4,4]{1,0} dot(%a, %b), $DOT, metadata={op_name="d" stack_frame_id=1}
+  %dot.2 = f32[4,4]{1,0} dot(%a, %b), $DOT, metadata={op_name="d" stack_frame_id=2}
+  %dot.3 = f32[4,4]{1,0} dot(%a, %b), $DOT, metadata={op_name="d" stack_frame_id=5}
   %convolution.1 = f32[1,8,8,2]{3,2,1,0} convolution(%x, %w), dim_labels=b01f_01io->b01f
-  %ffi_call.1 = f32[1,8,8,2] custom-call(%x, %w), custom_call_target="jaxmnist_onednn_conv_forward"
+  %ffi_call.1 = f32[1,8,8,2] custom-call(%x, %w), custom_call_target="$ONEDNN_forward"
+  %y = f32[1,8,8,2]{3,2,1,0} negate(%convolution.1)
+  %ffi_call.2 = f32[1,8,8,1] custom-call(%y, %w), custom_call_target="$ONEDNN_backward_data"
+  %ffi_call.3 = f32[3,3,1,2] custom-call(%x, %y), custom_call_target="$ONEDNN_backward_weights"
+  %gemm.1 = f32[4,4]{1,0} custom-call(%a, %b), custom_call_target="__cublas$gemm"
   %ynn_fusion.1 = f32[4,4]{1,0} fusion(%a, %b), kind=kCustom, calls=%fused_computation.1
   %multiply_add_fusion = f32[4] fusion(%v, %v), calls=%fused_computation, metadata={op_name="a"}
   %sqrt_fusion = f32[4]{0} fusion(%v), kind=kLoop, calls=%fused_computation.2
@@ -95,7 +101,9 @@ ENTRY %main (a: f32[4,4], b: f32[4,4], x: f32[1,8,8,1], w: f32[3,3,1,2], v: f32[
   %while.1 = (s32[], f32[4]{0}) while(%t0), condition=%body, body=%body
   ROOT %add.2 = f32[4]{0} add(%v, %v)
 }
-"""
+""".replace("$DOT", "lhs_contracting_dims={1}, rhs_contracting_dims={0}").replace(
+    "$ONEDNN", "jaxmnist_onednn_conv"
+)
 
 KNOWN = {
     "dot.1": "matmul",
@@ -104,6 +112,9 @@ KNOWN = {
     "dot.3": "conv_im2col",  # a shared matmul helper, called by conv.py (frame 5's parent)
     "convolution.1": "conv_xla",
     "ffi_call.1": "conv_onednn",
+    "ffi_call.2": "conv_onednn",
+    "ffi_call.3": "conv_onednn",
+    "gemm.1": "matmul",
     "multiply_add_fusion": "elementwise",
     "add.2": "elementwise",
     "log_fusion": "elementwise",  # the loss is Optax's too, but not its update
@@ -153,20 +164,99 @@ def test_busy_time_is_shared_and_the_rest_is_host_overhead():
     assert sum(r["share"] for r in table["rows"]) == pytest.approx(1.0)
 
 
-def test_flops_go_to_the_one_arithmetic_kind_and_never_to_several():
+# FLOPs of the module's arithmetic, by hand: a 4x4 @ 4x4 dot is 2*16*4; the 3x3
+# convolution from 1 to 2 channels on 8x8 is 2 * (8*8*2 outputs) * (3*3*1 terms) each,
+# and each of oneDNN's three calls computes the same convolution.
+FLOPS = {
+    "dot.1": 128.0,
+    "ynn_fusion.1": 128.0,  # the dot in its body
+    "convolution.1": 2304.0,
+    "ffi_call.1": 2304.0,
+    "ffi_call.2": 2304.0,
+    "ffi_call.3": 2304.0,
+    "multiply_add_fusion": 0.0,
+    "copy.1": 0.0,
+    "gemm.1": None,  # a GEMM library call: its shapes alone do not say what it computes
+}
+
+
+def test_instructions_keep_their_shapes_and_operands():
+    ins = read_hlo(HLO).instructions
+    assert ins["dot.9"].shape == (4, 4) and ins["dot.9"].operands == ("param_0.1", "param_1.1")
+    assert ins["ffi_call.3"].shape == (3, 3, 1, 2)
+    assert ins["while.1"].shape is None  # a tuple
+    assert "dim_labels=b01f_01io->b01f" in ins["convolution.1"].attributes
+
+
+@pytest.mark.parametrize("name", FLOPS)
+def test_arithmetic_is_counted_from_the_program(name):
+    assert flops_lib.count(name, read_hlo(HLO)) == FLOPS[name]
+
+
+def test_each_arithmetic_kind_gets_its_own_flops():
+    """A dot of 128 FLOPs in 50 ns and a convolution of 2304 in 25 ns, the convolution
+    run twice with one run half outside the window; 2 steps."""
+    index, window = read_hlo(HLO), (0, 100)
+    ops = [
+        OpEvent("dot.1", 0, 50),
+        OpEvent("ffi_call.1", 50, 75),
+        OpEvent("ffi_call.1", 90, 110),  # half of it inside: half its FLOPs
+    ]
+    kw = {"wall_seconds": 1e-7, "steps": 2, "flops_per_step": 999.0, "peak_flops_per_second": 1e9}
+    table = breakdown_lib.breakdown(ops, index, window, **kw)
+    rows = {r["kind"]: r for r in table["rows"]}
+    assert rows["matmul"]["flops_per_step"] == pytest.approx(64.0)
+    assert rows["conv_onednn"]["flops_per_step"] == pytest.approx(1.5 * 2304 / 2)
+    seconds = rows["conv_onednn"]["seconds_per_step"]
+    assert rows["conv_onednn"]["flops_per_second"] == pytest.approx(1.5 * 2304 / 2 / seconds)
+    assert rows["elementwise"]["flops_per_second"] is None
+    together = table["arithmetic_together"]
+    assert together["flops_from"] == "program"
+    assert table["program_flops_per_step"] == pytest.approx(64.0 + 1.5 * 2304 / 2)
+    assert together["flops_per_step"] == table["program_flops_per_step"]
+    assert table["flops_per_step"] == 999.0  # the model's, kept beside
+    assert "counted in the compiled program" in breakdown_lib.format_table(table)
+
+
+def test_an_uncountable_kind_falls_back_to_the_models_count_only_when_alone():
     index, window = read_hlo(HLO), (0, 100)
     kw = {"wall_seconds": 1e-7, "steps": 1, "flops_per_step": 50.0, "peak_flops_per_second": 1e9}
-    alone = breakdown_lib.breakdown([OpEvent("dot.1", 0, 50)], index, window, **kw)
+    alone = breakdown_lib.breakdown([OpEvent("gemm.1", 0, 50)], index, window, **kw)
     rows = {r["kind"]: r for r in alone["rows"]}
     assert rows["matmul"]["flops_per_second"] == pytest.approx(1e9)
     assert rows["matmul"]["fraction_of_peak"] == pytest.approx(1.0)
-    assert rows["elementwise"]["flops_per_second"] is None
     both = breakdown_lib.breakdown(
-        [OpEvent("dot.1", 0, 25), OpEvent("convolution.1", 25, 50)], index, window, **kw
+        [OpEvent("gemm.1", 0, 25), OpEvent("convolution.1", 25, 50)], index, window, **kw
     )
-    assert all(r["flops_per_second"] is None for r in both["rows"])
+    rows = {r["kind"]: r for r in both["rows"]}
+    assert rows["matmul"]["flops_per_second"] is None  # never a guess
+    assert rows["conv_xla"]["flops_per_step"] == pytest.approx(2304.0)
+    assert both["arithmetic_together"]["flops_from"] == "model"
     assert both["arithmetic_together"]["flops_per_second"] == pytest.approx(1e9)
     assert "—" in breakdown_lib.format_table(both)
+
+
+def test_a_compiled_programs_flops_are_its_shapes():
+    """XLA's own dot and convolution, compiled here: the count is the textbook one."""
+    x = jax.ShapeDtypeStruct((8, 12, 12, 3), "float32")
+    w = jax.ShapeDtypeStruct((5, 5, 3, 4), "float32")
+    a = jax.ShapeDtypeStruct((16, 48), "float32")
+    b = jax.ShapeDtypeStruct((48, 32), "float32")
+
+    def f(x, w, a, b):
+        y = jax.lax.conv_general_dilated(
+            x, w, (1, 1), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC")
+        )
+        return y.sum() + (a @ b).sum()
+
+    index = read_hlo(jax.jit(f).lower(x, w, a, b).compile().as_text())
+    counted = {
+        ins.opcode: flops_lib.count(name, index)
+        for name, ins in index.instructions.items()
+        if ins.opcode in ("dot", "convolution")
+    }
+    assert counted["dot"] == 2 * 16 * 32 * 48
+    assert counted["convolution"] == 2 * (8 * 8 * 8 * 4) * (5 * 5 * 3)
 
 
 @pytest.fixture(scope="module")
@@ -190,6 +280,15 @@ def test_the_trace_opens_with_the_profilers_own_reader(tiny_profile):
     with gzip.open(out / table["perfetto"]) as f:
         assert json.load(f)["traceEvents"]
     assert json.loads((out / "profile.json").read_text()) == json.loads(json.dumps(table))
+
+
+def test_the_programs_count_of_an_mlp_is_the_models(tiny_profile):
+    """For an MLP both counts are the dense layers' matmuls, forward and backward without
+    the first layer's input gradient: counted two ways, they agree."""
+    _, table = tiny_profile
+    rows = {r["kind"]: r for r in table["rows"]}
+    assert table["program_flops_per_step"] == pytest.approx(table["flops_per_step"], rel=1e-6)
+    assert rows["matmul"]["flops_per_step"] == table["program_flops_per_step"]
 
 
 def test_the_shares_add_up_to_the_measured_step_time(tiny_profile):

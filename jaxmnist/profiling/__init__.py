@@ -3,7 +3,8 @@ a step's time goes.
 
 Modules: `trace` (capturing the trace of N steps, reading its operations back with
 JAX's reader), `classify` (what each HLO instruction of the step is: matmul,
-convolution by formulation, elementwise, optimizer update, copies), `breakdown`
+convolution by formulation, elementwise, optimizer update, copies), `flops` (the
+FLOPs of each matmul and convolution, from its shapes), `breakdown`
 (the measured time split by kind, FLOP/s and fraction of the measured peak; the
 terminal table), `run` (`profile_population`, `profile_config`: the recipe, and
 profile.json), `callback` (`train --profile-steps`), `page` (the table as an HTML

@@ -9,13 +9,16 @@ N steps) is split so that the shares add up to it exactly:
 - what is left, the window minus the busy time, is host overhead between calls
   and operations: dispatch, the loop's control, waiting, the profiler itself.
 
-FLOPs come from the model family's analytic count (`flops_per_example`, the
-figure `jaxmnist bench` uses for MFU), which is matmul FLOPs of dense and
-convolution layers together. When one kind of arithmetic ran (an MLP's matmuls)
-it gets them all, and with them an achieved FLOP/s and a fraction of the
-measured peak; when several did (a CNN's convolutions and its dense head) the
-count cannot be split honestly, so those rows say "—" and the table gives the
-figure for the arithmetic kinds together. Kinds that are not arithmetic say "—".
+Each arithmetic kind's FLOPs are counted from the compiled program (`flops`: every
+timed matmul and convolution by its shapes, the part of it inside the window), so
+a CNN's convolutions and its dense head each get an achieved FLOP/s and a fraction
+of the measured peak. Where the program's count is unknown (a library call it
+cannot read) and one kind of arithmetic ran, that kind gets the model family's
+analytic count (`flops_per_example`, the figure `jaxmnist bench` uses for MFU)
+instead; otherwise the row says "—". The arithmetic kinds together get the sum,
+beside the analytic count, which leaves out what a step computes beyond the
+model's layers and counts what it skips (the first layer's input gradient).
+Kinds that are not arithmetic say "—".
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import os
 from collections import defaultdict
 from pathlib import Path
 
+from jaxmnist.profiling import flops as flops_lib
 from jaxmnist.profiling.classify import ARITHMETIC, KINDS, LABELS, HloIndex, OpEvent
 
 PROFILE_JSON = "profile.json"  # the table, beside the trace: the report and bench.html read it
@@ -69,31 +73,39 @@ def breakdown(
     peak_flops_per_second: float | None,
 ) -> dict:
     """The table as a JSON-ready dict: `rows` (kind, label, seconds_per_step, share,
-    flops_per_second, fraction_of_peak; None where unknown) in KINDS order then host
-    overhead, `arithmetic_together` where the FLOPs span several kinds, `top_ops`."""
+    flops_per_step, flops_per_second, fraction_of_peak; None where unknown) in KINDS
+    order then host overhead, `arithmetic_together` where several arithmetic kinds ran,
+    `top_ops`. `flops_per_step`: the model's analytic count, every member's step."""
     timed = [(e.start_ns, e.end_ns, index.kind(e.name), e.name) for e in ops]
     timed = [t for t in timed if t[2] is not None]
     per_kind = attribute([(a, b, k) for a, b, k, _ in timed], *window)
     per_op = attribute([(a, b, n) for a, b, _, n in timed], *window)
+    counted = program_flops(timed, index, window)
     wall_ns = wall_seconds * 1e9
     busy = sum(per_kind.values())
     # The annotation's window sits inside the perf_counter window; the rest is host time.
     host_ns = max(wall_ns - busy, 0.0)
     total = busy + host_ns
     ran = [k for k in ARITHMETIC if per_kind.get(k, 0) > 0]
+    kind_flops = {k: None if counted[k] is None else counted[k] / steps for k in ran}
+    if len(ran) == 1 and kind_flops[ran[0]] is None:
+        kind_flops[ran[0]] = flops_per_step  # the program's count unknown: the model's
     rows = []
     for kind in KINDS:
         ns = per_kind.get(kind, 0.0)
         if not ns and kind not in ("elementwise", "optimizer", "copies", "other"):
             continue  # a formulation this step does not use
-        flops = flops_per_step if (kind in ran and len(ran) == 1) else None
+        flops = kind_flops.get(kind)
         rows.append(_row(kind, LABELS[kind], ns, total, steps, flops, peak_flops_per_second))
     rows.append(_row(HOST, HOST_LABEL, host_ns, total, steps, None, None))
+    known = [kind_flops[k] for k in ran]
+    program = sum(known) if ran and None not in known else None
     together = None
-    if len(ran) > 1 and flops_per_step:
+    if len(ran) > 1 and (program or flops_per_step):
         ns = sum(per_kind[k] for k in ran)
         together = _row("arithmetic", "matmuls and convolutions together", ns, total, steps,
-                        flops_per_step, peak_flops_per_second)  # fmt: skip
+                        program or flops_per_step, peak_flops_per_second)  # fmt: skip
+        together["flops_from"] = "program" if program else "model"
     top = sorted(per_op.items(), key=lambda kv: -kv[1])[:10]
     kinds = {n: k for _, _, k, n in timed}
     return {
@@ -102,6 +114,7 @@ def breakdown(
         "step_seconds": wall_seconds / steps,
         "busy_seconds": busy / 1e9,
         "flops_per_step": flops_per_step,
+        "program_flops_per_step": program,
         "peak_flops_per_second": peak_flops_per_second,
         "rows": rows,
         "arithmetic_together": together,
@@ -109,6 +122,26 @@ def breakdown(
             {"name": n, "kind": kinds[n], "seconds_per_step": ns / 1e9 / steps} for n, ns in top
         ],
     }
+
+
+def program_flops(timed, index: HloIndex, window: tuple[int, int]) -> dict:
+    """Arithmetic kind -> FLOPs the program performed in `window`, from the timed
+    operations `timed` ((start_ns, end_ns, kind, name)), each counted by its part inside
+    the window; None for a kind one of whose operations cannot be counted."""
+    start, end = window
+    out: dict = dict.fromkeys(ARITHMETIC, 0.0)
+    cache: dict = {}
+    for a, b, kind, name in timed:
+        if kind not in out or out[kind] is None:
+            continue
+        inside = min(b, end) - max(a, start)
+        part = inside / (b - a) if b > a else float(start <= a <= end)
+        if part <= 0:
+            continue
+        if name not in cache:
+            cache[name] = flops_lib.count(name, index)
+        out[kind] = None if cache[name] is None else out[kind] + part * cache[name]
+    return out
 
 
 def _row(kind, label, ns, total, steps, flops, peak) -> dict:
@@ -174,7 +207,13 @@ def notes(table: dict) -> list[str]:
         out.append(
             f"matmuls and convolutions together: {t['flops_per_second'] / 1e9:,.1f} GFLOP/s"
             + (f", {peak:.1%} of peak" if peak is not None else "")
-            + " (the model's FLOP count does not split by kind)"
+            + (" (the model's analytic FLOPs)" if t.get("flops_from") == "model" else "")
+        )
+    program, model = table.get("program_flops_per_step"), table.get("flops_per_step")
+    if program and model:
+        out.append(
+            f"FLOPs per step: {program / 1e9:,.3f} G counted in the compiled program, "
+            f"{model / 1e9:,.3f} G in the model's analytic count"
         )
     if table.get("peak_flops_per_second"):
         out.append(

@@ -90,7 +90,8 @@ COLLECTIVE = re.compile(r"^(all-reduce|all-gather|reduce-scatter|all-to-all|coll
 OTHER = {"sort", "rng", "rng-bit-generator", "rng-get-and-update-state", "custom-call", "fft"}
 
 # "%name = type opcode(" with an optional ROOT; a type may be a tuple holding spaces.
-_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*.*?\s([a-z][\w\-]*)\(")
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*?)\s([a-z][\w\-]*)\(")
+_ARRAY = re.compile(r"^[a-z]\w*\[([\d,]*)\]")  # an array type's dimensions: f32[256,128]{1,0}
 _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")  # unindented
 _CALLS = re.compile(r"\bcalls=(?:\{([^}]*)\}|(%?[\w.\-]+))")
 _TARGET = re.compile(r'custom_call_target="([^"]*)"')
@@ -113,6 +114,9 @@ class Instruction(NamedTuple):
     target: str  # custom_call_target, "" when none
     calls: tuple[str, ...]  # called computations (a fusion's body)
     sources: tuple[str, ...]  # source files on its stack, innermost first
+    shape: tuple[int, ...] | None = None  # its result's dimensions; None: not an array
+    operands: tuple[str, ...] = ()  # the instructions it reads, by name
+    attributes: str = ""  # what follows its operands (dimension numbers, layouts, ...)
 
 
 class HloIndex(NamedTuple):
@@ -140,7 +144,8 @@ def read_hlo(*texts: str) -> HloIndex:
         for line in body:
             m = _INSTRUCTION.match(line)
             if m and current is not None:
-                name, opcode = m.groups()
+                name, result, opcode = m.groups()
+                operands, attributes = _operands(line, m.end())
                 calls = _CALLS.search(line)
                 target = _TARGET.search(line)
                 frame = _FRAME.search(line)
@@ -151,8 +156,19 @@ def read_hlo(*texts: str) -> HloIndex:
                 called = calls.group(calls.lastindex).split(",") if calls else ()
                 called = tuple(c.strip().lstrip("%") for c in called)
                 computations[current].append(name)
+                array = _ARRAY.match(result)
+                shape = tuple(int(d) for d in array.group(1).split(",") if d) if array else None
                 instructions.setdefault(
-                    name, Instruction(opcode, target.group(1) if target else "", called, sources)
+                    name,
+                    Instruction(
+                        opcode,
+                        target.group(1) if target else "",
+                        called,
+                        sources,
+                        shape,
+                        operands,
+                        attributes,
+                    ),
                 )
                 continue
             c = _COMPUTATION.match(line)
@@ -162,6 +178,26 @@ def read_hlo(*texts: str) -> HloIndex:
             elif line.startswith("}"):
                 current = None
     return HloIndex(instructions, computations)
+
+
+def _operands(line: str, start: int) -> tuple[tuple[str, ...], str]:
+    """The operand names of the instruction whose operand list opens at `line[start]`
+    (each printed as `%name`, or `type %name`), and the text after the list."""
+    depth, end = 1, start
+    while end < len(line) and depth:
+        depth += {"(": 1, ")": -1}.get(line[end], 0)
+        end += 1
+    names, part, depth = [], [], 0
+    for ch in line[start : end - 1] + ",":
+        depth += {"(": 1, "[": 1, "{": 1, ")": -1, "]": -1, "}": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            token = "".join(part).split()
+            if token:
+                names.append(token[-1].lstrip("%"))
+            part = []
+        else:
+            part.append(ch)
+    return tuple(names), line[end:]
 
 
 def _tables(text: str) -> tuple[dict, list[str]]:

@@ -6,8 +6,8 @@ training, `callback.ProfileSteps`) and by `bench --profile-steps`. It traces N
 steps of the population's own compiled program (`trace.capture`), indexes the
 program's optimized HLO (`classify.read_hlo`), reads the operations back from the
 trace with JAX's reader, and splits the measured time by kind (`breakdown`). The
-FLOPs are the model family's analytic count and the peak is `jaxmnist bench`'s
-measured matmul peak (`bench.peak`), so the figures agree with the benchmark's MFU.
+FLOPs are counted from the program (`flops`), beside the model family's analytic
+count, and the peak is `jaxmnist bench`'s measured matmul peak (`bench.peak`).
 The table is written to profile.json beside the trace; the report and bench.html
 read it from there.
 """
@@ -33,8 +33,9 @@ from jaxmnist.training.loop import place_train_data, train_population
 from jaxmnist.training.population import seed_members
 
 FLOPS_NOTE = (
-    "the model's analytic matmul FLOPs of dense and convolution layers, forward and "
-    "backward (as `jaxmnist bench`), per step of every member"
+    "each kind's matmuls and convolutions counted from the compiled program's shapes, "
+    "per step of every member (the model's analytic count, as `jaxmnist bench` uses, "
+    "where the program's cannot be counted)"
 )
 
 
