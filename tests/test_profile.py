@@ -15,10 +15,17 @@ from jaxmnist.profiling import flops as flops_lib
 from jaxmnist.profiling.classify import OpEvent, read_hlo
 from jaxmnist.profiling.run import profile_config
 
+# A cuBLAS GEMM's backend config as a GPU's optimized HLO prints it (abridged).
+GEMM_CONFIG = (
+    'backend_config={"gemm_backend_config":{"alpha_real":1,"beta":0,"dot_dimension_numbers":'
+    '{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"],'
+    '"lhs_batch_dimensions":[],"rhs_batch_dimensions":[]},"epilogue":"DEFAULT"}}'
+)
 # A module as `Compiled.as_text()` prints one: a stack-frame table (XLA prints each
 # frame's parent one above its id), fusions and what they call, oneDNN's custom calls
 # (each dot's $DOT: its dimension numbers; $ONEDNN: the targets' common prefix).
-HLO = """HloModule jit_step, is_scheduled=true
+HLO = (
+    """HloModule jit_step, is_scheduled=true
 
 FileNames
 1 "/x/jaxmnist/training/step.py"
@@ -92,6 +99,7 @@ ENTRY %main (a: f32[4,4], b: f32[4,4], x: f32[1,8,8,1], w: f32[3,3,1,2], v: f32[
   %ffi_call.2 = f32[1,8,8,1] custom-call(%y, %w), custom_call_target="$ONEDNN_backward_data"
   %ffi_call.3 = f32[3,3,1,2] custom-call(%x, %y), custom_call_target="$ONEDNN_backward_weights"
   %gemm.1 = f32[4,4]{1,0} custom-call(%a, %b), custom_call_target="__cublas$gemm"
+  %gemm.2 = (f32[4,4]{1,0}, s8[8]{0}) custom-call(%a, %b), custom_call_target="__cublas$gemm", $GEMM
   %ynn_fusion.1 = f32[4,4]{1,0} fusion(%a, %b), kind=kCustom, calls=%fused_computation.1
   %multiply_add_fusion = f32[4] fusion(%v, %v), calls=%fused_computation, metadata={op_name="a"}
   %sqrt_fusion = f32[4]{0} fusion(%v), kind=kLoop, calls=%fused_computation.2
@@ -101,8 +109,9 @@ ENTRY %main (a: f32[4,4], b: f32[4,4], x: f32[1,8,8,1], w: f32[3,3,1,2], v: f32[
   %while.1 = (s32[], f32[4]{0}) while(%t0), condition=%body, body=%body
   ROOT %add.2 = f32[4]{0} add(%v, %v)
 }
-""".replace("$DOT", "lhs_contracting_dims={1}, rhs_contracting_dims={0}").replace(
-    "$ONEDNN", "jaxmnist_onednn_conv"
+""".replace("$DOT", "lhs_contracting_dims={1}, rhs_contracting_dims={0}")
+    .replace("$ONEDNN", "jaxmnist_onednn_conv")
+    .replace("$GEMM", GEMM_CONFIG)
 )
 
 KNOWN = {
@@ -115,6 +124,7 @@ KNOWN = {
     "ffi_call.2": "conv_onednn",
     "ffi_call.3": "conv_onednn",
     "gemm.1": "matmul",
+    "gemm.2": "matmul",
     "multiply_add_fusion": "elementwise",
     "add.2": "elementwise",
     "log_fusion": "elementwise",  # the loss is Optax's too, but not its update
@@ -176,7 +186,8 @@ FLOPS = {
     "ffi_call.3": 2304.0,
     "multiply_add_fusion": 0.0,
     "copy.1": 0.0,
-    "gemm.1": None,  # a GEMM library call: its shapes alone do not say what it computes
+    "gemm.1": None,  # a GEMM call without its dimension numbers: not known
+    "gemm.2": 128.0,  # one with them, its product the first array of its result
 }
 
 
@@ -185,6 +196,7 @@ def test_instructions_keep_their_shapes_and_operands():
     assert ins["dot.9"].shape == (4, 4) and ins["dot.9"].operands == ("param_0.1", "param_1.1")
     assert ins["ffi_call.3"].shape == (3, 3, 1, 2)
     assert ins["while.1"].shape is None  # a tuple
+    assert ins["gemm.2"].shape is None and ins["gemm.2"].first == (4, 4)
     assert "dim_labels=b01f_01io->b01f" in ins["convolution.1"].attributes
 
 

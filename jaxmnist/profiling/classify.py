@@ -115,6 +115,7 @@ class Instruction(NamedTuple):
     calls: tuple[str, ...]  # called computations (a fusion's body)
     sources: tuple[str, ...]  # source files on its stack, innermost first
     shape: tuple[int, ...] | None = None  # its result's dimensions; None: not an array
+    first: tuple[int, ...] | None = None  # those of its result's first array (a tuple's too)
     operands: tuple[str, ...] = ()  # the instructions it reads, by name
     attributes: str = ""  # what follows its operands (dimension numbers, layouts, ...)
 
@@ -156,8 +157,7 @@ def read_hlo(*texts: str) -> HloIndex:
                 called = calls.group(calls.lastindex).split(",") if calls else ()
                 called = tuple(c.strip().lstrip("%") for c in called)
                 computations[current].append(name)
-                array = _ARRAY.match(result)
-                shape = tuple(int(d) for d in array.group(1).split(",") if d) if array else None
+                shape, first = _dims(result), _dims(result.lstrip("("))
                 instructions.setdefault(
                     name,
                     Instruction(
@@ -166,6 +166,7 @@ def read_hlo(*texts: str) -> HloIndex:
                         called,
                         sources,
                         shape,
+                        first,
                         operands,
                         attributes,
                     ),
@@ -178,6 +179,12 @@ def read_hlo(*texts: str) -> HloIndex:
             elif line.startswith("}"):
                 current = None
     return HloIndex(instructions, computations)
+
+
+def _dims(text: str) -> tuple[int, ...] | None:
+    """The dimensions of the array type `text` begins with, or None."""
+    array = _ARRAY.match(text)
+    return tuple(int(d) for d in array.group(1).split(",") if d) if array else None
 
 
 def _operands(line: str, start: int) -> tuple[tuple[str, ...], str]:

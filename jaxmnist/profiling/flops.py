@@ -8,13 +8,16 @@ as everywhere in jaxmnist):
 
     dot           2 x the result's elements x the lhs's contracting dimensions
     convolution   2 x the result's elements x the kernel's elements per output feature
+    cuBLAS GEMM   a dot, its dimension numbers in its backend config (a GPU's matmuls;
+                  the result a tuple whose first array is the product)
     oneDNN calls  the same convolution for each of the three (`models/onednn.py`):
                   forward, input gradient, weight gradient, on NHWC activations and
                   HWIO kernels, behind any leading (vmapped) dimensions
 
-A fusion performs what its body does. What this cannot count (XLA's convolutions
-with `batch_group_count`, a library's GEMM custom call on an accelerator) is None,
-and so is anything that holds one: a figure is never a guess. Elementwise work is
+A fusion performs what its body does (a GPU's Triton GEMMs are fusions around a
+dot). What this cannot count (XLA's convolutions with `batch_group_count`, cuDNN's
+convolution calls, a GEMM call without dimension numbers) is None, and so is
+anything that holds one: a figure is never a guess. Elementwise work is
 not counted: the table gives FLOP/s for the matmuls and convolutions only.
 """
 
@@ -28,6 +31,8 @@ from jaxmnist.profiling.classify import CONV_TARGET, GEMM_TARGET, ONEDNN_PREFIX,
 _CONTRACTING = re.compile(r"\blhs_contracting_dims=\{([\d,]*)\}")
 _DIM_LABELS = re.compile(r"\bdim_labels=\w+_(\w+)->")
 _BATCH_GROUPS = re.compile(r"\bbatch_group_count=(\d+)")
+# In a GEMM call's backend config (JSON, printed quoted or not): "lhs_contracting_dimensions":["1"]
+_GEMM_CONTRACTING = re.compile(r'\\?"?lhs_contracting_dimensions\\?"?:\[([^\]]*)\]')
 
 
 def count(name: str, index: HloIndex) -> float | None:
@@ -57,12 +62,7 @@ def _shape(name: str, index: HloIndex) -> tuple[int, ...] | None:
 def _own(ins, index: HloIndex) -> float | None:
     """The instruction's own FLOPs, not its called computations'."""
     if ins.opcode == "dot":
-        lhs = _shape(ins.operands[0], index) if ins.operands else None
-        dims = _CONTRACTING.search(ins.attributes)
-        if ins.shape is None or lhs is None or dims is None:
-            return None
-        contracted = [lhs[int(d)] for d in dims.group(1).split(",") if d]
-        return 2.0 * math.prod(ins.shape) * math.prod(contracted)
+        return _dot(ins.shape, ins, _CONTRACTING, index)
     if ins.opcode == "convolution":
         kernel = _shape(ins.operands[1], index) if len(ins.operands) > 1 else None
         labels = _DIM_LABELS.search(ins.attributes)
@@ -74,9 +74,23 @@ def _own(ins, index: HloIndex) -> float | None:
     if ins.opcode == "custom-call":
         if ins.target.startswith(ONEDNN_PREFIX):
             return _onednn(ins, index)
-        if CONV_TARGET.search(ins.target) or GEMM_TARGET.search(ins.target):
+        if GEMM_TARGET.search(ins.target):
+            return _dot(ins.first, ins, _GEMM_CONTRACTING, index)
+        if CONV_TARGET.search(ins.target):
             return None
     return 0.0
+
+
+def _dot(out: tuple[int, ...] | None, ins, contracting: re.Pattern, index) -> float | None:
+    """2 x the product's elements x the lhs's contracted length."""
+    lhs = _shape(ins.operands[0], index) if ins.operands else None
+    dims = contracting.search(ins.attributes)
+    if out is None or lhs is None or dims is None:
+        return None
+    contracted = [int(d.strip('\\" ')) for d in dims.group(1).split(",") if d.strip('\\" ')]
+    if any(d >= len(lhs) for d in contracted):
+        return None
+    return 2.0 * math.prod(out) * math.prod(lhs[d] for d in contracted)
 
 
 def _onednn(ins, index: HloIndex) -> float | None:
