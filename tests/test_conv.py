@@ -144,12 +144,40 @@ def test_max_pool_matches_reduce_window_and_drops_odd_edges():
     got = jax.jit(conv.max_pool)(x)
     assert got.shape == (2, 3, 3, 3)
     np.testing.assert_array_equal(got, want)
-    # Its gradient goes to the window's maximum only.
-    grad = jax.jit(jax.grad(lambda x: conv.max_pool(x).sum()))(x)
-    want_grad = jax.grad(
-        lambda x: lax.reduce_window(x, -jnp.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID").sum()
-    )(x)
-    np.testing.assert_array_equal(grad, want_grad)
+
+
+def _reduce_window_max(x, size):
+    window = (1, size, size, 1)
+    return lax.reduce_window(x, -jnp.inf, lax.max, window, window, "VALID")
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_max_pools_gradient_goes_to_each_windows_first_maximum(size):
+    """As `lax.reduce_window`'s gradient (and PyTorch's): one element of each window gets
+    it, the first in row-major order where several tie, which small integers make common;
+    under a population's vmap and for odd edges too."""
+    rng = np.random.default_rng(size)
+    x = jnp.asarray(rng.integers(0, 3, size=(3, 2, 3 * size + 1, 2 * size, 4)), jnp.float32)
+    tied = _windows_with_ties(x[0, :, : 3 * size], size)
+    assert tied > 10  # the test is about them
+
+    def loss(pool):
+        def f(x):
+            y = pool(x)
+            return (y * jnp.arange(1, y.size + 1, dtype=y.dtype).reshape(y.shape)).sum()
+
+        return jax.jit(jax.vmap(jax.grad(f)))
+
+    got = loss(lambda x: conv.max_pool(x, size))(x)
+    want = loss(lambda x: _reduce_window_max(x, size))(x)
+    np.testing.assert_array_equal(got, want)
+    assert float(got.sum()) == float(want.sum())  # each window's gradient given once
+
+
+def _windows_with_ties(x, size) -> int:
+    b, h, w, c = x.shape
+    v = x.reshape(b, h // size, size, w // size, size, c)
+    return int(((v == v.max(axis=(2, 4), keepdims=True)).sum(axis=(2, 4)) > 1).sum())
 
 
 @pytest.mark.parametrize("padding", conv.PADDINGS)

@@ -29,9 +29,14 @@ float32, so only the forward matmul gains (`benchmarks/bf16_matmul.py`).
 `auto` is XLA's convolution on accelerators; on CPU it is `onednn` where that is
 available and the process has one device (a custom call is opaque to the partitioner, so
 on a mesh it keeps `im2col`, which XLA can shard), else `im2col`: the fastest of these on
-CPU, in that order. Pooling is a reshape and a max over the 2×2 windows, which XLA fuses
-with what comes before and after it; it is left to autodiff, as a written-out VJP was
-slower. The measured comparisons are in the README ("Results").
+CPU, in that order. Pooling is a max over the windows' strided views, which XLA fuses
+with what comes before and after it. Its VJP is written out: the forward pass keeps which
+element of each window was the maximum (the first, in row-major order, where several tie:
+the element `lax.reduce_window`'s gradient and PyTorch's pick) as one byte, and the
+backward pass sends each window's gradient there in one elementwise pass. Autodiff of the
+max instead compares every element with its window's maximum, counts the ties and divides
+the gradient among them: three passes over the convolution's output, about half of a CNN
+step's elementwise time on CPU. The measured comparisons are in the README ("Results").
 """
 
 from __future__ import annotations
@@ -176,8 +181,39 @@ def conv2d(x: jax.Array, w: jax.Array, impl: str = "auto", padding: str = "same"
 
 def max_pool(x: jax.Array, size: int = 2) -> jax.Array:
     """Max over non-overlapping size×size windows; odd edges are dropped (floor, as
-    PyTorch's MaxPool2d). x (B, H, W, C) -> (B, H // size, W // size, C)."""
+    PyTorch's MaxPool2d). x (B, H, W, C) -> (B, H // size, W // size, C). Its gradient
+    goes to each window's first maximum (module docstring)."""
+    h, w = x.shape[1] // size * size, x.shape[2] // size * size
+    return _window_max(x[:, :h, :w, :], size)
+
+
+def _windows(x: jax.Array, size: int) -> jax.Array:
+    """x (B, H, W, C) as (B, H/size, size, W/size, size, C): each window's elements."""
     b, h, w, c = x.shape
-    ho, wo = h // size, w // size
-    x = x[:, : ho * size, : wo * size, :]
-    return x.reshape(b, ho, size, wo, size, c).max(axis=(2, 4))
+    return x.reshape(b, h // size, size, w // size, size, c)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _window_max(x: jax.Array, size: int) -> jax.Array:
+    return _windows(x, size).max(axis=(2, 4))
+
+
+def _window_max_fwd(x: jax.Array, size: int):
+    v = _windows(x, size)
+    views = [v[:, :, i, :, j, :] for i in range(size) for j in range(size)]
+    top = functools.reduce(jnp.maximum, views)
+    first = jnp.full(top.shape, len(views) - 1, jnp.int8)  # which view holds the maximum
+    for k in reversed(range(len(views) - 1)):  # the lowest index wins a tie
+        first = jnp.where(views[k] == top, jnp.int8(k), first)
+    return top, first
+
+
+def _window_max_bwd(size: int, first: jax.Array, g: jax.Array):
+    b, ho, wo, c = g.shape
+    position = jnp.arange(size * size, dtype=jnp.int8).reshape(1, 1, size, 1, size, 1)
+    chosen = first[:, :, None, :, None, :] == position
+    dx = jnp.where(chosen, g[:, :, None, :, None, :], jnp.zeros((), g.dtype))
+    return (dx.reshape(b, ho * size, wo * size, c),)
+
+
+_window_max.defvjp(_window_max_fwd, _window_max_bwd)
