@@ -69,6 +69,8 @@ def _own(ins, index: HloIndex) -> float | None:
         groups = _BATCH_GROUPS.search(ins.attributes)
         if ins.shape is None or kernel is None or labels is None or (groups and groups[1] != "1"):
             return None
+        if "o" not in labels.group(1) or len(labels.group(1)) != len(kernel):
+            return None
         per_output = math.prod(kernel) // kernel[labels.group(1).index("o")]
         return 2.0 * math.prod(ins.shape) * per_output
     if ins.opcode == "custom-call":
