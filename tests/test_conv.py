@@ -151,7 +151,7 @@ def _reduce_window_max(x, size):
     return lax.reduce_window(x, -jnp.inf, lax.max, window, window, "VALID")
 
 
-@pytest.mark.parametrize("size", [2, 3])
+@pytest.mark.parametrize("size", [2, 3, 12])  # 12: more elements than a byte numbers
 def test_max_pools_gradient_goes_to_each_windows_first_maximum(size):
     """As `lax.reduce_window`'s gradient (and PyTorch's): one element of each window gets
     it, the first in row-major order where several tie, which small integers make common;

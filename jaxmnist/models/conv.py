@@ -35,8 +35,8 @@ element of each window was the maximum (the first, in row-major order, where sev
 the element `lax.reduce_window`'s gradient and PyTorch's pick) as one byte, and the
 backward pass sends each window's gradient there in one elementwise pass. Autodiff of the
 max instead compares every element with its window's maximum, counts the ties and divides
-the gradient among them: three passes over the convolution's output, about half of a CNN
-step's elementwise time on CPU. The measured comparisons are in the README ("Results").
+the gradient among them: three passes over the convolution's output, a large part of a
+CNN step's elementwise time on CPU. The measured comparisons are in the README ("Results").
 """
 
 from __future__ import annotations
@@ -202,15 +202,21 @@ def _window_max_fwd(x: jax.Array, size: int):
     v = _windows(x, size)
     views = [v[:, :, i, :, j, :] for i in range(size) for j in range(size)]
     top = functools.reduce(jnp.maximum, views)
-    first = jnp.full(top.shape, len(views) - 1, jnp.int8)  # which view holds the maximum
+    index = _index_dtype(size)
+    first = jnp.full(top.shape, len(views) - 1, index)  # which view holds the maximum
     for k in reversed(range(len(views) - 1)):  # the lowest index wins a tie
-        first = jnp.where(views[k] == top, jnp.int8(k), first)
+        first = jnp.where(views[k] == top, index(k), first)
     return top, first
+
+
+def _index_dtype(size: int):
+    """A byte per window where it can number the window's elements."""
+    return jnp.int8 if size * size <= 127 else jnp.int32
 
 
 def _window_max_bwd(size: int, first: jax.Array, g: jax.Array):
     b, ho, wo, c = g.shape
-    position = jnp.arange(size * size, dtype=jnp.int8).reshape(1, 1, size, 1, size, 1)
+    position = jnp.arange(size * size, dtype=_index_dtype(size)).reshape(1, 1, size, 1, size, 1)
     chosen = first[:, :, None, :, None, :] == position
     dx = jnp.where(chosen, g[:, :, None, :, None, :], jnp.zeros((), g.dtype))
     return (dx.reshape(b, ho * size, wo * size, c),)
