@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 SMOKE_LAUNCH = """\
-import argparse
 import sys
 from pathlib import Path
 from jaxmnist.cli import main
