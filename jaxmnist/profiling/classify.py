@@ -259,8 +259,13 @@ def _is_conv_module(source: str) -> bool:
     return source.replace("\\", "/").endswith("jaxmnist/models/conv.py")
 
 
+def operations(name: str, index: HloIndex) -> list[tuple[str, Instruction]]:
+    """Instruction `name` and, recursively, every instruction of what it calls (a
+    fusion's body), each once."""
+    return _ops(name, index, set())
+
+
 def _ops(name: str, index: HloIndex, seen: set) -> list[tuple[str, Instruction]]:
-    """The instruction and, recursively, every instruction of what it calls."""
     if name in seen or name not in index.instructions:
         return []
     seen.add(name)
@@ -277,7 +282,7 @@ def classify(name: str, index: HloIndex) -> str | None:
     top = index.instructions[name]
     if top.opcode in CONTAINERS:
         return None
-    ops = _ops(name, index, set())
+    ops = operations(name, index)
     opcodes = {ins.opcode for _, ins in ops}
     targets = [ins.target for _, ins in ops if ins.opcode == "custom-call"]
     sources = {s for _, ins in ops for s in ins.sources}

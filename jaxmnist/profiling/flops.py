@@ -26,7 +26,13 @@ from __future__ import annotations
 import math
 import re
 
-from jaxmnist.profiling.classify import CONV_TARGET, GEMM_TARGET, ONEDNN_PREFIX, HloIndex
+from jaxmnist.profiling.classify import (
+    CONV_TARGET,
+    GEMM_TARGET,
+    ONEDNN_PREFIX,
+    HloIndex,
+    operations,
+)
 
 _CONTRACTING = re.compile(r"\blhs_contracting_dims=\{([\d,]*)\}")
 _DIM_LABELS = re.compile(r"\bdim_labels=\w+_(\w+)->")
@@ -38,20 +44,8 @@ _GEMM_CONTRACTING = re.compile(r'\\?"?lhs_contracting_dimensions\\?"?:\[([^\]]*)
 def count(name: str, index: HloIndex) -> float | None:
     """FLOPs of one execution of instruction `name`, with whatever it calls; 0 for one
     that does no matmul or convolution; None where one of them cannot be counted."""
-    return _count(name, index, set())
-
-
-def _count(name: str, index: HloIndex, seen: set) -> float | None:
-    if name in seen or name not in index.instructions:
-        return 0.0
-    seen.add(name)
-    ins = index.instructions[name]
-    total = _own(ins, index)
-    for comp in ins.calls:
-        for inner in index.computations.get(comp, ()):
-            more = _count(inner, index, seen)
-            total = None if (total is None or more is None) else total + more
-    return total
+    each = [_own(ins, index) for _, ins in operations(name, index)]
+    return None if None in each else float(sum(each))
 
 
 def _shape(name: str, index: HloIndex) -> tuple[int, ...] | None:
