@@ -237,6 +237,8 @@ def test_an_uncountable_kind_falls_back_to_the_models_count_only_when_alone():
     rows = {r["kind"]: r for r in alone["rows"]}
     assert rows["matmul"]["flops_per_second"] == pytest.approx(1e9)
     assert rows["matmul"]["fraction_of_peak"] == pytest.approx(1.0)
+    assert alone["program_flops_per_step"] is None  # the model's count is not the program's
+    assert "counted in the compiled program" not in breakdown_lib.format_table(alone)
     both = breakdown_lib.breakdown(
         [OpEvent("gemm.1", 0, 25), OpEvent("convolution.1", 25, 50)], index, window, **kw
     )

@@ -88,6 +88,8 @@ def breakdown(
     total = busy + host_ns
     ran = [k for k in ARITHMETIC if per_kind.get(k, 0) > 0]
     kind_flops = {k: None if counted[k] is None else counted[k] / steps for k in ran}
+    known = [kind_flops[k] for k in ran]
+    program = sum(known) if ran and None not in known else None  # the program's own count
     if len(ran) == 1 and kind_flops[ran[0]] is None:
         kind_flops[ran[0]] = flops_per_step  # the program's count unknown: the model's
     rows = []
@@ -98,8 +100,6 @@ def breakdown(
         flops = kind_flops.get(kind)
         rows.append(_row(kind, LABELS[kind], ns, total, steps, flops, peak_flops_per_second))
     rows.append(_row(HOST, HOST_LABEL, host_ns, total, steps, None, None))
-    known = [kind_flops[k] for k in ran]
-    program = sum(known) if ran and None not in known else None
     together = None
     if len(ran) > 1 and (program or flops_per_step):
         ns = sum(per_kind[k] for k in ran)
