@@ -37,6 +37,16 @@ def test_member_keys_are_those_of_a_single_run():
     assert [m.seed for m in population.seed_members(cfg)] == [7, 8, 9]
 
 
+def test_population_keys_are_each_members_own_whatever_its_seed():
+    seeds = [0, 5, 2**31 - 1, 2**31, 2**32 - 1]  # config.MAX_SEED is the last
+    init, epochs = population.population_keys(seeds, 3)
+    assert init.shape[0] == epochs.shape[0] == len(seeds) and epochs.shape[1] == 3
+    for i, seed in enumerate(seeds):
+        k_init, k_epochs = population.member_keys(seed, 3)
+        assert np.array_equal(init[i], jax.random.key_data(k_init)), seed
+        assert np.array_equal(epochs[i], jax.random.key_data(k_epochs)), seed
+
+
 def _params(result, index):
     return jax.device_get(result.population.member_params(result.states, index))
 

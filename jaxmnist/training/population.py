@@ -75,6 +75,20 @@ def member_keys(seed: int, num_epochs: int):
     return init_key, jax.random.split(shuffle_key, num_epochs)
 
 
+def population_keys(seeds, num_epochs: int) -> tuple[np.ndarray, np.ndarray]:
+    """The raw key data of `member_keys` for every seed, (N, ...) and (N, num_epochs, ...),
+    computed in one program: one member at a time, a population of thousands took
+    longer to get its keys than to be refused for its memory."""
+
+    def raw(seed):
+        init_key, epoch_keys = member_keys(seed, num_epochs)
+        return jax.random.key_data(init_key), jax.random.key_data(epoch_keys)
+
+    # Seeds lie in 0..config.MAX_SEED: uint32 holds them all as they are.
+    init, epochs = jax.jit(jax.vmap(raw))(np.asarray(seeds, np.uint32))
+    return np.asarray(init), np.asarray(epochs)
+
+
 class EpochTotals(NamedTuple):
     """An epoch's training figures on the host, every member (leading axis N)."""
 
@@ -103,9 +117,7 @@ class Population:
         ends = np.cumsum((0, *self.chunks))
         self.slices = [slice(int(a), int(b)) for a, b in itertools.pairwise(ends)]
         self.input_shape, self.num_classes = tuple(input_shape), num_classes
-        keys = [member_keys(m.seed, num_epochs) for m in self.members]
-        init = np.stack([np.asarray(jax.random.key_data(k)) for k, _ in keys])
-        epochs = np.stack([np.asarray(jax.random.key_data(e)) for _, e in keys])  # (N, E, 2)
+        init, epochs = population_keys([m.seed for m in self.members], num_epochs)
         # Placed once here: inside the epoch loop transfers are disallowed.
         self.init_keys = [layout.put(init[s], layout.by_member) for s in self.slices]
         self.epoch_keys = [
