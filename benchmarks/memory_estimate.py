@@ -154,7 +154,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     presets, counts = args.presets.split(","), [int(s) for s in args.seeds.split(",")]
     if args.smoke:
-        presets, counts, args.steps, args.repeats = ["speedrun"], [1, 2], 2, 2
+        # Both loops and a population, one fresh process each: a case costs a JAX start-up
+        # and its compiles.
+        presets, counts, args.steps, args.repeats = ["speedrun"], [2], 2, 1
     out = args.out or default_out("memory_estimate.json", args.smoke)
     load_before = os.getloadavg()
     cases = []

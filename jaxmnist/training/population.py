@@ -26,6 +26,7 @@ the same trajectory as that seed trained alone (up to float summation order).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import time
 from typing import NamedTuple
@@ -79,14 +80,18 @@ def population_keys(seeds, num_epochs: int) -> tuple[np.ndarray, np.ndarray]:
     """The raw key data of `member_keys` for every seed, (N, ...) and (N, num_epochs, ...),
     computed in one program: one member at a time, a population of thousands took
     longer to get its keys than to be refused for its memory."""
+    # Seeds lie in 0..config.MAX_SEED: uint32 holds them all as they are.
+    init, epochs = _population_keys(np.asarray(seeds, np.uint32), num_epochs)
+    return np.asarray(init), np.asarray(epochs)
 
+
+@functools.partial(jax.jit, static_argnums=1)  # compiled once per population size and epoch count
+def _population_keys(seeds, num_epochs: int):
     def raw(seed):
         init_key, epoch_keys = member_keys(seed, num_epochs)
         return jax.random.key_data(init_key), jax.random.key_data(epoch_keys)
 
-    # Seeds lie in 0..config.MAX_SEED: uint32 holds them all as they are.
-    init, epochs = jax.jit(jax.vmap(raw))(np.asarray(seeds, np.uint32))
-    return np.asarray(init), np.asarray(epochs)
+    return jax.vmap(raw)(seeds)
 
 
 class EpochTotals(NamedTuple):
