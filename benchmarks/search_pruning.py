@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     if args.smoke:
-        args.trials, args.batch, args.epochs, args.validation = 4, 2, 2, 24
+        args.trials, args.batch, args.epochs, args.validation = 2, 2, 2, 24  # one batch each
     out = args.out or default_out("search_pruning.json", args.smoke)
     load_before = os.getloadavg()
     import optuna

@@ -37,7 +37,6 @@ SMOKE = {
     "eval_overhead": ([], {"cases", "largest_subset_within_goal", "environment"}),
     "memory_estimate": ([], {"cases", "goal", "environment"}),
     "pacing_overhead": (["--presets", "tpu101"], {"presets", "environment"}),
-    "record": (["--presets", "record"], {"presets", "environment"}),
     "run_overhead": ([], {"runs", "median", "goal_report_seconds", "goal_peak_mb"}),
     "search_pruning": ([], {"runs", "time_to_target_ratio", "environment"}),
     "startup": ([], {"invocations", "slowest_median_seconds", "environment"}),
@@ -48,6 +47,9 @@ SMOKE = {
 HELP_ONLY = {"cnn_presets", "cnn_vs_pytorch", "host_memory", "seeds_vs_single", "stop_latency"}
 # Its smallest mode is a short load test of a finished run: test_serve_load_on_a_tiny_run.
 ON_A_RUN = {"serve_load"}
+# Its --smoke mode, run twice by a test of its own:
+# test_record_keeps_each_presets_own_environment_and_load.
+OWN_SMOKE_TEST = {"record"}
 
 
 def load(name: str):
@@ -69,7 +71,7 @@ def on_path(monkeypatch):
 
 def test_every_script_is_checked():
     assert len(SCRIPTS) >= 14, SCRIPTS  # the glob found the folder
-    kinds = [set(SMOKE), HELP_ONLY, ON_A_RUN]
+    kinds = [set(SMOKE), HELP_ONLY, ON_A_RUN, OWN_SMOKE_TEST]
     assert set(SCRIPTS) == set.union(*kinds), "say how each script is checked"
     assert sum(map(len, kinds)) == len(SCRIPTS), "each script in one place"
 
@@ -82,7 +84,7 @@ def test_imports_and_answers_help(name, on_path, capsys):
     assert e.value.code == 0
     out = capsys.readouterr().out
     assert out.startswith("usage:"), out
-    if name in SMOKE:
+    if name in SMOKE or name in OWN_SMOKE_TEST:
         assert "--smoke" in out
 
 
@@ -213,7 +215,9 @@ def test_record_keeps_each_presets_own_environment_and_load(on_path, tmp_path):
     the load average of its own run, not those of the last invocation."""
     out, module = tmp_path / "record.json", load("record")
     module.main(["--smoke", "--out", str(out), "--presets", "record"])
-    first = json.loads(out.read_text())["presets"]["record"]
+    result = json.loads(out.read_text())
+    assert {"presets", "environment"} <= set(result), set(result)
+    first = result["presets"]["record"]
     module.main(["--smoke", "--out", str(out), "--presets", "fashion_record"])
     presets = json.loads(out.read_text())["presets"]
     assert presets["record"] == first and set(presets) == {"record", "fashion_record"}
