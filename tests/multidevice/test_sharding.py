@@ -292,7 +292,7 @@ def test_a_lost_process_is_one_line_that_says_which_and_how_to_resume(tiny_data_
     not the coordination service's C++ abort; that command, run by every process,
     finishes the run."""
     run = tmp_path / "run"
-    procs = _processes(tiny_data_dir, run, 2, "--epochs", "30", "--process-timeout", "5")
+    procs = _processes(tiny_data_dir, run, 2, "--epochs", "10", "--process-timeout", "5")
     _wait_for_epochs(run, procs, 2)
     os.kill(_trainer(procs[1]), signal.SIGKILL)
     killed = time.monotonic()
@@ -315,7 +315,7 @@ def test_a_lost_process_is_one_line_that_says_which_and_how_to_resume(tiny_data_
     ]  # fmt: skip
     outs = [p.communicate(timeout=180) for p in again]
     assert [p.returncode for p in again] == [0, 0], outs
-    assert json.loads((run / "summary.json").read_text())["epochs"] == 30
+    assert json.loads((run / "summary.json").read_text())["epochs"] == 10
 
 
 def test_killing_a_process_s_supervisor_stops_the_run_with_a_checkpoint(tiny_data_dir, tmp_path):
