@@ -37,7 +37,9 @@ def test_member_keys_are_those_of_a_single_run():
     assert [m.seed for m in population.seed_members(cfg)] == [7, 8, 9]
 
 
-def test_population_keys_are_each_members_own_whatever_its_seed():
+@pytest.mark.parametrize("block", [population.KEY_BLOCK, 2])
+def test_population_keys_are_each_members_own_whatever_its_seed(block, monkeypatch):
+    monkeypatch.setattr(population, "KEY_BLOCK", block)  # 2: three calls, the last padded
     seeds = [0, 5, 2**31 - 1, 2**31, 2**32 - 1]  # config.MAX_SEED is the last
     init, epochs = population.population_keys(seeds, 3)
     assert init.shape[0] == epochs.shape[0] == len(seeds) and epochs.shape[1] == 3

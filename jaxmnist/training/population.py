@@ -76,16 +76,27 @@ def member_keys(seed: int, num_epochs: int):
     return init_key, jax.random.split(shuffle_key, num_epochs)
 
 
+# Seeds per call of the program that makes a population's keys: one program serves every
+# population up to this size (a search's batches of any size compile nothing more).
+KEY_BLOCK = 1024
+
+
 def population_keys(seeds, num_epochs: int) -> tuple[np.ndarray, np.ndarray]:
     """The raw key data of `member_keys` for every seed, (N, ...) and (N, num_epochs, ...),
-    computed in one program: one member at a time, a population of thousands took
-    longer to get its keys than to be refused for its memory."""
+    computed `KEY_BLOCK` seeds at a time: one member at a time, a population of thousands
+    took longer to get its keys than to be refused for its memory."""
+    n = len(seeds)
     # Seeds lie in 0..config.MAX_SEED: uint32 holds them all as they are.
-    init, epochs = _population_keys(np.asarray(seeds, np.uint32), num_epochs)
-    return np.asarray(init), np.asarray(epochs)
+    padded = np.zeros(-(-n // KEY_BLOCK) * KEY_BLOCK, np.uint32)
+    padded[:n] = seeds
+    blocks = [
+        _population_keys(padded[i : i + KEY_BLOCK], num_epochs)
+        for i in range(0, len(padded), KEY_BLOCK)
+    ]
+    return tuple(np.concatenate([np.asarray(b[part]) for b in blocks])[:n] for part in (0, 1))
 
 
-@functools.partial(jax.jit, static_argnums=1)  # compiled once per population size and epoch count
+@functools.partial(jax.jit, static_argnums=1)  # compiled once per epoch count
 def _population_keys(seeds, num_epochs: int):
     def raw(seed):
         init_key, epoch_keys = member_keys(seed, num_epochs)
