@@ -2,15 +2,17 @@
 
 import dataclasses
 import json
+import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from jaxmnist import config as config_lib
 from jaxmnist.cli import main
 from jaxmnist.errors import ConfigError
-from jaxmnist.training import memory, parallel, population
+from jaxmnist.training import memory, pacing, parallel, population
 from jaxmnist.training.hooks import Callback
 from jaxmnist.training.loop import train_population
 
@@ -293,6 +295,43 @@ def test_the_epoch_estimate_comes_once_after_the_second_call(tiny_dataset, paced
     train_population(cfg, population.seed_members(cfg), tiny_dataset, watch)
     assert watch.events[:3] == [("steps", 1), ("estimate", pytest.approx(20)), ("steps", 7)]
     assert [e for e, _ in watch.events].count("estimate") == 1
+
+
+class SpeedWatch(Callback):
+    def __init__(self):
+        self.seconds_per_step, self.epoch_seconds = [], []
+
+    def on_estimate(self, epoch_seconds, seconds_per_step):
+        self.seconds_per_step.append(seconds_per_step)
+
+    def on_epoch_end(self, end):
+        self.epoch_seconds.append(end.record["epoch_seconds"])
+
+
+def test_an_epochs_plan_is_not_timed_as_its_first_steps(tiny_dataset, paced_by_steps, monkeypatch):
+    """The epoch's plan (its shuffles, for every member) runs on the device before the
+    first call's step. When drawing it is slow (256 members of a small model took
+    seconds), the first call must not report it as the speed of a step: the estimate
+    once announced a 20-step run as taking 47 minutes."""
+    # Device work that takes longer than a call the pacer takes as settled, sized here.
+    spin = jax.jit(lambda m, n: jax.lax.fori_loop(0, n, lambda _, m: jnp.tanh(m @ m), m))
+    delayed = jax.jit(lambda i, m, n: i + (spin(m, n)[0, 0] * 0).astype(i.dtype))
+    m, probe = jnp.full((256, 256), 0.01, jnp.float32), jnp.zeros((4,), jnp.int32)
+    jax.block_until_ready(delayed(probe, m, 1))
+    start = time.perf_counter()
+    jax.block_until_ready(delayed(probe, m, 100))
+    n = jnp.asarray(int(100 * 2.5 * pacing.SLOW_SECONDS / (time.perf_counter() - start)))
+    planned = population.Population.plan_epoch
+
+    def slow_plan(self, epoch_index):  # dispatched: the device draws it after this returns
+        return [p._replace(indices=delayed(p.indices, m, n)) for p in planned(self, epoch_index)]
+
+    monkeypatch.setattr(population.Population, "plan_epoch", slow_plan)
+    cfg = small_cfg(epochs=1, progress_every=7)
+    watch = SpeedWatch()
+    train_population(cfg, population.seed_members(cfg), tiny_dataset, watch)
+    assert watch.epoch_seconds[0] > pacing.SLOW_SECONDS  # the plan was slow, and is counted
+    assert len(watch.seconds_per_step) == 1 and watch.seconds_per_step[0] < 1.0
 
 
 def test_an_accuracy_exactly_at_the_target_reaches_it():

@@ -284,7 +284,12 @@ class _Loop:
         returns (states, metrics, steps done in the epoch, stopping). `clock` holds
         [train seconds, this epoch's seconds], advanced by each call."""
         pop, num_steps = self.setup.population, self.setup.plan.epoch_steps[epoch - 1]
-        plans = pop.plan_epoch(epoch - 1)
+        t0 = time.perf_counter()
+        # Waited for here: the epoch's time, but not its first call's, which the pacer
+        # takes as the speed of a step (a population's shuffles can take seconds).
+        plans = jax.block_until_ready(pop.plan_epoch(epoch - 1))
+        clock[0] += time.perf_counter() - t0
+        clock[1] += time.perf_counter() - t0
         stopping = False
         while done < num_steps:
             states, metrics, n, seconds, stopping = self.run_steps(
