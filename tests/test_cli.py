@@ -331,6 +331,21 @@ def test_a_long_epoch_is_announced_with_its_estimate():
     assert out.getvalue() == "an epoch will take about 5 min (667 ms per step, as timed so far)\n"
 
 
+def test_a_runs_last_lines_name_the_first_seeds_and_count_the_rest():
+    from jaxmnist.commands.terminal import SEEDS_LISTED, seed_lines
+
+    def per_seed(n):
+        summary = {"seeds": list(range(7, 7 + n)), "test_accuracy_per_seed": [0.5] * n}
+        (line,) = [x for x in seed_lines(summary) if x.startswith("per seed")]
+        return line
+
+    few = per_seed(SEEDS_LISTED)
+    assert few.count("50.00%") == SEEDS_LISTED and "more" not in few
+    many = per_seed(2048)
+    assert many.count("50.00%") == SEEDS_LISTED and f"{6 + SEEDS_LISTED}: " in many
+    assert many.endswith(f"… and {2048 - SEEDS_LISTED:,} more in summary.json"), many
+
+
 @pytest.mark.parametrize(
     "flag, value, message",
     [

@@ -16,6 +16,7 @@ import sys
 from jaxmnist.training.hooks import Callback, EpochEnd, RunEnd, RunStart, StepsEnd
 
 LONG_EPOCH_SECONDS = 30.0  # an epoch longer than this gets an estimate up front
+SEEDS_LISTED = 20  # seeds named one by one in a run's last lines; the rest in summary.json
 
 
 class TerminalReporter(Callback):
@@ -170,9 +171,10 @@ def seed_lines(s: dict) -> list[str]:
     from jaxmnist import stats  # start-up: numpy, which `train --help` need not wait for
 
     spread = stats.spread(s["test_accuracy_per_seed"])
-    per_seed = "  ".join(
-        f"{seed}: {a:.2%}" for seed, a in zip(s["seeds"], s["test_accuracy_per_seed"])
-    )
+    pairs = list(zip(s["seeds"], s["test_accuracy_per_seed"]))
+    per_seed = "  ".join(f"{seed}: {a:.2%}" for seed, a in pairs[:SEEDS_LISTED])
+    if len(pairs) > SEEDS_LISTED:  # 2,048 seeds made one line of 27,000 characters
+        per_seed += f"  … and {len(pairs) - SEEDS_LISTED:,} more in summary.json"
     return [
         (
             f"test accuracy over {spread.n} seeds: {stats.format_spread(spread)}; "
