@@ -428,6 +428,30 @@ def test_seed_plot_legends_cannot_hide_a_point():
         assert not legend.overlaps(ax.get_window_extent(renderer))  # outside the data area
 
 
+@pytest.mark.parametrize("n", [5, 2048])
+def test_seed_plot_ticks_are_whole_epochs_and_readable_seeds(n):
+    """One epoch gets the tick 1, not 0.945 ... 1.050; a population larger than
+    SEEDS_NAMED names a few seeds evenly spread, first and last included, rather than
+    2,048 labels on top of one another."""
+    from jaxmnist.report import spread_plots
+
+    rng = np.random.default_rng(0)
+    seeds, final = list(range(100, 100 + n)), rng.uniform(0.8, 0.9, n).tolist()
+    fig = spread_plots.seed_accuracy(
+        [{"epoch": 1, "test_accuracy_per_seed": final}], seeds, final, None
+    )
+    fig.canvas.draw()
+    left, right = fig.axes
+    lo, hi = left.get_xlim()
+    assert [t for t in left.get_xticks() if lo <= t <= hi] == [1]
+    labels = [t.get_text() for t in right.get_xticklabels()]
+    if n <= spread_plots.SEEDS_NAMED:
+        assert labels == [str(s) for s in seeds]
+    else:
+        assert len(labels) <= 10 and labels[0] == "100" and labels[-1] == str(seeds[-1])
+        assert all(label in map(str, seeds) for label in labels)
+
+
 def test_eval_prints_class_names_in_full(capsys):
     from jaxmnist.commands.evaluate import format_confusion
     from jaxmnist.data import get_spec

@@ -48,6 +48,12 @@ EDGE, TICK, LABEL, TITLE = 0.08, 7 / 72, 15.5 / 72, 18.6 / 72
 CURVE_MARGINS = (0.8, 0.5, 0.12, 0.66)
 
 
+def epoch_ticks() -> MaxNLocator:
+    """Whole epochs only, even for a run of one (MaxNLocator's default falls back to
+    fractions, 0.945 ... 1.050, when fewer than two whole numbers fit)."""
+    return MaxNLocator(integer=True, min_n_ticks=1)
+
+
 @contextlib.contextmanager
 def style():
     """matplotlib's defaults plus ours, ignoring the user's matplotlibrc."""
@@ -394,7 +400,7 @@ def compare_curves(runs: list[tuple[str, list[dict], np.ndarray, np.ndarray]]) -
             if name == "train_loss":
                 _log_y(ax)
             else:
-                ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+                ax.xaxis.set_major_locator(epoch_ticks())
             if name.endswith("accuracy"):
                 ax.yaxis.set_major_formatter(PercentFormatter(decimals=None))
             fig.legend(

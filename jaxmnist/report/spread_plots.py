@@ -14,11 +14,12 @@ from __future__ import annotations
 import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, MaxNLocator, PercentFormatter
+from matplotlib.ticker import FuncFormatter, PercentFormatter
 
-from jaxmnist.report.plots import TEST, TRAIN, new_figure, style
+from jaxmnist.report.plots import TEST, TRAIN, epoch_ticks, new_figure, style
 
 PCT = FuncFormatter(lambda v, _: f"{v:.2f}%")
+SEEDS_NAMED = 32  # seeds the final-accuracy panel names one by one; past it, a spread of them
 
 
 def seed_accuracy(records: list[dict], seeds: list[int], final: list[float], ci95) -> Figure:
@@ -42,7 +43,7 @@ def seed_accuracy(records: list[dict], seeds: list[int], final: list[float], ci9
             label=f"mean of {len(seeds)} seeds",
         )
         left.set(title="Test accuracy of every seed", xlabel="epoch")
-        left.xaxis.set_major_locator(MaxNLocator(integer=True))
+        left.xaxis.set_major_locator(epoch_ticks())
         left.yaxis.set_major_formatter(PercentFormatter(decimals=1))
         # Legends below the axes: inside, they can hide a curve or a seed's point.
         left.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16))
@@ -54,7 +55,13 @@ def seed_accuracy(records: list[dict], seeds: list[int], final: list[float], ci9
             right.axhspan(
                 100 * ci95[0], 100 * ci95[1], color=TRAIN, alpha=0.18, label="95% CI of the mean"
             )
-        right.set_xticks(x, [str(s) for s in seeds], fontsize=8 if len(seeds) <= 16 else 6)
+        # Every seed named up to SEEDS_NAMED; beyond, evenly spaced ones (2,048 labels
+        # were a black band).
+        ticks = x if len(x) <= SEEDS_NAMED else np.linspace(0, len(x) - 1, 8)
+        ticks = np.unique(np.round(ticks).astype(int))
+        right.set_xticks(
+            ticks, [str(seeds[i]) for i in ticks], fontsize=8 if len(ticks) <= 16 else 6
+        )
         right.set(title="Final test accuracy by seed", xlabel="seed")
         right.yaxis.set_major_formatter(PCT)
         right.grid(axis="x", visible=False)
