@@ -173,7 +173,7 @@ def seed_lines(s: dict) -> list[str]:
     spread = stats.spread(s["test_accuracy_per_seed"])
     pairs = list(zip(s["seeds"], s["test_accuracy_per_seed"]))
     per_seed = "  ".join(f"{seed}: {a:.2%}" for seed, a in pairs[:SEEDS_LISTED])
-    if len(pairs) > SEEDS_LISTED:  # 2,048 seeds made one line of 27,000 characters
+    if len(pairs) > SEEDS_LISTED:  # thousands of seeds made one unreadable line
         per_seed += f"  … and {len(pairs) - SEEDS_LISTED:,} more in summary.json"
     return [
         (

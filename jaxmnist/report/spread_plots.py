@@ -55,8 +55,8 @@ def seed_accuracy(records: list[dict], seeds: list[int], final: list[float], ci9
             right.axhspan(
                 100 * ci95[0], 100 * ci95[1], color=TRAIN, alpha=0.18, label="95% CI of the mean"
             )
-        # Every seed named up to SEEDS_NAMED; beyond, evenly spaced ones (2,048 labels
-        # were a black band).
+        # Every seed named up to SEEDS_NAMED; beyond, evenly spaced ones (thousands of
+        # labels ran together into a band).
         ticks = x if len(x) <= SEEDS_NAMED else np.linspace(0, len(x) - 1, 8)
         ticks = np.unique(np.round(ticks).astype(int))
         right.set_xticks(

@@ -288,8 +288,9 @@ class _Loop:
         # Waited for here: the epoch's time, but not its first call's, which the pacer
         # takes as the speed of a step (a population's shuffles can take seconds).
         plans = jax.block_until_ready(pop.plan_epoch(epoch - 1))
-        clock[0] += time.perf_counter() - t0
-        clock[1] += time.perf_counter() - t0
+        waited = time.perf_counter() - t0
+        clock[0] += waited
+        clock[1] += waited
         stopping = False
         while done < num_steps:
             states, metrics, n, seconds, stopping = self.run_steps(
