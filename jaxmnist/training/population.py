@@ -93,7 +93,9 @@ def population_keys(seeds, num_epochs: int) -> tuple[np.ndarray, np.ndarray]:
         _population_keys(padded[i : i + KEY_BLOCK], num_epochs)
         for i in range(0, len(padded), KEY_BLOCK)
     ]
-    return tuple(np.concatenate([np.asarray(b[part]) for b in blocks])[:n] for part in (0, 1))
+    init = np.concatenate([np.asarray(i) for i, _ in blocks])[:n]
+    epochs = np.concatenate([np.asarray(e) for _, e in blocks])[:n]
+    return init, epochs
 
 
 @functools.partial(jax.jit, static_argnums=1)  # compiled once per epoch count
