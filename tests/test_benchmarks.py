@@ -39,6 +39,7 @@ SMOKE = {
     "pacing_overhead": (["--presets", "tpu101"], {"presets", "environment"}),
     "run_overhead": ([], {"runs", "median", "goal_report_seconds", "goal_peak_mb"}),
     "search_pruning": ([], {"runs", "time_to_target_ratio", "environment"}),
+    "shuffle": ([], {"shuffle_alone", "steady_epoch_seconds", "same_test_accuracy"}),
     "startup": ([], {"invocations", "slowest_median_seconds", "environment"}),
     "tutorial_tpu101": ([], None),
 }

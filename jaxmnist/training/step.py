@@ -29,6 +29,7 @@ import optax
 from jaxmnist.data.augment import augment
 from jaxmnist.models import get_model, train_apply_uint8
 from jaxmnist.models.layers import STATS
+from jaxmnist.training import shuffle
 
 DROPOUT_STREAM = 0x64726F70  # fold_in data for dropout's key ("drop"), far from split indices
 
@@ -88,7 +89,7 @@ def make_train_step(cfg, optimizer) -> Callable:
 
 def epoch_indices(key, num_examples: int, batch_size: int, num_steps: int) -> jax.Array:
     """A fresh permutation, cut into `num_steps` batches (the remainder is dropped)."""
-    perm = jax.random.permutation(key, num_examples)
+    perm = shuffle.permutation(key, num_examples)  # jax.random.permutation's, bit for bit
     return perm[: num_steps * batch_size].reshape(num_steps, batch_size)
 
 
