@@ -46,6 +46,7 @@ from jaxmnist.runs import checkpoint
 from jaxmnist.runs.checkpoint import Checkpointer, CheckpointOptions
 from jaxmnist.training.hooks import Callback
 
+from benchlib.launch import require_data_dir
 from benchlib.results import SMOKE_HELP, default_out
 
 TARGET_OVERHEAD = 0.05
@@ -147,8 +148,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     out = args.out or default_out("checkpoint_overhead.json", args.smoke)
-    if not (args.smoke or os.environ.get("JAXMNIST_DATA_DIR")):
-        sys.exit("set JAXMNIST_DATA_DIR to the folder holding mnist/ (no download here)")
+    require_data_dir(args.smoke)
     load_before = os.getloadavg()
     work = Path(tempfile.mkdtemp(prefix="ckpt-bench-"))
     cfg = config_lib.apply_overrides(

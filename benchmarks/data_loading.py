@@ -26,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchlib.launch import add_code_copies, code_copies
+from benchlib.launch import add_code_copies, code_copies, require_data_dir
 from benchlib.results import SMOKE_HELP, default_out, save_benchmark
 
 # One load in this process: {seconds, peak growth, array bytes} as JSON on stdout.
@@ -84,8 +84,7 @@ def main(argv: list[str] | None = None) -> None:
     env = dict(os.environ)
     load_before = os.getloadavg()
     codes = code_copies(args)
-    if not (args.smoke or env.get("JAXMNIST_DATA_DIR")):
-        sys.exit("set JAXMNIST_DATA_DIR to the folder holding the dataset (no download here)")
+    require_data_dir(args.smoke, "the dataset")
     dataset = "tiny" if args.smoke else args.dataset
     with tempfile.TemporaryDirectory(prefix="data-loading-") as work:
         loads: dict = {code: [] for code in codes}

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from jaxmnist import runtime, stats
 
-from benchlib.launch import jaxmnist_command
+from benchlib.launch import jaxmnist_command, require_data_dir
 from benchlib.results import SMOKE_HELP, default_out, save_benchmark
 
 GOALS = {
@@ -142,8 +142,7 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [x for x in presets if x not in GOALS]
     if unknown:
         sys.exit(f"unknown preset {unknown[0]!r}: this measures {', '.join(GOALS)}")
-    if not (args.smoke or os.environ.get("JAXMNIST_DATA_DIR")):
-        sys.exit("set JAXMNIST_DATA_DIR to the folder holding the datasets (no download here)")
+    require_data_dir(args.smoke, "the datasets")
     out = args.out or default_out("record.json", args.smoke)
     load_before = os.getloadavg()
     results = {}

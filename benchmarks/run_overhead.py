@@ -27,12 +27,11 @@ import argparse
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from benchlib.launch import add_code_copies, code_copies, jaxmnist_command
+from benchlib.launch import add_code_copies, code_copies, jaxmnist_command, require_data_dir
 from benchlib.results import SMOKE_HELP, default_out, save_benchmark
 
 GOAL_REPORT_SECONDS = 0.5
@@ -92,8 +91,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, help="default benchmarks/results/run_overhead.json")
     args = p.parse_args(argv)
     out = args.out or default_out("run_overhead.json", args.smoke)
-    if not (args.smoke or os.environ.get("JAXMNIST_DATA_DIR")):
-        sys.exit("set JAXMNIST_DATA_DIR to the folder holding mnist/ (no download here)")
+    require_data_dir(args.smoke)
     load_before = os.getloadavg()
     codes = code_copies(args)
     rounds = 1 if args.smoke else args.rounds

@@ -38,7 +38,7 @@ import numpy as np
 
 from jaxmnist.training import shuffle
 
-from benchlib.launch import jaxmnist_command
+from benchlib.launch import jaxmnist_command, require_data_dir
 from benchlib.results import SMOKE_HELP, default_out, save_benchmark
 
 EXAMPLES = 60_000
@@ -119,8 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, help="default benchmarks/results/shuffle.json")
     args = p.parse_args(argv)
     out = args.out or default_out("shuffle.json", args.smoke)
-    if not (args.smoke or os.environ.get("JAXMNIST_DATA_DIR")):
-        sys.exit("set JAXMNIST_DATA_DIR to the folder holding mnist/ (no download here)")
+    require_data_dir(args.smoke)
     load_before = os.getloadavg()
     n, members = (1000, (1, 2)) if args.smoke else (EXAMPLES, MEMBERS)
     windows, rounds = (1, 1) if args.smoke else (args.windows, args.rounds)

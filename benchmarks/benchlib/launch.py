@@ -7,6 +7,7 @@ and which copies of the code it runs side by side (`--pythonpath DIR`).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -49,3 +50,10 @@ def code_copies(args: argparse.Namespace) -> dict[str, str]:
     `--pythonpath` folder ("pythonpath:DIR")."""
     here = str(Path(__file__).resolve().parents[2])
     return {"this": here, **{f"pythonpath:{d}": str(Path(d).resolve()) for d in args.pythonpath}}
+
+
+def require_data_dir(smoke: bool, holding: str = "mnist/") -> None:
+    """Exits with one line unless this is a `smoke` run or JAXMNIST_DATA_DIR says where
+    the real data is (`holding`): a benchmark never downloads it."""
+    if not (smoke or os.environ.get("JAXMNIST_DATA_DIR")):
+        sys.exit(f"set JAXMNIST_DATA_DIR to the folder holding {holding} (no download here)")
