@@ -65,6 +65,15 @@ def test_permutation_is_the_librarys_bit_for_bit(n):
             np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
+def test_with_64_bit_integers_on_it_keeps_the_librarys_dtype():
+    with jax.enable_x64(True):
+        key = jax.random.key(3)
+        want = jax.random.permutation(key, 1000)
+        got = shuffle.permutation(key, 1000)
+    assert want.dtype == np.int64 and got.dtype == want.dtype
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
 def test_permutation_is_the_librarys_under_vmap():
     keys = jax.random.split(jax.random.key(7), 5)
     want = jax.vmap(lambda k: jax.random.permutation(k, 60000))(keys)

@@ -59,10 +59,11 @@ def stable_argsort(keys: jax.Array) -> jax.Array:
 
 
 def permutation(key: jax.Array, n: int) -> jax.Array:
-    """`jax.random.permutation(key, n)` (int32 (n,)), bit for bit (module docstring)."""
+    """`jax.random.permutation(key, n)`, bit for bit and in its integer dtype (module
+    docstring)."""
     if n > MAX_RADIX_ELEMENTS or jax.default_backend() != "cpu":
         return jax.random.permutation(key, n)
-    x = jnp.arange(n, dtype=jnp.int32)
+    x = jnp.arange(n)
     for _ in range(rounds(n)):
         key, subkey = jax.random.split(key)
         x = x[stable_argsort(jax.random.bits(subkey, (n,), jnp.uint32))]
