@@ -58,7 +58,7 @@ import jax
 from jaxmnist.training import shuffle
 way, code, *sys.argv[1:] = sys.argv[1:]
 if way == "library":
-    shuffle.permutation = lambda key, n: jax.random.permutation(key, n)
+    shuffle.permutation = jax.random.permutation
 exec(compile(code, "<jaxmnist>", "exec"))
 """
 MAIN = "from jaxmnist.cli import main\nsys.exit(main(sys.argv[1:]))\n"
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
         work = Path(tmp)
         prefix, tiny = jaxmnist_command(args.smoke, work)
         # The launcher's code and its arguments before the command's own.
-        start = [prefix[2], *prefix[3:]] if args.smoke else [MAIN]
+        start = prefix[2:] if args.smoke else [MAIN]
         for name, (run_args, per_round) in RUNS.items():
             run_args = [*run_args, *tiny]
             if args.smoke:
