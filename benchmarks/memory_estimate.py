@@ -12,8 +12,9 @@ through /proc/self/clear_refs) minus the resident set then, after `malloc_trim` 
 handed the compiler's freed memory back (else the run would reuse it unseen). So both
 are of the same thing: what the data, the models and the running programs hold. The
 goal: every estimate within +30% / -10% of the measured peak (below it is an
-out-of-memory crash, above it only smaller chunks). On CPU the peak of one case moves
-from run to run (the allocator's reuse differs), so each case runs `--repeats` times,
+out-of-memory crash, above it only smaller chunks). On CPU the peak of one case can
+move from run to run (the order of the allocator's requests differs; `hostmem.hand_back`
+between a run's programs keeps most of that out), so each case runs `--repeats` times,
 each in a fresh process, and its measured figure is the largest: the one a plan must
 cover. Every repeat's figure is kept in the result.
 

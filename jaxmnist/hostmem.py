@@ -10,9 +10,17 @@ population trains with far less time in the kernel (`benchmarks/host_memory.py`
 measures it; the README's Results have the figures).
 
 The cost is memory held: the heap keeps its high-water mark and every thread allocates
-from one arena, which on a many-core host may contend. `JAXMNIST_KEEP_HOST_MEMORY=0`
-leaves glibc as it is. It must run before XLA starts its threads (`jaxmnist.cli.main`
-calls it first thing); later, it would reach only threads created afterwards.
+from one arena, which on a many-core host may contend. It can also hold a large block
+twice: once a large block is freed, a small request may be cut from it, and the next
+request of the same size no longer fits there and is taken from fresh memory while the
+old block's pages stay resident. Between programs of different sizes (an epoch's steps,
+then each evaluation) `hand_back` returns the free blocks' pages to the kernel, so a
+run's peak is what its programs hold, not what its allocation order happened to be;
+within a phase, where one program runs again and again, the blocks are reused.
+
+`JAXMNIST_KEEP_HOST_MEMORY=0` leaves glibc as it is. It must run before XLA starts its
+threads (`jaxmnist.cli.main` calls it first thing); later, it would reach only threads
+created afterwards.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ ENV = "JAXMNIST_KEEP_HOST_MEMORY"
 M_TRIM_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -4, -8
 TRIM_THRESHOLD = 2**31 - 1  # bytes free at the heap's top before it shrinks: mallopt's most
 
-_state = {"applied": False}
+_state: dict = {"applied": False, "trim": None}
 
 
 def keep_freed_memory() -> bool:
@@ -44,7 +52,16 @@ def keep_freed_memory() -> bool:
         return False
     settings = ((M_ARENA_MAX, 1), (M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, TRIM_THRESHOLD))
     _state["applied"] = all(mallopt(param, value) == 1 for param, value in settings)
+    _state["trim"] = libc.malloc_trim if _state["applied"] else None
     return _state["applied"]
+
+
+def hand_back() -> None:
+    """Returns the pages of the heap's free blocks to the kernel (glibc's `malloc_trim`),
+    where `keep_freed_memory` applied; the blocks stay the allocator's, and the next use
+    faults their pages in again (module docstring)."""
+    if _state["trim"] is not None:
+        _state["trim"](0)
 
 
 def describe() -> str:

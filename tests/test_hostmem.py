@@ -4,6 +4,10 @@ import subprocess
 import sys
 
 import pytest
+from test_validation import tiny_cfg
+
+from jaxmnist import hostmem
+from jaxmnist.training import loop, population
 
 # Allocates (malloc), touches and frees a 256 MB block five times and prints the page faults of
 # the last four rounds. glibc's default maps a block that large afresh every time.
@@ -46,3 +50,75 @@ def test_freed_memory_is_reused_and_the_default_is_kept_on_request():
     said, faults = _probe("0")
     assert said == "False default"
     assert faults > pages // 2  # glibc's default: every round maps and faults it anew
+
+
+# A freed 256 MB block that cannot rejoin the heap's top (another block lies above it), a
+# 16 MB request cut from it, then 256 MB again: it no longer fits in what is left, so the
+# heap grows while the old block's pages stay resident. Prints how far the peak resident
+# set rose for the second block, with or without `hand_back` first (argv[1] == "1").
+SPLIT_PROBE = """
+import ctypes, sys
+from jaxmnist import hostmem
+print(hostmem.keep_freed_memory())
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+def peak_mb():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM")) // 1024
+size = 2**28
+block = libc.malloc(size)
+ctypes.memset(block, 1, size)
+above = libc.malloc(size)  # never touched: no resident pages
+libc.free(block)
+cut = libc.malloc(2**24)
+assert cut == block, "the request was not cut from the freed block"
+if sys.argv[1] == "1":
+    hostmem.hand_back()
+before = peak_mb()
+again = libc.malloc(size)
+ctypes.memset(again, 1, size)
+print(peak_mb() - before)
+"""
+
+
+def _split_probe(hand_back: bool) -> int:
+    out = subprocess.run(
+        [sys.executable, "-c", SPLIT_PROBE, str(int(hand_back))],
+        env={"PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    assert out[0] == "True"
+    return int(out[1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
+def test_hand_back_keeps_a_block_cut_from_a_freed_one_from_being_held_twice():
+    assert _split_probe(hand_back=False) >= 250  # both blocks' pages resident at once
+    assert _split_probe(hand_back=True) < 64  # the freed block's pages went back first
+
+
+def test_the_loop_hands_back_before_each_phase(tiny_dataset, monkeypatch):
+    """Every epoch's steps and every evaluation (members, ensemble, validation, training
+    subset) start right after `hand_back`."""
+    calls: list[str] = []
+    monkeypatch.setattr(hostmem, "hand_back", lambda: calls.append("hand_back"))
+    for name in ("plan_epoch", "evaluate", "evaluate_ensemble"):
+        original = getattr(population.Population, name)
+
+        def record(self, *args, _name=name, _original=original, **kwargs):
+            calls.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(population.Population, name, record)
+    cfg = tiny_cfg(seeds=2, epochs=2, eval_train=True, eval_train_examples=64)
+    loop.train_population(cfg, population.seed_members(cfg), tiny_dataset)
+    phases = [i for i, c in enumerate(calls) if c != "hand_back"]
+    # per epoch: its plan, then members and ensemble on test and val, then the training subset
+    first = ["plan_epoch", *["evaluate", "evaluate_ensemble"] * 2, "evaluate"]
+    assert [calls[i] for i in phases[:6]] == first
+    assert len(phases) == 12
+    assert all(calls[i - 1] == "hand_back" for i in phases)

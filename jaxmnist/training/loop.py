@@ -11,7 +11,9 @@ stages:
     epochs     run each epoch in calls of about half a second (`pacing`: a short
                epoch is one call), so that a stop, a checkpoint or progress can
                come between them; evaluate exactly, hand an `EpochEnd` to every
-               callback, then ask the stop rules whether to go on
+               callback, then ask the stop rules whether to go on. Before each
+               phase (an epoch's steps, each evaluation) the host heap's free
+               pages go back to the kernel (`hostmem.hand_back`)
 
 The loop writes nothing itself: the terminal, the run directory, TensorBoard and
 checkpoints are callbacks (`hooks`). It can start at a later epoch with the state
@@ -31,7 +33,7 @@ import jax
 import numpy as np
 
 from jaxmnist import config as config_lib
-from jaxmnist import optim
+from jaxmnist import hostmem, optim
 from jaxmnist.errors import TrainingError
 from jaxmnist.models import count_params, get_model
 from jaxmnist.training import evaluate as evaluate_lib
@@ -287,6 +289,7 @@ class _Loop:
         t0 = time.perf_counter()
         # Waited for here: the epoch's time, but not its first call's, which the pacer
         # takes as the speed of a step (a population's shuffles can take seconds).
+        hostmem.hand_back()  # the evaluations' working memory, before the steps' own
         plans = jax.block_until_ready(pop.plan_epoch(epoch - 1))
         waited = time.perf_counter() - t0
         clock[0] += waited
@@ -342,16 +345,16 @@ class _Loop:
             totals = pop.host_metrics(states, metrics, num_steps)
             self.check_finite(totals.losses, epoch, step - num_steps, diverged)
             t0 = time.perf_counter()
-            test = pop.evaluate(states, "test", run.eval_sets["test"])
+            test = self.evaluate(states, "test")
             together = self.evaluate_ensemble(states)
             val = together_val = None
             if "val" in run.eval_sets:  # the validation split (data.validation)
-                val = pop.evaluate(states, "val", run.eval_sets["val"])
+                val = self.evaluate(states, "val")
                 together_val = self.evaluate_ensemble(states, "val")
             t1 = time.perf_counter()
             train_eval = None
             if cfg.train.eval_train:
-                train_eval = pop.evaluate(states, "train", run.eval_sets["train"])
+                train_eval = self.evaluate(states, "train")
             t2 = time.perf_counter()
             eval_seconds += t2 - t0
             record = epoch_record(
@@ -374,7 +377,7 @@ class _Loop:
             if sum(bool(rule(end, clock[0])) for rule in stop_rules) or stopping:
                 break
         if test is None and not stopping:  # resumed at its last checkpoint, or past its target
-            test = pop.evaluate(states, "test", run.eval_sets["test"])
+            test = self.evaluate(states, "test")
             together = self.evaluate_ensemble(states)
         return RunResult(
             pop,
@@ -393,10 +396,18 @@ class _Loop:
             together,
         )
 
+    def evaluate(self, states, name: str) -> Evaluation:
+        """Every member on eval set `name`. Each evaluation is a program of its own size:
+        the heap's free pages go back first (`hostmem.hand_back`), so that a block the
+        last program freed, and a small request then cut, is not held twice."""
+        hostmem.hand_back()
+        return self.setup.population.evaluate(states, name, self.setup.eval_sets[name])
+
     def evaluate_ensemble(self, states, name: str = "test"):
         """The ensemble of every member on eval set `name` (an EvalResult), or None."""
         if not self.ensemble:
             return None
+        hostmem.hand_back()  # as `evaluate`
         data = self.setup.eval_sets[name]
         return self.setup.population.evaluate_ensemble(states, data, name)
 

@@ -49,7 +49,8 @@ HOST_FRACTION = 0.7  # of the host's available memory, on CPU
 DEVICE_FRACTION = 0.85  # of an accelerator's free memory
 # XLA:CPU allocates from the process heap, and the process holds more than the compiled
 # programs' buffers: the host copies the data is staged through, the kernels' own working
-# memory (oneDNN's, Eigen's), freed blocks the allocator keeps, per thread, for reuse.
+# memory (oneDNN's, Eigen's, and the YNNPACK fusions', which XLA's buffer assignment does
+# not see: most of batch norm's extra peak), blocks the allocator keeps for reuse.
 # What the programs need is scaled by this on CPU (benchmarks/memory_estimate.py measures
 # it against the peak resident set): the smallest factor that keeps every measured case
 # above -10% (an under-estimate is an out-of-memory crash; an over-estimate only splits
