@@ -34,13 +34,13 @@ ENV = "JAXMNIST_KEEP_HOST_MEMORY"
 M_TRIM_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -4, -8
 TRIM_THRESHOLD = 2**31 - 1  # bytes free at the heap's top before it shrinks: mallopt's most
 
-_state: dict = {"applied": False, "trim": None}
+_state: dict = {"trim": None}  # glibc's malloc_trim, once keep_freed_memory applied
 
 
 def keep_freed_memory() -> bool:
     """Sets glibc's allocator to reuse freed memory (module docstring); True when it did.
     Does nothing off Linux/glibc or with JAXMNIST_KEEP_HOST_MEMORY=0."""
-    if _state["applied"]:
+    if _state["trim"] is not None:
         return True
     if not sys.platform.startswith("linux") or os.environ.get(ENV, "1") == "0":
         return False
@@ -51,9 +51,10 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):
         return False
     settings = ((M_ARENA_MAX, 1), (M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, TRIM_THRESHOLD))
-    _state["applied"] = all(mallopt(param, value) == 1 for param, value in settings)
-    _state["trim"] = libc.malloc_trim if _state["applied"] else None
-    return _state["applied"]
+    if not all(mallopt(param, value) == 1 for param, value in settings):
+        return False
+    _state["trim"] = libc.malloc_trim
+    return True
 
 
 def hand_back() -> None:
@@ -66,6 +67,6 @@ def hand_back() -> None:
 
 def describe() -> str:
     """What `environment.json` records about the host allocator."""
-    if _state["applied"]:
+    if _state["trim"] is not None:
         return "glibc, freed memory kept for reuse (one arena, no mmap)"
     return "default"

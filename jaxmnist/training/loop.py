@@ -286,10 +286,10 @@ class _Loop:
         returns (states, metrics, steps done in the epoch, stopping). `clock` holds
         [train seconds, this epoch's seconds], advanced by each call."""
         pop, num_steps = self.setup.population, self.setup.plan.epoch_steps[epoch - 1]
+        hostmem.hand_back()  # the evaluations' working memory, before the steps' own
         t0 = time.perf_counter()
         # Waited for here: the epoch's time, but not its first call's, which the pacer
         # takes as the speed of a step (a population's shuffles can take seconds).
-        hostmem.hand_back()  # the evaluations' working memory, before the steps' own
         plans = jax.block_until_ready(pop.plan_epoch(epoch - 1))
         waited = time.perf_counter() - t0
         clock[0] += waited
