@@ -1,6 +1,7 @@
 """Every convolution formulation against `lax.conv_general_dilated`; pooling; auto choice."""
 
 import dataclasses
+import logging
 from importlib import metadata
 
 import jax
@@ -46,6 +47,8 @@ def _close(actual, expected, dtype):
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("impl", sorted(conv.CONV_IMPLS))
 def test_convolution_and_its_gradients_match_xla(impl, shape, dtype, padding):
+    if impl == "onednn" and not onednn.supports(dtype):
+        pytest.skip(f"oneDNN has no {dtype} convolution for this CPU")
     x, w, g = _inputs(shape, jnp.dtype(dtype), padding)
     fn = jax.jit(conv.CONV_IMPLS[impl], static_argnums=2)  # one compile, not one per eager op
     out, vjp = jax.vjp(lambda x, w: fn(x, w, padding), x, w)
@@ -75,6 +78,32 @@ def test_auto_is_xla_on_accelerators_and_the_fastest_measured_on_cpu():
 def test_auto_falls_back_to_plain_xla_without_onednn(monkeypatch):
     monkeypatch.setattr(onednn, "available", lambda: False)
     assert conv.resolve("auto", "cpu") == conv.CPU_FASTEST_XLA == "im2col"
+
+
+def test_auto_falls_back_where_onednn_lacks_the_dtype(monkeypatch, caplog):
+    monkeypatch.setattr(onednn, "supports", lambda dtype: jnp.dtype(dtype) == jnp.float32)
+    conv._say_fallback.cache_clear()
+    assert conv.resolve("auto", "cpu", "float32") == "onednn"
+    with caplog.at_level(logging.WARNING):
+        assert conv.resolve("auto", "cpu", "bfloat16") == "im2col"
+    assert "oneDNN has no bfloat16 convolution for this CPU" in caplog.text
+    cfg = dataclasses.replace(config.get_preset("cnn").model, dtype="bfloat16")
+    assert cnn.run_facts(cfg) == {"conv_impl": "im2col"}
+    with pytest.raises(ConfigError, match="^model.conv_impl=onednn: oneDNN has no bfloat16 "):
+        cnn.validate(dataclasses.replace(cfg, conv_impl="onednn"))
+    cnn.validate(cfg)  # auto: falls back, no error
+
+
+def test_supports_says_whether_the_convolution_runs():
+    """Either way on this CPU: a dtype oneDNN is said to support runs, one it is said not
+    to fails inside oneDNN."""
+    assert onednn.supports("float32")
+    x, w = jnp.ones((1, 4, 4, 2), jnp.bfloat16), jnp.ones((3, 3, 2, 2), jnp.bfloat16)
+    if onednn.supports("bfloat16"):
+        jax.block_until_ready(onednn.conv_onednn(x, w))
+    else:
+        with pytest.raises(jax.errors.JaxRuntimeError, match="primitive descriptor"):
+            jax.block_until_ready(onednn.conv_onednn(x, w))
 
 
 def test_portable_never_names_a_custom_call():

@@ -107,6 +107,8 @@ def check_grid() -> list[str]:
     for case in GRID:
         x, w, g = _operands(rng, case)
         padding, dtype = case[6], case[7]
+        if not onednn.supports(dtype):  # no bfloat16 kernels for this CPU (test_conv checks)
+            continue
         got = _value_and_grads(onednn.conv_onednn, padding)(x, w, g)
         want = _value_and_grads(reference, padding)(x, w, g)
         failures += _mismatches(str(case), got, want, dtype)

@@ -197,7 +197,7 @@ def apply(params: dict, images: jax.Array, cfg, key: jax.Array | None = None, tr
         raise ValueError(f"cnn.apply takes images (B, H, W) or (B, H, W, C), got {images.shape}")
     dtype = jnp.dtype(cfg.dtype)
     activation = ACTIVATIONS[cfg.activation]
-    impl = conv.resolve(cfg.conv_impl)
+    impl = conv.resolve(cfg.conv_impl, dtype=dtype)
     x = (images[..., None] if images.ndim == 3 else images).astype(dtype)  # NHWC
     new_stats = []
     pool_first = cfg.activation in MONOTONIC
@@ -270,6 +270,11 @@ def validate(cfg) -> None:
         reason = onednn.unavailable_reason()
         if reason is not None:
             raise ConfigError(f"model.conv_impl=onednn: {reason}")
+        if not onednn.supports(cfg.dtype):
+            raise ConfigError(
+                f"model.conv_impl=onednn: oneDNN has no {cfg.dtype} convolution for this CPU; "
+                "model.conv_impl=auto uses im2col"
+            )
     if any(h <= 0 for h in cfg.hidden):
         raise ConfigError(f"model.hidden: sizes must be positive, got {cfg.hidden}")
 
@@ -292,7 +297,7 @@ def portable(cfg):
 def run_facts(cfg) -> dict:
     """What environment.json records of a CNN run: the convolution's formulation, as `auto`
     (or the user) chose it on this backend."""
-    return {"conv_impl": conv.resolve(cfg.conv_impl)}
+    return {"conv_impl": conv.resolve(cfg.conv_impl, dtype=cfg.dtype)}
 
 
 MODEL = Model(

@@ -145,17 +145,20 @@ CPU_FASTEST, CPU_FASTEST_XLA = "onednn", "im2col"
 PORTABLE = ("xla", "im2col", "patches")
 
 
-def resolve(impl: str, backend: str | None = None) -> str:
-    """The formulation `impl` stands for on `backend` (default: JAX's default backend)."""
+def resolve(impl: str, backend: str | None = None, dtype="float32") -> str:
+    """The formulation `impl` stands for on `backend` (default: JAX's default backend),
+    for convolutions in `dtype`."""
     if impl != "auto":
         return impl
     backend = backend or jax.default_backend()
     if backend != "cpu":
         return "xla"
     if jax.device_count() == 1:
-        if onednn.available():
+        if onednn.supports(dtype):
             return CPU_FASTEST
-        if onednn.build_failed():
+        if onednn.available():
+            _say_fallback(f"oneDNN has no {jnp.dtype(dtype).name} convolution for this CPU")
+        elif onednn.build_failed():
             _say_fallback(onednn.unavailable_reason())
     return CPU_FASTEST_XLA
 

@@ -18,7 +18,8 @@ compiles `onednn_conv.cc` against them and JAX's FFI headers with the C++ compil
 (`$CXX`, else `c++`), into `<cache>/native/<hash>/` (`data.default_cache_dir()`), which
 later processes load directly. `$DNNLROOT` (oneDNN's own convention) points at another
 oneDNN 3 install. `available()` says whether this worked and `unavailable_reason()` why
-not; `conv.resolve("auto")` picks oneDNN on a one-device CPU only when it is available.
+not; `conv.resolve("auto")` picks oneDNN on a one-device CPU only when it is available
+and has kernels for the network's dtype (`supports`: bfloat16 needs AVX-512 or later).
 
 Not for export: the custom calls exist only in a process that registered them, so
 `jaxmnist export` traces with a portable formulation instead (`conv.portable`). Not for a
@@ -189,6 +190,30 @@ def describe() -> dict:
 def available() -> bool:
     """Whether `conv_onednn` works in this process (building it on first call)."""
     return unavailable_reason() is None
+
+
+def supports(dtype) -> bool:
+    """Whether `conv_onednn` works here in `dtype`, forward and both gradients. oneDNN
+    has float32 convolutions for every x86-64 CPU, bfloat16 ones only for some (AVX-512
+    and later) by rules of its own build, so for bfloat16 this runs one tiny convolution,
+    once per process."""
+    if jnp.dtype(dtype) == jnp.float32:
+        return available()
+    return available() and _runs_in(jnp.dtype(dtype).name)
+
+
+@functools.cache
+def _runs_in(dtype: str) -> bool:
+    def loss(x, w):
+        return conv_onednn(x, w, "valid").astype(jnp.float32).sum()
+
+    with jax.ensure_compile_time_eval():  # run now, even when called while tracing
+        x, w = jnp.ones((1, 3, 3, 1), dtype), jnp.ones((1, 1, 1, 1), dtype)
+        try:
+            jax.block_until_ready(jax.grad(loss, argnums=(0, 1))(x, w))
+        except jax.errors.JaxRuntimeError:  # oneDNN: no primitive for this dtype here
+            return False
+    return True
 
 
 def unavailable_reason() -> str | None:
