@@ -101,8 +101,9 @@ def test_an_ensemble_of_identical_members_is_that_member(ensemble_run, tiny_arra
     one = evaluate_lib.compile_evaluate(model_cfg, member.params, data, classes)(
         member.params, data
     )
-    together = evaluate_lib.evaluate_ensemble(model_cfg, copies, data, classes)
+    members, together = evaluate_lib.evaluate_stacked(model_cfg, copies, data, classes, True)
     assert together.accuracy == one.accuracy and together.count == one.count == 150
+    assert [m.accuracy for m in members] == [one.accuracy] * SEEDS
     assert together.loss == pytest.approx(one.loss, rel=1e-5)
     np.testing.assert_array_equal(together.confusion, one.confusion)
 
@@ -232,13 +233,52 @@ def test_chunks_of_a_population_make_one_ensemble(tiny_dataset, tiny_arrays, mon
     # The chunks' ensemble is the one of every member's parameters in one call.
     data = evaluate_lib.place_eval_data(tiny_arrays["test_images"], tiny_arrays["test_labels"], 64)
     params = chunked.population.params(chunked.states)
-    direct = evaluate_lib.evaluate_ensemble(cfg.model, params, data, 10)
+    _, direct = evaluate_lib.evaluate_stacked(cfg.model, params, data, 10, ensemble=True)
     assert chunked.ensemble.accuracy == direct.accuracy
     assert chunked.ensemble.loss == pytest.approx(direct.loss, rel=1e-5)
     np.testing.assert_array_equal(chunked.ensemble.confusion, direct.confusion)
     assert chunked.records[-1]["ensemble_test_loss"] == chunked.ensemble.loss
     # ... and not any member's, nor their mean's.
     assert direct.loss not in chunked.records[-1]["test_loss_per_seed"]
+
+
+def test_eval_repeats_the_val_ensemble_training_measured(module_data_dir, tmp_path, capsys):
+    run = tmp_path / "run"
+    argv = tiny_train_argv(module_data_dir, run, "--seeds", "2", "data.validation=50")
+    assert main(argv) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    capsys.readouterr()
+    assert main(["eval", str(run), "--data-dir", str(module_data_dir), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["ensemble_val_accuracy"] == summary["ensemble_val_accuracy"]
+    assert result["ensemble_val_loss"] == pytest.approx(summary["ensemble_val_loss"], rel=1e-5)
+    assert result["ensemble_test_accuracy"] == summary["ensemble_test_accuracy"]
+    assert main(["eval", str(run), "--data-dir", str(module_data_dir)]) == 0
+    shown = f"  on val     accuracy {summary['ensemble_val_accuracy']:.2%}"
+    assert shown in capsys.readouterr().out
+
+
+def test_the_ensemble_takes_no_second_pass_over_a_set(tiny_dataset, monkeypatch):
+    """Each chunk's evaluation program gives its members' figures and its part of the
+    ensemble from one forward pass: the model is traced once per eval set, as in a sweep
+    that evaluates no ensemble, and the members' figures are the sweep's."""
+    traced: list[int] = []
+    apply = evaluate_lib.apply_uint8
+
+    def counted(*args, **kwargs):
+        traced.append(1)
+        return apply(*args, **kwargs)
+
+    monkeypatch.setattr(evaluate_lib, "apply_uint8", counted)
+    cfg = small_cfg(seeds=SEEDS, epochs=1, eval_train=True, eval_train_examples=64)
+    members = population.seed_members(cfg)
+    together = train_population(cfg, members, tiny_dataset)
+    assert together.ensemble is not None and len(traced) == 2  # the test and training sets
+    traced.clear()
+    alone = train_population(cfg, members, tiny_dataset, ensemble=False)
+    assert alone.ensemble is None and len(traced) == 2
+    for key in ("test_accuracy_per_seed", "test_loss_per_seed", "train_accuracy"):
+        assert together.records[-1][key] == alone.records[-1][key]
 
 
 def test_a_seeds_run_records_the_ensemble_and_a_sweep_does_not(tiny_dataset):

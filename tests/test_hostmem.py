@@ -102,11 +102,11 @@ def test_hand_back_keeps_a_block_cut_from_a_freed_one_from_being_held_twice():
 
 
 def test_the_loop_hands_back_before_each_phase(tiny_dataset, monkeypatch):
-    """Every epoch's steps and every evaluation (members, ensemble, validation, training
-    subset) start right after `hand_back`."""
+    """Every epoch's steps and every evaluation (test and validation, each with the
+    ensemble, and the training subset) start right after `hand_back`."""
     calls: list[str] = []
     monkeypatch.setattr(hostmem, "hand_back", lambda: calls.append("hand_back"))
-    for name in ("plan_epoch", "evaluate", "evaluate_ensemble"):
+    for name in ("plan_epoch", "evaluate"):
         original = getattr(population.Population, name)
 
         def record(self, *args, _name=name, _original=original, **kwargs):
@@ -117,8 +117,7 @@ def test_the_loop_hands_back_before_each_phase(tiny_dataset, monkeypatch):
     cfg = tiny_cfg(seeds=2, epochs=2, eval_train=True, eval_train_examples=64)
     loop.train_population(cfg, population.seed_members(cfg), tiny_dataset)
     phases = [i for i, c in enumerate(calls) if c != "hand_back"]
-    # per epoch: its plan, then members and ensemble on test and val, then the training subset
-    first = ["plan_epoch", *["evaluate", "evaluate_ensemble"] * 2, "evaluate"]
-    assert [calls[i] for i in phases[:6]] == first
-    assert len(phases) == 12
+    # per epoch: its plan, then the test set, the validation split and the training subset
+    assert [calls[i] for i in phases[:4]] == ["plan_epoch", *["evaluate"] * 3]
+    assert len(phases) == 8
     assert all(calls[i - 1] == "hand_back" for i in phases)

@@ -62,6 +62,11 @@ def print_eval(result: dict) -> None:
             f"loss {result['ensemble_test_loss']:.4f}  "
             f"(the mean of the {result['ensemble_members']} members' probabilities)"
         )
+        if "ensemble_val_accuracy" in result:
+            print(
+                f"  on val     accuracy {result['ensemble_val_accuracy']:.2%}  "
+                f"loss {result['ensemble_val_loss']:.4f}"
+            )
         print("(below: means over the seeds; the confusion matrix is the ensemble's)")
     elif "member" in result:
         print(

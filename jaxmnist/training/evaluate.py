@@ -31,6 +31,9 @@ from jaxmnist.models import apply_uint8
 # The training subset's draw: one fixed seed, so that every run (every seed, point of a
 # sweep, resume or `jaxmnist eval`) with the same N evaluates the same examples.
 SUBSET_SEED = 0
+# The eval sets a run of several members evaluates their ensemble on too: the test set and
+# the validation split, never the training set.
+ENSEMBLE_SETS = ("test", "val")
 
 
 class EvalData(NamedTuple):
@@ -169,8 +172,10 @@ def place_eval_data(
     return PlacedEval(placed, count)
 
 
-def make_evaluate(model_cfg, num_classes: int) -> Callable:
-    """Returns the pure `evaluate(params, data: EvalData) -> EvalSums`."""
+def make_evaluate(model_cfg, num_classes: int, log_probs: bool = False) -> Callable:
+    """Returns the pure `evaluate(params, data: EvalData) -> EvalSums`; with `log_probs`,
+    `(EvalSums, log_p)`, where log_p, float32 (num_batches, batch, C), is every example's
+    log-softmax, from the same logits (what an ensemble adds up: `with_ensemble`)."""
 
     def evaluate(params, data: EvalData):
         def batch_stats(batch):
@@ -182,11 +187,28 @@ def make_evaluate(model_cfg, num_classes: int) -> Callable:
             confusion = (
                 jnp.zeros((num_classes, num_classes), jnp.int32).at[labels, pred].add(weight)
             )
-            return jnp.sum(jnp.where(mask, losses, 0.0)), confusion
+            out = jnp.sum(jnp.where(mask, losses, 0.0)), confusion
+            return (*out, jax.nn.log_softmax(logits, axis=-1)) if log_probs else out
 
-        loss_sums, confusions = jax.lax.map(batch_stats, tuple(data))
+        loss_sums, confusions, *log_p = jax.lax.map(batch_stats, tuple(data))
         confusion = confusions.sum(0)
-        return EvalSums(loss_sums.sum(), jnp.trace(confusion), confusion)
+        sums = EvalSums(loss_sums.sum(), jnp.trace(confusion), confusion)
+        return (sums, log_p[0]) if log_probs else sums
+
+    return evaluate
+
+
+def with_ensemble(evaluate_members: Callable) -> Callable:
+    """From `evaluate_members(params, data) -> (EvalSums, log_p)` over S members stacked on
+    a leading axis (`make_evaluate` with `log_probs`, vmapped), the pure
+    `(params, data) -> (EvalSums, log_sums)`: the members' sums, and for every example the
+    log of their summed softmax probabilities, float32 (num_batches, batch, C). One pass
+    over the set gives both. The `log_sums` of a population's chunks add with
+    `jnp.logaddexp`, so chunks make one ensemble; `ensemble_sums` gives its figures."""
+
+    def evaluate(params, data: EvalData):
+        sums, log_p = evaluate_members(params, data)
+        return sums, jax.nn.logsumexp(log_p, axis=0)
 
     return evaluate
 
@@ -198,22 +220,33 @@ def compile_evaluate(model_cfg, params: Any, data: PlacedEval, num_classes: int)
 
     def run(params, data: PlacedEval) -> EvalResult:
         sums = jax.device_get(compiled(params, data.arrays))
-        return _result(sums, count)
+        return result_of(sums, count)
 
     return run
 
 
 def evaluate_stacked(
-    model_cfg, params: Any, data: PlacedEval, num_classes: int
-) -> list[EvalResult]:
+    model_cfg, params: Any, data: PlacedEval, num_classes: int, ensemble: bool = False
+) -> tuple[list[EvalResult], EvalResult | None]:
     """Evaluates S models whose parameters are stacked along a leading axis, in one
-    vmapped call; returns one EvalResult per model."""
-    evaluate = jax.jit(jax.vmap(make_evaluate(model_cfg, num_classes), in_axes=(0, None)))
-    sums = jax.device_get(evaluate(params, data.arrays))
-    return [_result(EvalSums(*member), data.count) for member in zip(*sums)]
+    vmapped call: one EvalResult per model, and with `ensemble` the ensemble's (the mean
+    of their softmax probabilities, from the same pass; `with_ensemble`), else None."""
+    members = jax.vmap(make_evaluate(model_cfg, num_classes, ensemble), in_axes=(0, None))
+    if not ensemble:
+        sums = jax.device_get(jax.jit(members)(params, data.arrays))
+        return [result_of(EvalSums(*member), data.count) for member in zip(*sums)], None
+    size = jax.tree.leaves(params)[0].shape[0]
+
+    def evaluate(params, arrays: EvalData):
+        sums, log_sums = with_ensemble(members)(params, arrays)
+        return sums, ensemble_sums(log_sums, size, arrays, num_classes)
+
+    sums, together = jax.device_get(jax.jit(evaluate)(params, data.arrays))
+    results = [result_of(EvalSums(*member), data.count) for member in zip(*sums)]
+    return results, result_of(together, data.count)
 
 
-def _result(sums: EvalSums, count: int) -> EvalResult:
+def result_of(sums: EvalSums, count: int) -> EvalResult:
     """Means over the `count` real examples, from one model's sums on the host."""
     return EvalResult(
         float(sums.loss_sum) / count,
@@ -255,31 +288,14 @@ def ensemble_log_probs(model_cfg, params: Any, images: jax.Array) -> jax.Array:
     (B, H, W[, C]): the mean of the softmax probabilities of the S members stacked on
     `params`' leading axis, as logsumexp over the members of their log-softmax minus
     log S (so that no member's vanishing probability underflows the ensemble's). Pure."""
-    members = jax.tree.leaves(params)[0].shape[0]
-    return _log_prob_sum(model_cfg, params, images) - jnp.log(members)
-
-
-def _log_prob_sum(model_cfg, params, images):
-    """log Σ_m softmax_m, float32 (B, C), over the members stacked on `params`."""
     logits = jax.vmap(lambda p: apply_uint8(p, images, model_cfg))(params)
-    return jax.nn.logsumexp(jax.nn.log_softmax(logits, axis=-1), axis=0)
-
-
-def make_ensemble_log_sums(model_cfg) -> Callable:
-    """Returns the pure `log_sums(params, data: EvalData) -> float32 (num_batches, batch, C)`:
-    for every example, the log of the summed softmax probabilities of the S members
-    stacked on `params`' leading axis. The sums of a population's chunks add with
-    `jnp.logaddexp`, so chunks make one ensemble; `ensemble_sums` gives its figures."""
-
-    def log_sums(params, data: EvalData):
-        return jax.lax.map(lambda x: _log_prob_sum(model_cfg, params, x), data.images)
-
-    return log_sums
+    log_sums = jax.nn.logsumexp(jax.nn.log_softmax(logits, axis=-1), axis=0)
+    return log_sums - jnp.log(logits.shape[0])
 
 
 def ensemble_sums(log_sums: jax.Array, members: int, data: EvalData, num_classes: int) -> EvalSums:
     """The ensemble's `EvalSums` from its `members` members' summed probabilities
-    (`log_sums`, as `make_ensemble_log_sums` returns them, of every chunk): its loss is
+    (`log_sums`, as `with_ensemble` returns them, of every chunk together): its loss is
     the cross-entropy of the mean probabilities, its prediction their argmax. Pure."""
     log_p = log_sums - jnp.log(members)
     losses = -jnp.take_along_axis(log_p, data.labels[..., None], axis=-1)[..., 0]
@@ -290,15 +306,3 @@ def ensemble_sums(log_sums: jax.Array, members: int, data: EvalData, num_classes
         .add(data.mask.astype(jnp.int32))
     )
     return EvalSums(jnp.sum(jnp.where(data.mask, losses, 0.0)), jnp.trace(confusion), confusion)
-
-
-def evaluate_ensemble(model_cfg, params: Any, data: PlacedEval, num_classes: int) -> EvalResult:
-    """The ensemble of the S models stacked on `params`' leading axis (the mean of their
-    softmax probabilities), evaluated exactly in one call."""
-    members = jax.tree.leaves(params)[0].shape[0]
-    log_sums = make_ensemble_log_sums(model_cfg)
-
-    def evaluate(params, arrays: EvalData) -> EvalSums:
-        return ensemble_sums(log_sums(params, arrays), members, arrays, num_classes)
-
-    return _result(jax.device_get(jax.jit(evaluate)(params, data.arrays)), data.count)

@@ -132,9 +132,12 @@ class Setup(NamedTuple):
     info: dict
 
 
-def setup_run(cfg, members, dataset, layout: parallel.Layout | None = None) -> Setup:
+def setup_run(
+    cfg, members, dataset, layout: parallel.Layout | None = None, ensemble: bool = False
+) -> Setup:
     """Plans, checks memory, initialises the states and places the data (see the module doc).
-    `cfg` is validated and `layout` checked for this population by the caller."""
+    `cfg` is validated and `layout` checked for this population by the caller. `ensemble`:
+    evaluate the ensemble of every member too (`Population`)."""
     # The validation examples leave the training set here, before anything counts it.
     split = validation.split_training_set(
         dataset.train_images, dataset.train_labels, cfg.data.validation
@@ -161,7 +164,7 @@ def setup_run(cfg, members, dataset, layout: parallel.Layout | None = None) -> S
     info.update(get_model(cfg.model.name).run_facts(cfg.model))  # e.g. the CNN's conv_impl
     pop = Population(
         cfg, optimizer, members, (len(members),), input_shape, num_classes,
-        len(plan.epoch_steps), layout,
+        len(plan.epoch_steps), layout, ensemble=ensemble,
     )  # fmt: skip
     # Estimated from the compiled programs before any data or state is allocated: chunks
     # that fit, or one clear line. The programs compiled for it are the run's own.
@@ -222,31 +225,26 @@ def train_population(
     (seeds of one config, not the points of a sweep).
     """
     calls = Callbacks(callbacks)
-    run = setup_run(cfg, members, dataset, layout)
+    if ensemble is None:
+        ensemble = len(members) > 1 and points is None
+    run = setup_run(cfg, members, dataset, layout, ensemble)
     if callable(start):
         start = start(run)
     progress, states = (Progress(), run.states) if start is None else start
     calls.on_start(RunStart(cfg, run.info, progress, dataset))
-    if ensemble is None:
-        ensemble = len(members) > 1 and points is None
-    compile_seconds = _compile(run, ensemble)
+    compile_seconds = _compile(run)
     calls.on_compiled(compile_seconds)
     points = np.zeros(len(members), int) if points is None else np.asarray(points)
     target = TargetAccuracy(cfg.train.target_accuracy, points, cfg.train.target_split)
     every = (*every_steps, cfg.train.progress_every)
     loop = _Loop(run, calls, target, stop_on_nonfinite, interrupt or (lambda: False), every)
-    loop.ensemble = ensemble
     return loop.run(states, progress, (target, *stop_rules), compile_seconds)
 
 
-def _compile(run: Setup, ensemble: bool = False) -> float:
+def _compile(run: Setup) -> float:
     """Compiles every distinct program ahead of time; returns the seconds compiling took,
     the memory estimate's compiles (in `setup_run`, reused here) included."""
     run.population.compile(run.plan.steps_per_epoch, run.train_data, run.eval_sets)
-    if ensemble:
-        for name in ("test", "val"):
-            if name in run.eval_sets:  # the validation split: data.validation
-                run.population.compile_ensemble(run.eval_sets[name], name)
     start = time.perf_counter()
     parallel.agree(0.0, False)  # several processes: its collective compiles here too
     return run.population.compile_seconds + time.perf_counter() - start
@@ -260,7 +258,6 @@ class _Loop:
         self.stop_on_nonfinite, self.interrupt = stop_on_nonfinite, interrupt
         self.pacer = pacing.Pacer(every)
         self.estimated = False
-        self.ensemble = False  # evaluate the ensemble of every member too (test, val)
 
     def run_steps(self, states, metrics, plans, done: int, num_steps: int, step: int):
         """One call, from step `done` of the epoch; returns (states, metrics, steps run,
@@ -345,16 +342,14 @@ class _Loop:
             totals = pop.host_metrics(states, metrics, num_steps)
             self.check_finite(totals.losses, epoch, step - num_steps, diverged)
             t0 = time.perf_counter()
-            test = self.evaluate(states, "test")
-            together = self.evaluate_ensemble(states)
+            test, together = self.evaluate(states, "test")
             val = together_val = None
             if "val" in run.eval_sets:  # the validation split (data.validation)
-                val = self.evaluate(states, "val")
-                together_val = self.evaluate_ensemble(states, "val")
+                val, together_val = self.evaluate(states, "val")
             t1 = time.perf_counter()
             train_eval = None
             if cfg.train.eval_train:
-                train_eval = self.evaluate(states, "train")
+                train_eval, _ = self.evaluate(states, "train")
             t2 = time.perf_counter()
             eval_seconds += t2 - t0
             record = epoch_record(
@@ -377,8 +372,7 @@ class _Loop:
             if sum(bool(rule(end, clock[0])) for rule in stop_rules) or stopping:
                 break
         if test is None and not stopping:  # resumed at its last checkpoint, or past its target
-            test = self.evaluate(states, "test")
-            together = self.evaluate_ensemble(states)
+            test, together = self.evaluate(states, "test")
         return RunResult(
             pop,
             states,
@@ -396,20 +390,13 @@ class _Loop:
             together,
         )
 
-    def evaluate(self, states, name: str) -> Evaluation:
-        """Every member on eval set `name`. Each evaluation is a program of its own size:
+    def evaluate(self, states, name: str) -> tuple[Evaluation, evaluate_lib.EvalResult | None]:
+        """Every member on eval set `name`, and the ensemble of them where the population
+        evaluates it (`Population.evaluate`). Each evaluation is a program of its own size:
         the heap's free pages go back first (`hostmem.hand_back`), so that a block the
         last program freed, and a small request then cut, is not held twice."""
         hostmem.hand_back()
         return self.setup.population.evaluate(states, name, self.setup.eval_sets[name])
-
-    def evaluate_ensemble(self, states, name: str = "test"):
-        """The ensemble of every member on eval set `name` (an EvalResult), or None."""
-        if not self.ensemble:
-            return None
-        hostmem.hand_back()  # as `evaluate`
-        data = self.setup.eval_sets[name]
-        return self.setup.population.evaluate_ensemble(states, data, name)
 
     def check_finite(self, losses, epoch: int, first_step: int, diverged: list) -> None:
         members = self.setup.population.members

@@ -127,10 +127,22 @@ class Population:
     """
 
     def __init__(
-        self, cfg, optimizer, members, chunks, input_shape, num_classes, num_epochs, layout
+        self,
+        cfg,
+        optimizer,
+        members,
+        chunks,
+        input_shape,
+        num_classes,
+        num_epochs,
+        layout,
+        *,
+        ensemble: bool = False,
     ):
         self.cfg, self.optimizer, self.members = cfg, optimizer, tuple(members)
         self.layout = layout
+        # Evaluate the ensemble of every member too, on the sets of `evaluate.ENSEMBLE_SETS`.
+        self.ensemble = ensemble
         self.chunks = tuple(chunks)
         ends = np.cumsum((0, *self.chunks))
         self.slices = [slice(int(a), int(b)) for a, b in itertools.pairwise(ends)]
@@ -147,8 +159,7 @@ class Population:
         self.steps_fns: dict = {}  # chunk size -> compiled train_steps
         self.rate_fns: dict = {}  # chunk size -> compiled learning rates
         self.eval_fns: dict = {}  # (chunk size, set name) -> compiled evaluation
-        # set name -> {chunk size, and "finish" -> the ensemble's compiled programs on it}
-        self.ensemble_fns: dict = {}
+        self.finish_fns: dict = {}  # set name -> compiled ensemble of every chunk on it
         self.programs: dict = {}  # chunk size -> its compiled programs (`chunk_programs`)
         self.compile_seconds = 0.0  # spent in `chunk_programs`, for the estimate or the run
 
@@ -213,7 +224,7 @@ class Population:
         """The same members cut into `chunks`, keeping every program compiled so far."""
         other = Population(
             self.cfg, self.optimizer, self.members, chunks, self.input_shape,
-            self.num_classes, len(self.epoch_keys), self.layout,
+            self.num_classes, len(self.epoch_keys), self.layout, ensemble=self.ensemble,
         )  # fmt: skip
         other.programs, other.compile_seconds = self.programs, self.compile_seconds
         return other
@@ -271,22 +282,38 @@ class Population:
             ).compile(),
             "rate": self._rate_fn().lower(states).compile(),
         }
-        evaluate = evaluate_lib.make_evaluate(self.cfg.model, self.num_classes)
         for name, data in eval_sets.items():
-            fn = jax.jit(
-                self._lift(evaluate, size, (0, None)),
-                in_shardings=(by_member, lay.eval_batches),
-                out_shardings=lay.replicated,
-            )
+            fn = self._eval_fn(size, name)
             programs[f"eval/{name}"] = fn.lower(states.params, data).compile()
         self.programs[size] = programs
         self.compile_seconds += time.perf_counter() - start
         return programs
 
+    def _eval_fn(self, size: int, name: str):
+        """The evaluation of a chunk of `size` members on eval set `name`: their `EvalSums`
+        (member axis first), and on the sets where the ensemble is evaluated, in the same
+        pass, the chunk's `log_sums` for it (`evaluate.with_ensemble`)."""
+        lay = self.layout
+        together = self.ensemble and name in evaluate_lib.ENSEMBLE_SETS
+        evaluate = evaluate_lib.make_evaluate(self.cfg.model, self.num_classes, together)
+        members = self._lift(evaluate, size, (0, None))
+        if not together:
+            return jax.jit(
+                members,
+                in_shardings=(lay.by_member, lay.eval_batches),
+                out_shardings=lay.replicated,
+            )
+        return jax.jit(
+            evaluate_lib.with_ensemble(members),
+            in_shardings=(lay.by_member, lay.eval_batches),
+            out_shardings=(lay.replicated, lay.eval_batches),
+        )
+
     def compile(self, steps_per_epoch: int, train_data, eval_sets: dict):
         """Compiles (or takes from `chunk_programs`) the epoch's programs and evaluation for
         every chunk size ahead of time; `eval_sets` maps a name to its PlacedEval. Every
-        epoch, a shorter last one too, uses the plan of a full epoch of `steps_per_epoch`."""
+        epoch, a shorter last one too, uses the plan of a full epoch of `steps_per_epoch`.
+        With `ensemble`, also the program that makes the ensemble of every chunk."""
         arrays = {name: data.arrays for name, data in eval_sets.items()}
         for size in dict.fromkeys(self.chunks):
             programs = self.chunk_programs(size, steps_per_epoch, train_data, arrays)
@@ -296,6 +323,27 @@ class Population:
             self.rate_fns[size] = programs["rate"]
             for name in eval_sets:
                 self.eval_fns[size, name] = programs[f"eval/{name}"]
+        if not self.ensemble:
+            return
+        start = time.perf_counter()
+        members, classes, lay = len(self.members), self.num_classes, self.layout
+
+        def finish(chunk_sums, data):
+            total = chunk_sums[0]
+            for more in chunk_sums[1:]:  # probabilities add: their logs add as logaddexp
+                total = jnp.logaddexp(total, more)
+            return evaluate_lib.ensemble_sums(total, members, data, classes)
+
+        done = jax.jit(finish, out_shardings=lay.replicated)
+        for name in evaluate_lib.ENSEMBLE_SETS:
+            if name in arrays:
+                labels = arrays[name].labels
+                part = jax.ShapeDtypeStruct(
+                    (*labels.shape, classes), jnp.float32, sharding=lay.eval_batches
+                )
+                parts = [part] * len(self.chunks)
+                self.finish_fns[name] = done.lower(parts, arrays[name]).compile()
+        self.compile_seconds += time.perf_counter() - start
 
     def plan_epoch(self, epoch_index: int) -> list[EpochPlan]:
         """Every chunk's plan for epoch `epoch_index` (0-based), drawn on the devices."""
@@ -326,22 +374,33 @@ class Population:
         correct = np.concatenate([np.asarray(m.correct).reshape(-1) for m in host])
         return EpochTotals(losses, correct, self.learning_rates(states))
 
-    def evaluate(self, states, name: str, data: evaluate_lib.PlacedEval) -> Evaluation:
-        """Exact evaluation of every member on the set compiled as `name`."""
-        parts = jax.device_get(
-            [
-                self.eval_fns[size, name](s.params, data.arrays)
-                for size, s in zip(self.chunks, states, strict=True)
-            ]
-        )
+    def evaluate(
+        self, states, name: str, data: evaluate_lib.PlacedEval
+    ) -> tuple[Evaluation, evaluate_lib.EvalResult | None]:
+        """Exact evaluation of every member on the set compiled as `name`, and on the
+        sets of `evaluate.ENSEMBLE_SETS`, with `ensemble`, that of the ensemble of every
+        member, its chunks together (the mean of their softmax probabilities), else None.
+        One pass over the set gives both: each chunk's program returns its members' sums
+        and the logs of their summed probabilities, and one more adds the chunks'."""
+        outs = [
+            self.eval_fns[size, name](s.params, data.arrays)
+            for size, s in zip(self.chunks, states, strict=True)
+        ]
+        finish = self.finish_fns.get(name)
+        together = None
+        if finish is not None:
+            outs, log_sums = zip(*outs)
+            together = jax.device_get(finish(list(log_sums), data.arrays))
+        parts = jax.device_get(outs)
         sums = evaluate_lib.EvalSums(*(np.concatenate(field) for field in zip(*parts)))
         count = data.count
-        return Evaluation(
+        members = Evaluation(
             sums.loss_sum.astype(np.float64) / count,
             sums.correct.astype(np.float64) / count,
             sums.confusion.astype(np.int64),
             count,
         )
+        return members, None if together is None else evaluate_lib.result_of(together, count)
 
     def _rate_fn(self):
         return jax.jit(
@@ -369,59 +428,3 @@ class Population:
     def member_params(self, states, index: int):
         """Member `index`'s parameters on the host, unstacked."""
         return jax.tree.map(lambda x: x[index], self.params(states))
-
-    def compile_ensemble(self, data: evaluate_lib.PlacedEval, name: str = "test") -> None:
-        """Compiles the ensemble's evaluation on `data`, the eval set `name` ("test", "val"),
-        ahead of time (see `evaluate_ensemble`): one program per chunk size, and the one
-        that adds the chunks. Each set keeps its own: their example counts differ."""
-        start = time.perf_counter()
-        lay = self.layout
-        log_sums = jax.jit(
-            evaluate_lib.make_ensemble_log_sums(self.cfg.model),
-            in_shardings=(lay.by_member, lay.eval_batches),
-            out_shardings=lay.eval_batches,
-        )
-        one = self.state_shapes().params
-        fns, parts = {}, {}
-        for size in dict.fromkeys(self.chunks):
-            params = jax.tree.map(
-                lambda x, n=size: jax.ShapeDtypeStruct(
-                    (n, *x.shape), x.dtype, sharding=lay.by_member
-                ),
-                one,
-            )
-            fns[size] = log_sums.lower(params, data.arrays).compile()
-            out = log_sums.eval_shape(params, data.arrays)
-            parts[size] = jax.ShapeDtypeStruct(out.shape, out.dtype, sharding=lay.eval_batches)
-        members, classes = len(self.members), self.num_classes
-
-        def finish(chunk_sums, arrays):
-            total = chunk_sums[0]
-            for more in chunk_sums[1:]:  # probabilities add: their logs add as logaddexp
-                total = jnp.logaddexp(total, more)
-            return evaluate_lib.ensemble_sums(total, members, arrays, classes)
-
-        chunk_sums = [parts[size] for size in self.chunks]
-        done = jax.jit(finish, out_shardings=lay.replicated)
-        fns["finish"] = done.lower(chunk_sums, data.arrays).compile()
-        self.ensemble_fns[name] = fns
-        self.compile_seconds += time.perf_counter() - start
-
-    def evaluate_ensemble(
-        self, states, data: evaluate_lib.PlacedEval, name: str = "test"
-    ) -> evaluate_lib.EvalResult:
-        """The ensemble of every member, its chunks together (the mean of their softmax
-        probabilities), evaluated exactly on `data`, the set compiled as `name` by
-        `compile_ensemble`: each chunk sums its members' probabilities (as logs, on the
-        devices), then one program adds the chunks and makes the ensemble's figures."""
-        fns = self.ensemble_fns[name]
-        chunk_sums = [
-            fns[size](s.params, data.arrays) for size, s in zip(self.chunks, states, strict=True)
-        ]
-        sums = jax.device_get(fns["finish"](chunk_sums, data.arrays))
-        return evaluate_lib.EvalResult(
-            float(sums.loss_sum) / data.count,
-            int(sums.correct) / data.count,
-            data.count,
-            np.asarray(sums.confusion, np.int64),
-        )

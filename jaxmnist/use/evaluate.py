@@ -2,9 +2,10 @@
 
 The run is read by `runs.reader.open_run` (params.npz, or the newest intact
 checkpoint of an unfinished run); every member is evaluated exactly in one
-vmapped call per set (`training.evaluate`), and so is, for a run of several, the
-ensemble of its members on the test set (the mean of their softmax probabilities),
-unless `member` picks one of them (`use.members.choose_member`).
+vmapped call per set (`training.evaluate`), and for a run of several, in the same
+call, the ensemble of its members on the test set and the validation split (the mean
+of their softmax probabilities), as training evaluated it, unless `member` picks one
+of them (`use.members.choose_member`).
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ import numpy as np
 
 from jaxmnist.runs.reader import Run, open_run
 from jaxmnist.training.evaluate import (
+    ENSEMBLE_SETS,
     SUBSET_SEED,
     EvalResult,
     PlacedEval,
     compile_evaluate,
-    evaluate_ensemble,
     evaluate_stacked,
     place_eval_data,
     train_eval_indices,
@@ -40,7 +41,8 @@ def evaluate_run(
     data.json), then where `data.load_dataset` looks. A run of several seeds gives
     means, with per-seed lists, and its ensemble's test accuracy and loss
     (`ensemble_test_accuracy`, `ensemble_test_loss`: the cross-entropy of the mean
-    probabilities); the confusion matrix is the ensemble's. `member` (0-based; checked,
+    probabilities; `ensemble_val_*` on a validation split); the confusion matrix is the
+    ensemble's. `member` (0-based; checked,
     ConfigError) evaluates that member alone, and says which (`member`, `seed`). The training
     set is evaluated as the run evaluated it after each epoch: on its fixed subset when
     it used one (`train.eval_train_examples`; `train_set` says which), else in full.
@@ -71,7 +73,11 @@ def evaluate_run(
         name: place_eval_data(x, y, batch, indices=indices)
         for name, (x, y, indices) in sets.items()
     }
-    results = {name: _evaluate_members(run, params, data) for name, data in placed.items()}
+    results, together = {}, {}
+    for name, data in placed.items():
+        results[name], together[name] = _evaluate_members(
+            run, params, data, ensemble and name in ENSEMBLE_SETS
+        )
     test, train = results["test"], results["train"]
     out = {
         "run_dir": str(run_dir),
@@ -98,17 +104,21 @@ def evaluate_run(
         )
     confusion = test[0].confusion
     if ensemble:
-        together = evaluate_ensemble(run.config.model, params, placed["test"], run.spec.num_classes)
-        confusion = together.confusion
+        confusion = together["test"].confusion
         out.update(
             seeds=run.seeds,
             test_accuracy_per_seed=[r.accuracy for r in test],
             test_loss_per_seed=[r.loss for r in test],
             train_accuracy_per_seed=[r.accuracy for r in train],
             ensemble_members=run.members,
-            ensemble_test_accuracy=together.accuracy,
-            ensemble_test_loss=together.loss,
+            ensemble_test_accuracy=together["test"].accuracy,
+            ensemble_test_loss=together["test"].loss,
         )
+        if "val" in together:
+            out.update(
+                ensemble_val_accuracy=together["val"].accuracy,
+                ensemble_val_loss=together["val"].loss,
+            )
     elif run.members > 1:
         out.update(member=index, seed=run.seeds[index], seeds_in_run=run.members)
     return {
@@ -119,11 +129,14 @@ def evaluate_run(
     }
 
 
-def _evaluate_members(run: Run, params, data: PlacedEval) -> list[EvalResult]:
-    """One result per member of `params` (stacked); one model runs the very program training
-    evaluated it with (not a vmap of one), so eval repeats training's figures exactly."""
+def _evaluate_members(
+    run: Run, params, data: PlacedEval, ensemble: bool
+) -> tuple[list[EvalResult], EvalResult | None]:
+    """One result per member of `params` (stacked), and with `ensemble` the ensemble's, from
+    the same pass. One model runs the very program training evaluated it with (not a vmap
+    of one), so eval repeats training's figures exactly."""
     model_cfg, classes = run.config.model, run.spec.num_classes
     if jax.tree.leaves(params)[0].shape[0] > 1:
-        return evaluate_stacked(model_cfg, params, data, classes)
+        return evaluate_stacked(model_cfg, params, data, classes, ensemble)
     one = jax.tree.map(lambda x: x[0], params)
-    return [compile_evaluate(model_cfg, one, data, classes)(one, data)]
+    return [compile_evaluate(model_cfg, one, data, classes)(one, data)], None
