@@ -9,6 +9,10 @@ does (a fixed subset of `train.eval_train_examples`, or none); `tpu101` keeps th
 set, as the tutorial does. The goal: a preset's evaluation at most 5% of its training time, with the
 test set still evaluated in full every epoch.
 
+With `--seeds N` (N > 1) a run also evaluates the ensemble of its members on the test set
+every epoch; each preset's own case then runs a third time with the ensemble off, side
+by side, so that what the ensemble adds to the test set's evaluation is measured.
+
 From the full-set run the script also derives the largest training subset that would
 keep the evaluation within the goal: the test set's seconds, plus the training set's
 seconds per example times N, at most 5% of the training seconds (medians over the epochs
@@ -26,6 +30,7 @@ Prints a table and writes JSON (`--out`, default benchmarks/results/eval_overhea
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 from pathlib import Path
@@ -36,8 +41,11 @@ GOAL = 0.05  # evaluation seconds / training seconds, per epoch
 CNN_PRESETS = ("cnn", "fashion_cnn", "speedrun")
 
 
-def run_case(preset: str, overrides: dict, epochs: int, seeds: int, smoke: bool) -> dict:
-    """Trains `preset` (with `overrides`) for `epochs`; returns its per-epoch timings."""
+def run_case(
+    preset: str, overrides: dict, epochs: int, seeds: int, smoke: bool, ensemble: bool = True
+) -> dict:
+    """Trains `preset` (with `overrides`) for `epochs`, evaluating the ensemble of several
+    seeds unless `ensemble` is false; returns its per-epoch timings."""
     from jaxmnist import config as config_lib
     from jaxmnist.training.evaluate import train_eval_facts
     from jaxmnist.training.loop import train_population
@@ -51,7 +59,7 @@ def run_case(preset: str, overrides: dict, epochs: int, seeds: int, smoke: bool)
     )
     dataset = load(cfg.data.dataset, smoke)
     config_lib.validate(cfg, num_train_examples=len(dataset.train_labels))
-    result = train_population(cfg, seed_members(cfg), dataset)
+    result = train_population(cfg, seed_members(cfg), dataset, ensemble=ensemble and seeds > 1)
     epochs_out = [
         {
             "epoch": r["epoch"],
@@ -68,6 +76,7 @@ def run_case(preset: str, overrides: dict, epochs: int, seeds: int, smoke: bool)
     return {
         "preset": preset,
         "overrides": overrides,
+        "ensemble": result.ensemble is not None,
         "train_eval_examples": facts.get("train_eval_examples", 0),
         "train_size": len(dataset.train_labels),
         "test_size": len(dataset.test_labels),
@@ -108,10 +117,15 @@ def largest_subset(full: dict) -> int:
     return max(0, min(full["train_size"], int(room / per_example))) if per_example else 0
 
 
+def median_test_eval(case: dict) -> float:
+    """The median seconds of the test set's evaluation over the epochs after the first."""
+    return statistics.median(e["test_eval_seconds"] for e in case["epochs"][1:] or case["epochs"])
+
+
 def label(case: dict) -> str:
     n, size = case["train_eval_examples"], case["train_size"]
     which = "no training set" if not n else "full training set" if n >= size else f"subset {n:,}"
-    return f"{case['preset']} ({which})"
+    return f"{case['preset']} ({which}{'' if case['ensemble'] else ', no ensemble'})"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -135,6 +149,8 @@ def main(argv: list[str] | None = None) -> None:
             if args.smoke and not overrides and preset in CNN_PRESETS:
                 overrides = {"train.eval_train_examples": 24}
             cases.append(run_case(preset, overrides, args.epochs, args.seeds, args.smoke))
+        if args.seeds > 1:  # the preset's own case again, without the ensemble
+            cases.append(run_case(preset, overrides, args.epochs, args.seeds, args.smoke, False))
     print(
         f"{'case':<34} {'epoch':>5} {'train s':>8} {'test eval s':>11} "
         f"{'train eval s':>12} {'eval/train':>10}"
@@ -159,12 +175,22 @@ def main(argv: list[str] | None = None) -> None:
                 f"{case['preset']}: the largest training subset within {GOAL:.0%} of training "
                 f"time (medians after the first epoch): {n:,} examples"
             )
+    ensemble_cost = {}
+    for with_, without in itertools.pairwise(cases):
+        if with_["ensemble"] and not without["ensemble"]:
+            a, b = (median_test_eval(c) for c in (with_, without))
+            ensemble_cost[with_["preset"]] = {"test_eval_seconds": [a, b], "ratio": a / b}
+            print(
+                f"{with_['preset']}: the test set's evaluation {a:.3f} s with the ensemble, "
+                f"{b:.3f} s without ({a / b:.2f}x; medians after the first epoch)"
+            )
     figures = {
         "goal_eval_fraction": GOAL,
         "epochs": args.epochs,
         "seeds": args.seeds,
         "cases": cases,
         "largest_subset_within_goal": within,
+        "ensemble_cost": ensemble_cost,
     }
     print(save_benchmark(out, figures, load_before))
 
