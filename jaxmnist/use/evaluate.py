@@ -42,10 +42,10 @@ def evaluate_run(
     means, with per-seed lists, and its ensemble's test accuracy and loss
     (`ensemble_test_accuracy`, `ensemble_test_loss`: the cross-entropy of the mean
     probabilities; `ensemble_val_*` on a validation split); the confusion matrix is the
-    ensemble's. `member` (0-based; checked,
-    ConfigError) evaluates that member alone, and says which (`member`, `seed`). The training
-    set is evaluated as the run evaluated it after each epoch: on its fixed subset when
-    it used one (`train.eval_train_examples`; `train_set` says which), else in full.
+    ensemble's. `member` (0-based; checked, ConfigError) evaluates that member alone, and
+    says which (`member`, `seed`). The training set is evaluated as the run evaluated it
+    after each epoch: on its fixed subset when it used one (`train.eval_train_examples`;
+    `train_set` says which), else in full.
     """
     run = open_run(run_dir)
     index = choose_member(member, run.members)
