@@ -296,18 +296,11 @@ class Population:
         lay = self.layout
         together = self.ensemble and name in evaluate_lib.ENSEMBLE_SETS
         evaluate = evaluate_lib.make_evaluate(self.cfg.model, self.num_classes, together)
-        members = self._lift(evaluate, size, (0, None))
-        if not together:
-            return jax.jit(
-                members,
-                in_shardings=(lay.by_member, lay.eval_batches),
-                out_shardings=lay.replicated,
-            )
-        return jax.jit(
-            evaluate_lib.with_ensemble(members),
-            in_shardings=(lay.by_member, lay.eval_batches),
-            out_shardings=(lay.replicated, lay.eval_batches),
-        )
+        fn = self._lift(evaluate, size, (0, None))
+        out = lay.replicated
+        if together:
+            fn, out = evaluate_lib.with_ensemble(fn), (out, lay.eval_batches)
+        return jax.jit(fn, in_shardings=(lay.by_member, lay.eval_batches), out_shardings=out)
 
     def compile(self, steps_per_epoch: int, train_data, eval_sets: dict):
         """Compiles (or takes from `chunk_programs`) the epoch's programs and evaluation for
@@ -323,8 +316,13 @@ class Population:
             self.rate_fns[size] = programs["rate"]
             for name in eval_sets:
                 self.eval_fns[size, name] = programs[f"eval/{name}"]
-        if not self.ensemble:
-            return
+        if self.ensemble:
+            self._compile_finish(arrays)
+
+    def _compile_finish(self, arrays: dict) -> None:
+        """Compiles, for each eval set of `evaluate.ENSEMBLE_SETS` among `arrays` (name ->
+        EvalData), the program that adds every chunk's `log_sums` and makes the ensemble's
+        `EvalSums` (`finish_fns`)."""
         start = time.perf_counter()
         members, classes, lay = len(self.members), self.num_classes, self.layout
 
