@@ -55,11 +55,73 @@ def stats(temp=0, out=0, alias=0, arg=0, code=0):
 
 
 class Program:
-    def __init__(self, s):
-        self.s = s
+    def __init__(self, s, hlo=""):
+        self.s, self.hlo = s, hlo
 
     def memory_analysis(self):
         return self.s
+
+    def as_text(self):
+        return self.hlo
+
+
+# Optimised HLO as XLA:CPU prints it: a YNNPACK fusion whose inner arrays (a 4 KB convert,
+# a 2 KB multiply) XLA does not assign, one more with a pred array (a byte each), and an
+# ordinary loop fusion, whose larger inner array XLA's own buffers hold.
+HLO = """\
+%fused_computation (param_0: bf16[32,32], param_1: f32[]) -> f32[32] {
+  %param_0 = bf16[32,32]{1,0} parameter(0)
+  %convert.1 = f32[32,32]{1,0} convert(%param_0)
+  %mul.1 = bf16[32,32]{1,0} multiply(%param_0, %param_0), metadata={op_name="mul"}
+  %param_1 = f32[] parameter(1)
+  %broadcast.1 = f32[64,64]{1,0} broadcast(%param_1), dimensions={}
+  ROOT %reduce.1 = f32[32]{0} reduce(%convert.1, %param_1), dimensions={0}, to_apply=%add
+}
+
+%fused_computation.1 (param_0.1: f32[300]) -> f32[] {
+  %param_0.1 = f32[300]{0} parameter(0)
+  %compare.1 = pred[300]{0} compare(%param_0.1, %param_0.1), direction=EQ
+  ROOT %reduce.2 = f32[] reduce(%compare.1), dimensions={0}, to_apply=%add
+}
+
+%fused_computation.2 (param_0.2: f32[100,100]) -> f32[100] {
+  %param_0.2 = f32[100,100]{1,0} parameter(0)
+  %exp.1 = f32[100,100]{1,0} exponential(%param_0.2)
+  ROOT %reduce.3 = f32[100]{0} reduce(%exp.1), dimensions={1}, to_apply=%add
+}
+
+ENTRY %main (x: bf16[32,32], y: f32[300]) -> f32[32] {
+  %ynn_fusion = f32[32]{0} fusion(%x, %c), kind=kCustom, calls=%fused_computation, \
+backend_config={"fusion_config":{"kind":"__ynn_fusion"},"outer_dimension_partitions":[]}
+  %ynn_fusion.1 = f32[] fusion(%y), kind=kCustom, calls=%fused_computation.1, \
+backend_config={"fusion_config":{"kind":"__ynn_fusion"}}
+  %loop_fusion = f32[100] fusion(%z), kind=kLoop, calls=%fused_computation.2
+  ROOT %r = f32[32]{0} add(%ynn_fusion, %ynn_fusion)
+}
+"""
+
+
+def test_a_ynnpack_fusion_counts_its_largest_inner_array():
+    assert memory.ynn_fusion_bytes(HLO) == 32 * 32 * 4  # the convert; not the broadcast
+    assert memory.ynn_fusion_bytes(HLO.replace("%convert.1 = f32", "%convert.1 = bf16")) == (
+        32 * 32 * 2
+    )  # its element's width
+    swapped = HLO.replace("calls=%fused_computation,", "calls=%fused_computation.2,")
+    assert memory.ynn_fusion_bytes(swapped) == 100 * 100 * 4  # now the YNNPACK fusion's
+    assert memory.ynn_fusion_bytes(HLO.replace("__ynn_fusion", "other")) == 0
+    pred = HLO.replace("pred[300]", "pred[9000]")
+    assert memory.ynn_fusion_bytes(pred) == 9000  # a byte each
+
+
+def test_a_real_ynnpack_fusion_is_read():
+    """What XLA:CPU compiles is read as the text above is: a reduction of a product whose
+    product array XLA leaves to YNNPACK."""
+    x = jax.ShapeDtypeStruct((64, 28, 28, 16), np.float32)
+    compiled = jax.jit(lambda x: (x * x).sum(axis=(0, 1, 2))).lower(x).compile()
+    hlo = compiled.as_text()
+    if "__ynn_fusion" not in hlo:
+        pytest.skip("this XLA:CPU build makes no YNNPACK fusion of a reduction")
+    assert memory.ynn_fusion_bytes(hlo) == 64 * 28 * 28 * 16 * 4
 
 
 def test_chunk_memory_reads_every_program():
@@ -76,6 +138,8 @@ def test_chunk_memory_reads_every_program():
     assert memory.chunk_memory(programs, 2, 3).transient == 200
     programs["steps"].s.alias_size_in_bytes = 0  # outputs not written over donated inputs
     assert memory.chunk_memory(programs, 2, 3).transient == 230
+    programs["eval/test"].hlo = HLO  # its YNNPACK fusions' arrays, beside its temporaries
+    assert memory.chunk_memory(programs, 2, 3).transient == 120 + 7 + 32 * 32 * 4
 
 
 def test_estimate_from_one_or_two_chunk_sizes():
@@ -88,6 +152,9 @@ def test_estimate_from_one_or_two_chunk_sizes():
     assert both.total(8, 4) == 1006 + 80 + 300 + 3 * 100  # affine in between
     doubled = memory.estimate_memory(1000, eight, one, factor=2.0)
     assert doubled.total(8, 4) == 2 * both.total(8, 4)
+    runtime = memory.estimate_memory(1000, eight, one, factor=2.0, runtime_bytes=50)
+    assert runtime.total(8, 4) == doubled.total(8, 4) + 50  # once, however many models
+    assert runtime.total(16, 8) == doubled.total(16, 8) + 50
 
 
 def test_the_estimate_is_the_compilers(monkeypatch):
@@ -107,7 +174,11 @@ def test_the_estimate_is_the_compilers(monkeypatch):
         s.argument_size_in_bytes + s.temp_size_in_bytes + s.output_size_in_bytes
         for s in (p.memory_analysis() for p in programs.values())
     )  # every program's every buffer at once: more than any moment needs
-    assert about["memory_estimate_mb"] * MB <= factor * everything
+    fusions = sum(memory.ynn_fusion_bytes(p.as_text()) for p in programs.values())
+    assert (
+        about["memory_estimate_mb"] * MB
+        <= factor * (everything + fusions) + memory.CPU_RUNTIME_BYTES
+    )
     analysis = type(programs["steps"]).memory_analysis
 
     def more_temps(self):

@@ -13,8 +13,9 @@ device:
                 (the `steps` program's output), the epoch's plan (the `plan` program's)
                 and its keys
     transient   the program that is running: XLA's temporaries, plus whatever it outputs
-                beyond what it writes over its donated inputs; the largest over the
-                chunk's programs (the chunks run one after another)
+                beyond what it writes over its donated inputs, plus (on CPU) the largest
+                array a YNNPACK fusion makes inside itself; the largest over the chunk's
+                programs (the chunks run one after another)
 
 The whole population is compiled first: when it fits, that is the plan, and its programs
 are the run's (nothing compiles twice). When it does not, one model per device is
@@ -32,6 +33,7 @@ process heap), or `memory_budget_mb` when set.
 from __future__ import annotations
 
 import math
+import re
 from typing import NamedTuple
 
 import jax
@@ -48,14 +50,26 @@ MB = 2**20
 HOST_FRACTION = 0.7  # of the host's available memory, on CPU
 DEVICE_FRACTION = 0.85  # of an accelerator's free memory
 # XLA:CPU allocates from the process heap, and the process holds more than the compiled
-# programs' buffers: the host copies the data is staged through, the kernels' own working
-# memory (oneDNN's, Eigen's, and the YNNPACK fusions', which XLA's buffer assignment does
-# not see: most of batch norm's extra peak), blocks the allocator keeps for reuse.
-# What the programs need is scaled by this on CPU (benchmarks/memory_estimate.py measures
-# it against the peak resident set): the smallest factor that keeps every measured case
-# above -10% (an under-estimate is an out-of-memory crash; an over-estimate only splits
-# a population sooner). An accelerator's allocator holds what XLA plans.
-CPU_RUNTIME_FACTOR = 2.2
+# programs' buffers: the kernels' own working memory (oneDNN's, Eigen's) and the blocks the
+# allocator keeps for reuse, in proportion to what the programs use, and the runtime's own
+# allocations around them, which no program adds. So on CPU what the programs need is
+# scaled by the factor and the constant added (benchmarks/memory_estimate.py measures both
+# against the peak resident set; an under-estimate is an out-of-memory crash, an
+# over-estimate only splits a population sooner). An accelerator's allocator holds what
+# XLA plans.
+CPU_RUNTIME_FACTOR = 1.1
+CPU_RUNTIME_BYTES = 10 * MB
+# XLA:CPU hands some fusions to YNNPACK, which makes the arrays inside a fusion itself,
+# outside the buffer assignment `memory_analysis()` reports: batch norm's normalised
+# activations of a whole evaluation batch, for one. While such a program runs, the largest
+# array any of its YNNPACK fusions makes is counted as its working memory too (the
+# measured peaks follow the largest, not the sum). They are read from the optimised HLO.
+_YNN_FUSION = re.compile(r"calls=(%[\w.\-]+).*\"kind\":\"__ynn_fusion\"")
+_COMPUTATION = re.compile(r"^(%[\w.\-]+) \(.*?\) -> .*? \{\n(.*?)\n\}", re.DOTALL | re.MULTILINE)
+# An array an instruction makes: its element width in bits, its dimensions, its opcode (a
+# fusion's output, its ROOT, is not matched: XLA holds it).
+_ARRAY = re.compile(r"\s*%[\w.\-]+ = [a-z]+(\d*)\[([\d,]*)\]\S* ([\w\-]+)\(")
+_NOT_MADE = ("parameter", "constant", "bitcast", "broadcast")  # inputs, or views of them
 # Programs whose output is the resident state, plan or accumulators (counted as such).
 _KEPT_OUTPUTS = ("init", "plan", "metrics")
 
@@ -86,14 +100,36 @@ class ChunkMemory(NamedTuple):
     code: int  # the generated code of all the chunk's programs
 
 
+def ynn_fusion_bytes(hlo: str) -> int:
+    """The largest array made inside any YNNPACK fusion of the optimised HLO text `hlo`
+    (`Compiled.as_text()`): neither a fusion's inputs nor its output, which XLA's buffer
+    assignment holds; 0 where there is none (every backend but XLA:CPU)."""
+    if "__ynn_fusion" not in hlo:
+        return 0
+    bodies = {m.group(1): m.group(2) for m in _COMPUTATION.finditer(hlo)}
+    largest = 0
+    for fusion in _YNN_FUSION.finditer(hlo):
+        for line in bodies.get(fusion.group(1), "").splitlines():
+            made = _ARRAY.match(line)
+            if made is None or made.group(3) in _NOT_MADE:
+                continue
+            bits, dims, _ = made.groups()
+            size = math.prod(int(d) for d in dims.split(",") if d)
+            largest = max(largest, size * max(int(bits or 8), 8) // 8)  # pred: a byte
+    return largest
+
+
 def chunk_memory(programs: dict, models: int, num_epochs: int = 1) -> ChunkMemory:
-    """Reads `memory_analysis()` of a chunk's compiled programs (`Population.chunk_programs`:
-    name -> `jax.stages.Compiled`) for `models` models per device."""
+    """Reads `memory_analysis()` and the YNNPACK fusions (`ynn_fusion_bytes`) of a
+    chunk's compiled programs (`Population.chunk_programs`: name -> `jax.stages.Compiled`)
+    for `models` models per device."""
     stats = {name: p.memory_analysis() for name, p in programs.items()}
+    fusions = {name: ynn_fusion_bytes(p.as_text()) for name, p in programs.items()}
 
     def working(name, s) -> int:
         new_outputs = s.output_size_in_bytes - s.alias_size_in_bytes  # donated ones reused
-        return s.temp_size_in_bytes + (0 if name in _KEPT_OUTPUTS else max(new_outputs, 0))
+        kept = name in _KEPT_OUTPUTS
+        return s.temp_size_in_bytes + fusions[name] + (0 if kept else max(new_outputs, 0))
 
     plan = stats["plan"]
     resident = (
@@ -114,10 +150,11 @@ def estimate_memory(
     measured: ChunkMemory,
     other: ChunkMemory | None = None,
     factor: float = 1.0,
+    runtime_bytes: int = 0,
 ) -> MemoryEstimate:
     """The estimate from one compiled chunk size (transient memory in proportion to the
     chunk, exact at it) or two (affine between them, exact at both); every figure times
-    `factor` (`CPU_RUNTIME_FACTOR` on CPU)."""
+    `factor`, and `runtime_bytes` added (`CPU_RUNTIME_FACTOR`, `CPU_RUNTIME_BYTES` on CPU)."""
     points = [measured] if other is None else sorted([measured, other])
     resident = max(p.resident / p.models for p in points)
     shared = shared_bytes + max(p.code for p in points)
@@ -127,7 +164,8 @@ def estimate_memory(
     else:
         slope = (b.transient - a.transient) / (b.models - a.models)
         fixed = a.transient - slope * a.models
-    return MemoryEstimate(*(math.ceil(x * factor) for x in (shared, resident, slope, fixed)))
+    scaled = [math.ceil(x * factor) for x in (shared, resident, slope, fixed)]
+    return MemoryEstimate(*scaled[:3], scaled[3] + runtime_bytes)
 
 
 def _placed_bytes(tree) -> int:
@@ -252,7 +290,11 @@ def estimate_for(cfg, pop, steps_per_epoch: int, dataset, sizes: tuple[int, ...]
     # place, `data.formats.aligned`, `evaluate.pad_eval_data`), already in memory when the
     # budget is read: only what the programs add counts there.
     shared = 0 if cpu else _placed_bytes((train, evals))
-    return estimate_memory(shared, *measured, factor=CPU_RUNTIME_FACTOR if cpu else 1.0)
+    if not cpu:
+        return estimate_memory(shared, *measured)
+    return estimate_memory(
+        shared, *measured, factor=CPU_RUNTIME_FACTOR, runtime_bytes=CPU_RUNTIME_BYTES
+    )
 
 
 def chunks_for(cfg, pop, steps_per_epoch: int, dataset) -> tuple[tuple[int, ...], dict]:
