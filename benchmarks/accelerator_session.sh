@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The figures that need an accelerator, in one bounded run on a machine with a GPU
 # (or TPU): the `speedrun` preset's time per model (8 seeds in one program, and one
-# alone), what batch norm costs the CNN step there, bfloat16 against float32, and
-# `jaxmnist bench --quick`, and a profile of the CNN's steps (`jaxmnist profile`). Run from
-# anywhere; results go to $OUT if set, else to benchmarks/results/<backend>/, as at most 7
-# files (a log, three benchmark JSONs, and bench.json/.png/.html) and profile-cnn/ (the
-# trace and profile.json):
+# alone), what batch norm costs the CNN step there, bfloat16 against float32, the memory
+# estimate against the allocator's peak (8 CNN and 8 `speedrun` seeds, with and without
+# batch norm), `jaxmnist bench --quick`, and a profile of the CNN's steps (`jaxmnist
+# profile`). Run from anywhere; results go to $OUT if set, else to
+# benchmarks/results/<backend>/, as at most 8 files (a log, four benchmark JSONs, and
+# bench.json/.png/.html) and profile-cnn/ (the trace and profile.json):
 #
 #   bash benchmarks/accelerator_session.sh
 #
@@ -51,6 +52,8 @@ step() {
 step speedrun "$py" benchmarks/cnn_presets.py --presets speedrun --seeds 8 --out "$out/cnn_presets.json"
 step batch-norm "$py" benchmarks/batch_norm_cost.py --out "$out/batch_norm_cost.json"
 step bfloat16 "$py" benchmarks/bf16_matmul.py --out "$out/bf16_matmul.json"
+step memory "$py" benchmarks/memory_estimate.py --presets cnn,speedrun --seeds 8 --repeats 1 \
+  --out "$out/memory_estimate.json"
 step bench "$py" -m jaxmnist bench --preset tpu101 --quick --out "$out/bench-tpu101"
 step profile "$py" -m jaxmnist profile --preset cnn --profile-steps 20 --out "$out/profile-cnn"
 echo "== done: $out" | tee -a "$log"
