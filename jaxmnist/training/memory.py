@@ -290,11 +290,8 @@ def estimate_for(cfg, pop, steps_per_epoch: int, dataset, sizes: tuple[int, ...]
     # place, `data.formats.aligned`, `evaluate.pad_eval_data`), already in memory when the
     # budget is read: only what the programs add counts there.
     shared = 0 if cpu else _placed_bytes((train, evals))
-    if not cpu:
-        return estimate_memory(shared, *measured)
-    return estimate_memory(
-        shared, *measured, factor=CPU_RUNTIME_FACTOR, runtime_bytes=CPU_RUNTIME_BYTES
-    )
+    factor, runtime = (CPU_RUNTIME_FACTOR, CPU_RUNTIME_BYTES) if cpu else (1.0, 0)
+    return estimate_memory(shared, *measured, factor=factor, runtime_bytes=runtime)
 
 
 def chunks_for(cfg, pop, steps_per_epoch: int, dataset) -> tuple[tuple[int, ...], dict]:
