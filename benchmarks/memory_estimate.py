@@ -20,8 +20,13 @@ cover. Every repeat's figure is kept in the result.
 
 Needs MNIST where JAXMNIST_DATA_DIR (or the cache) has it, except with --smoke.
 
+`--set KEY=VALUE` (repeatable) changes every case's config, as `jaxmnist train` overrides do:
+`--set train.eval_batch_size=500` makes the steps' working memory, not the evaluation's,
+the largest of most cases.
+
 Usage: JAXMNIST_DATA_DIR=../shared/datasets python benchmarks/memory_estimate.py
-    [--steps 5] [--repeats 3] [--presets tpu101,codelab,cnn,speedrun] [--seeds 1,8] [--smoke]
+    [--steps 5] [--repeats 3] [--presets tpu101,codelab,cnn,speedrun] [--seeds 1,8]
+    [--set KEY=VALUE ...] [--smoke]
 Prints a table and writes JSON (`--out`, default benchmarks/results/memory_estimate.json).
 """
 
@@ -58,9 +63,12 @@ def _device_stats() -> dict | None:
     return stats if stats and "peak_bytes_in_use" in stats else None
 
 
-def measure_case(preset: str, batch_norm: bool | None, seeds: int, steps: int, smoke: bool):
-    """Runs one case in this process (a fresh one: the peak is the process's); returns
-    the estimate and the measured peak in bytes."""
+def measure_case(
+    preset: str, batch_norm: bool | None, seeds: int, steps: int, smoke: bool, sets=()
+):
+    """Runs one case in this process (a fresh one: the peak is the process's), with the
+    overrides `sets` ("KEY=VALUE" strings) last; returns the estimate and the measured
+    peak."""
     from jaxmnist import config as config_lib
     from jaxmnist import hostmem
     from jaxmnist.training import loop, memory
@@ -75,17 +83,17 @@ def measure_case(preset: str, batch_norm: bool | None, seeds: int, steps: int, s
     }
     if batch_norm is not None:
         overrides["model.batch_norm"] = str(batch_norm).lower()
-    cfg = config_lib.get_preset(preset)
+    if smoke:
+        overrides |= {"train.batch_size": 16, "train.eval_batch_size": 32}
+    asked = dict(config_lib.parse_override(s) for s in sets)
+    cfg = config_lib.apply_overrides(config_lib.get_preset(preset), overrides | asked)
     if smoke:
         from jaxmnist.bench.run import synthetic_dataset
 
-        overrides |= {"train.batch_size": 16, "train.eval_batch_size": 32}
-        cfg = config_lib.apply_overrides(cfg, overrides)
         dataset = synthetic_dataset(cfg.data.dataset, train_size=64, test_size=32)
     else:
         from jaxmnist.data import load_dataset
 
-        cfg = config_lib.apply_overrides(cfg, overrides)
         dataset = load_dataset(cfg.data.dataset, cfg.data.data_dir, download=False)
     seen: dict = {}
     planned = memory.chunks_for
@@ -120,16 +128,19 @@ def measure_case(preset: str, batch_norm: bool | None, seeds: int, steps: int, s
         "estimate_mb": seen["memory_estimate_mb"],
         "measured_mb": round(measured / 2**20, 1),
         "measured_as": how,
+        # What the overrides set, as the run's config holds it.
+        "set": {k: getattr(getattr(cfg, k.split(".")[0]), k.split(".")[1]) for k in asked},
         "estimate_seconds": round(seen["estimate_seconds"], 2),
         "compile_seconds": round(result.compile_seconds, 2),
     }
 
 
-def run_case(preset, batch_norm, seeds, steps, smoke) -> dict:
+def run_case(preset, batch_norm, seeds, steps, smoke, sets=()) -> dict:
     """`measure_case` in a fresh Python process."""
     cmd = [
         sys.executable, __file__, "--one", preset, str(batch_norm), str(seeds),
         "--steps", str(steps), *(["--smoke"] if smoke else []),
+        *(a for s in sets for a in ("--set", s)),
     ]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -143,15 +154,26 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seeds", default="1,8", help="population sizes, comma-separated")
     p.add_argument("--steps", type=int, default=5, help="training steps per case")
     p.add_argument("--repeats", type=int, default=3, help="fresh processes per case (max taken)")
+    p.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="a config override"
+    )
     p.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     p.add_argument("--out", type=Path)
     one = ("PRESET", "BATCH_NORM", "SEEDS")
     p.add_argument("--one", nargs=3, metavar=one, help=argparse.SUPPRESS)  # a case, in this process
     args = p.parse_args(argv)
+    from jaxmnist.config import parse_override
+    from jaxmnist.errors import ConfigError
+
+    try:
+        sets = dict(parse_override(s) for s in args.set)
+    except ConfigError as e:
+        p.error(str(e))
     if args.one:
         preset, bn, seeds = args.one
         batch_norm = None if bn == "None" else bn == "True"
-        print(json.dumps(measure_case(preset, batch_norm, int(seeds), args.steps, args.smoke)))
+        case = measure_case(preset, batch_norm, int(seeds), args.steps, args.smoke, args.set)
+        print(json.dumps(case))
         return
     presets, counts = args.presets.split(","), [int(s) for s in args.seeds.split(",")]
     if args.smoke:
@@ -166,7 +188,7 @@ def main(argv: list[str] | None = None) -> None:
     for preset in presets:
         for bn in (False, True) if preset in WITH_BATCH_NORM else (None,):
             for seeds in counts:
-                runs = [run_case(preset, bn, seeds, args.steps, args.smoke)
+                runs = [run_case(preset, bn, seeds, args.steps, args.smoke, args.set)
                         for _ in range(args.repeats)]  # fmt: skip
                 c = max(runs, key=lambda r: r["measured_mb"])
                 c["measured_mb_repeats"] = [r["measured_mb"] for r in runs]
@@ -184,6 +206,7 @@ def main(argv: list[str] | None = None) -> None:
     figures = {
         "steps": args.steps,
         "repeats": args.repeats,
+        "overrides": sets,
         "goal": {"low": LOW, "high": HIGH},
         "cases": cases,
     }

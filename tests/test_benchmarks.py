@@ -202,6 +202,20 @@ def test_smoke_mode(name, on_path, tmp_path, capsys):
     assert keys <= set(result), keys - set(result)
 
 
+def test_memory_estimate_runs_its_cases_with_the_overrides_asked(on_path, tmp_path, capsys):
+    module = load("memory_estimate")
+    out = tmp_path / "m.json"
+    module.main(["--smoke", "--out", str(out), "--set", "train.eval_batch_size=8"])
+    result = json.loads(out.read_text())
+    assert result["overrides"] == {"train.eval_batch_size": "8"}
+    assert result["cases"]
+    assert all(case["set"] == {"train.eval_batch_size": 8} for case in result["cases"])
+    with pytest.raises(SystemExit) as e:
+        module.main(["--smoke", "--set", "eval_batch_size"])
+    assert e.value.code == 2
+    assert "is not of the form section.field=value" in capsys.readouterr().err
+
+
 def test_serve_load_on_a_tiny_run(on_path, tiny_model_run, tmp_path):
     pytest.importorskip("uvicorn", reason="needs the serve extra")
     out = tmp_path / "serve_load.json"
