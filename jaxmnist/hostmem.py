@@ -15,8 +15,17 @@ twice: once a large block is freed, a small request may be cut from it, and the 
 request of the same size no longer fits there and is taken from fresh memory while the
 old block's pages stay resident. Between programs of different sizes (an epoch's steps,
 then each evaluation) `hand_back` returns the free blocks' pages to the kernel, so a
-run's peak is what its programs hold, not what its allocation order happened to be;
-within a phase, where one program runs again and again, the blocks are reused.
+run's peak is what its programs hold, not what its allocation order happened to be.
+
+Within a phase one program runs again and again and reuses its block, but the same can
+happen between two of its calls: XLA:CPU frees a
+call's working memory on a worker thread after its outputs are ready, so the next call
+may allocate before that free, and a small request cut from the freed block makes the
+next call take fresh memory again. Left alone, the resident set climbs by a whole block
+at a time, to several blocks. `GrowthCheck` keeps it to one: after each call it waits
+for that free, and while a call runs it hands back as soon as the resident set lies
+more than `GROWTH_SLACK` above the least it has been after the phase's calls, which
+returns the freed block's pages while the call's own block, in use, stays.
 
 `JAXMNIST_KEEP_HOST_MEMORY=0` leaves glibc as it is. It must run before XLA starts its
 threads (`jaxmnist.cli.main` calls it first thing); later, it would reach only threads
@@ -28,11 +37,22 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+import time
 
 ENV = "JAXMNIST_KEEP_HOST_MEMORY"
 # mallopt parameters, from glibc's <malloc.h>.
 M_TRIM_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -4, -8
 TRIM_THRESHOLD = 2**31 - 1  # bytes free at the heap's top before it shrinks: mallopt's most
+# Growth of the resident set during a call that `GrowthCheck` lets stand: at least the
+# noise of the heap's small allocations, and an eighth of the program's working memory (a
+# fresh block shows long before it is whole; smaller growth, handed back, would only be
+# faulted in again).
+GROWTH_SLACK = 2 * 2**20
+GROWTH_FRACTION = 8
+# What the heap may hold beyond its use before a call, once the call's working memory
+# (a population's: tens to hundreds of MB) counts as freed.
+FREE_SLACK = 32 * 2**20
+FREE_POLL_SECONDS = 2e-4  # how often `GrowthCheck` looks for that free
 
 _state: dict = {"trim": None}  # glibc's malloc_trim, once keep_freed_memory applied
 
@@ -63,6 +83,87 @@ def hand_back() -> None:
     faults their pages in again (module docstring)."""
     if _state["trim"] is not None:
         _state["trim"](0)
+
+
+def resident_bytes() -> int:
+    """The process's resident set, from /proc/self/statm (Linux)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class _Mallinfo2(ctypes.Structure):
+    # glibc's struct mallinfo2 (2.33 and later): ten size_t fields.
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd",
+            "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost",
+        )
+    ]  # fmt: skip
+
+
+def heap_in_use():
+    """A function returning the bytes the heap has handed out (glibc's `mallinfo2`), or
+    None where there is none."""
+    try:
+        fn = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return None
+    fn.restype = _Mallinfo2
+    return lambda: fn().uordblks
+
+
+class GrowthCheck:
+    """Keeps the calls of one program to one block of working memory (module docstring).
+    `reset` where a phase starts (after `hand_back`); then, for each call,
+    `before_call` before it, `watch(ready)` once it is dispatched, and `after_call` once
+    its outputs are ready.
+
+    `watch` polls, every `poll` seconds until `ready()` is true, the resident set; once
+    it lies more than `slack` (from `block`, the program's working memory in bytes:
+    `GROWTH_SLACK`, `GROWTH_FRACTION`) above the least it has been after a call of the
+    phase, the call has taken fresh memory while a freed block stays resident, and it
+    hands back (the block the call uses is not free, so it stays). `after_call` then
+    waits, up to `wait` seconds, until the heap has no more than `FREE_SLACK` in use
+    beyond what it had before the call (the worker thread's free of its working memory),
+    so that the next call can take that block again. Does nothing where
+    `keep_freed_memory` did not apply."""
+
+    def __init__(self, block: int = 0, wait=0.05, poll=1e-3, rss=resident_bytes):
+        self.slack = max(GROWTH_SLACK, block // GROWTH_FRACTION)
+        self.wait, self.poll, self.rss = wait, poll, rss
+        self.in_use = heap_in_use() if _state["trim"] is not None else None
+        self.floor: int | None = None  # the least resident set after a call of the phase
+        self.before = 0  # the heap's bytes in use before the call
+        self.handed_back = 0
+
+    def reset(self) -> None:
+        self.floor = None
+
+    def before_call(self) -> None:
+        if self.in_use is not None:
+            self.before = self.in_use()
+
+    def watch(self, ready) -> None:
+        if self.floor is None:  # the phase's first call, or memory not kept
+            return
+        limit = self.floor + self.slack
+        while not ready():
+            if self.rss() > limit:
+                hand_back()
+                self.handed_back += 1
+                return
+            time.sleep(self.poll)
+
+    def after_call(self) -> None:
+        if _state["trim"] is None:
+            return
+        if self.in_use is not None:
+            deadline = time.perf_counter() + self.wait
+            while self.in_use() > self.before + FREE_SLACK and time.perf_counter() < deadline:
+                time.sleep(FREE_POLL_SECONDS)
+        now = self.rss()
+        self.floor = now if self.floor is None else min(self.floor, now)
 
 
 def describe() -> str:

@@ -2,6 +2,8 @@
 
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 from test_validation import tiny_cfg
@@ -121,3 +123,114 @@ def test_the_loop_hands_back_before_each_phase(tiny_dataset, monkeypatch):
     assert [calls[i] for i in phases[:4]] == ["plan_epoch", *["evaluate"] * 3]
     assert len(phases) == 8
     assert all(calls[i - 1] == "hand_back" for i in phases)
+
+
+class _Heap:
+    """A resident set and heap use the test sets, and the hand-backs it saw."""
+
+    def __init__(self):
+        self.rss, self.used, self.trims = 0, 0, 0
+
+    def trim(self, pad):
+        self.trims += 1
+
+
+def _check(monkeypatch, heap: _Heap, kept: bool = True) -> hostmem.GrowthCheck:
+    monkeypatch.setitem(hostmem._state, "trim", heap.trim if kept else None)
+    monkeypatch.setattr(hostmem, "heap_in_use", lambda: lambda: heap.used)
+    monkeypatch.setattr(hostmem, "GROWTH_SLACK", 1)
+    # A program whose working memory is 80: growth of an eighth of it, 10, is let stand.
+    return hostmem.GrowthCheck(block=80, wait=0.02, poll=1e-4, rss=lambda: heap.rss)
+
+
+def _call(check, heap: _Heap, resident_while_running: list[int], after: int) -> None:
+    """One call: the resident set takes each value in turn while `watch` polls, then
+    `after` once the call is done."""
+    values = iter(resident_while_running)
+
+    def ready() -> bool:  # not yet, while there are values left
+        value = next(values, None)
+        if value is not None:
+            heap.rss = value
+        return value is None
+
+    check.before_call()
+    check.watch(ready)
+    heap.rss = after
+    check.after_call()
+
+
+def test_a_call_that_takes_a_fresh_block_makes_the_freed_one_go_back(monkeypatch):
+    heap = _Heap()
+    check = _check(monkeypatch, heap)
+    _call(check, heap, [100, 300, 400], after=400)  # the phase's first call: nothing to compare
+    assert heap.trims == 0 and check.floor == 400
+    _call(check, heap, [400, 405, 410, 410], after=410)  # within the slack
+    assert heap.trims == 0
+    # A fresh block faulted in beside the freed one: handed back as soon as it shows,
+    # while the call still runs (its own block is in use, so it stays), and only once.
+    _call(check, heap, [400, 405, 411, 500, 700, 780], after=420)
+    assert heap.trims == 1 and check.handed_back == 1
+    _call(check, heap, [415, 420, 420], after=415)
+    assert heap.trims == 2  # measured from the least resident set after a call (400)
+    check.reset()  # a new phase: its first call sets the floor again
+    _call(check, heap, [900, 1000, 1000], after=1000)
+    _call(check, heap, [1000, 1005, 1005], after=1005)
+    assert heap.trims == 2
+
+
+def test_after_a_call_the_check_waits_for_its_working_memory_to_be_freed(monkeypatch):
+    heap = _Heap()
+    check = _check(monkeypatch, heap)
+    mb = 2**20
+    heap.used = 50 * mb
+    check.before_call()
+    heap.used = 500 * mb  # the call's block, not yet freed by the worker thread
+    freed = threading.Timer(0.005, lambda: setattr(heap, "used", 55 * mb))
+    freed.start()
+    check.after_call()
+    assert heap.used == 55 * mb  # it returned only once the block was freed
+    heap.used = 500 * mb  # never freed: it gives up after `wait`
+    start = time.perf_counter()
+    check.after_call()
+    assert 0.02 <= time.perf_counter() - start < 1.0
+
+
+def test_the_growth_check_does_nothing_where_memory_is_not_kept(monkeypatch):
+    heap = _Heap()
+    check = _check(monkeypatch, heap, kept=False)
+    heap.used = 500
+    for grown in (100, 1000, 2000):
+        _call(check, heap, [grown, grown * 2], after=grown)
+    assert heap.trims == 0 and check.floor is None
+
+
+def test_the_loop_checks_growth_around_every_steps_call(tiny_dataset, monkeypatch):
+    """Before each call, while it runs (once dispatched, until it is ready) and after it
+    is done; a new phase after each epoch's `hand_back`."""
+    calls: list[str] = []
+    for name in ("before_call", "after_call", "reset"):
+        monkeypatch.setattr(hostmem.GrowthCheck, name, lambda self, _n=name: calls.append(_n))
+
+    def watch(self, ready):
+        calls.append("watch")
+        while not ready():  # the outputs of the call dispatched just before
+            time.sleep(1e-3)
+        calls.append("ready")
+
+    monkeypatch.setattr(hostmem.GrowthCheck, "watch", watch)
+    original = population.Population.train_steps
+
+    def steps(self, *args):
+        calls.append("train_steps")
+        return original(self, *args)
+
+    monkeypatch.setattr(population.Population, "train_steps", steps)
+    cfg = tiny_cfg(seeds=2, epochs=2)
+    loop.train_population(cfg, population.seed_members(cfg), tiny_dataset)
+    call = "before_call,train_steps,watch,ready,after_call"
+    epochs = ",".join(calls).split("reset")
+    assert len(epochs) == 3 and epochs[0] == ""
+    for epoch in epochs[1:]:
+        n = epoch.count("train_steps")
+        assert n >= 1 and epoch.strip(",") == ",".join([call] * n)

@@ -13,7 +13,8 @@ stages:
                come between them; evaluate exactly, hand an `EpochEnd` to every
                callback, then ask the stop rules whether to go on. Before each
                phase (an epoch's steps, each evaluation) the host heap's free
-               pages go back to the kernel (`hostmem.hand_back`)
+               pages go back to the kernel (`hostmem.hand_back`), and between an
+               epoch's calls whenever the heap has grown (`hostmem.GrowthCheck`)
 
 The loop writes nothing itself: the terminal, the run directory, TensorBoard and
 checkpoints are callbacks (`hooks`). It can start at a later epoch with the state
@@ -258,6 +259,7 @@ class _Loop:
         self.stop_on_nonfinite, self.interrupt = stop_on_nonfinite, interrupt
         self.pacer = pacing.Pacer(every)
         self.estimated = False
+        self.growth = hostmem.GrowthCheck(_working_bytes(run.population.steps_fns.values()))
 
     def run_steps(self, states, metrics, plans, done: int, num_steps: int, step: int):
         """One call, from step `done` of the epoch; returns (states, metrics, steps run,
@@ -265,9 +267,13 @@ class _Loop:
         pop = self.setup.population
         stop = self.pacer.next_stop(done, num_steps, step)
         t0 = time.perf_counter()
+        self.growth.before_call()
         states, metrics = pop.train_steps(states, metrics, plans, self.setup.train_data, done, stop)
+        leaves = jax.tree.leaves(metrics)
+        self.growth.watch(lambda: all(x.is_ready() for x in leaves))
         jax.block_until_ready(metrics)
         seconds = time.perf_counter() - t0
+        self.growth.after_call()
         # Every process paces by the slowest clock and stops when any is asked to.
         paced, stopping = parallel.agree(seconds, self.interrupt())
         self.pacer.record(stop - done, paced)
@@ -284,6 +290,7 @@ class _Loop:
         [train seconds, this epoch's seconds], advanced by each call."""
         pop, num_steps = self.setup.population, self.setup.plan.epoch_steps[epoch - 1]
         hostmem.hand_back()  # the evaluations' working memory, before the steps' own
+        self.growth.reset()
         t0 = time.perf_counter()
         # Waited for here: the epoch's time, but not its first call's, which the pacer
         # takes as the speed of a step (a population's shuffles can take seconds).
@@ -403,6 +410,13 @@ class _Loop:
         for i in _check_finite(losses, epoch, first_step, members, self.stop_on_nonfinite):
             if i not in diverged:
                 diverged.append(i)
+
+
+def _working_bytes(programs) -> int:
+    """The largest working memory (temporaries) of compiled `programs`, where the backend
+    reports it (0 where not)."""
+    sizes = [getattr(p.memory_analysis(), "temp_size_in_bytes", 0) for p in programs]
+    return max(sizes, default=0)
 
 
 def _plural(n: int, noun: str) -> str:

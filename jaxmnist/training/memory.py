@@ -15,7 +15,8 @@ device:
     transient   the program that is running: XLA's temporaries, plus whatever it outputs
                 beyond what it writes over its donated inputs, plus (on CPU) the largest
                 array a YNNPACK fusion makes inside itself; the largest over the chunk's
-                programs (the chunks run one after another)
+                programs (the chunks run one after another; on CPU the run loop
+                keeps the calls of one program to one block, `hostmem.GrowthCheck`)
 
 The whole population is compiled first: when it fits, that is the plan, and its programs
 are the run's (nothing compiles twice). When it does not, one model per device is
