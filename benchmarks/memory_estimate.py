@@ -21,11 +21,13 @@ cover. Every repeat's figure is kept in the result.
 Needs MNIST where JAXMNIST_DATA_DIR (or the cache) has it, except with --smoke.
 
 `--set KEY=VALUE` (repeatable) changes every case's config, as `jaxmnist train` overrides do:
-`--set train.eval_batch_size=500` makes the steps' working memory, not the evaluation's,
-the largest of most cases.
+`--set train.eval_batch_size=2000` makes the evaluation's working memory, not the steps',
+the largest of the CNN cases (their presets evaluate in batches of 500). Each case trains
+`--steps` steps in the calls the run loop paces (the first of one step), enough calls
+for the second block of working memory that some calls of the steps program take.
 
 Usage: JAXMNIST_DATA_DIR=../shared/datasets python benchmarks/memory_estimate.py
-    [--steps 5] [--repeats 3] [--presets tpu101,codelab,cnn,speedrun] [--seeds 1,8]
+    [--steps 20] [--repeats 3] [--presets tpu101,codelab,cnn,speedrun] [--seeds 1,8]
     [--set KEY=VALUE ...] [--smoke]
 Prints a table and writes JSON (`--out`, default benchmarks/results/memory_estimate.json).
 """
@@ -152,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--presets", default="tpu101,codelab,cnn,speedrun")
     p.add_argument("--seeds", default="1,8", help="population sizes, comma-separated")
-    p.add_argument("--steps", type=int, default=5, help="training steps per case")
+    p.add_argument("--steps", type=int, default=20, help="training steps per case")
     p.add_argument("--repeats", type=int, default=3, help="fresh processes per case (max taken)")
     p.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="a config override"

@@ -156,7 +156,10 @@ def _own_model_fields(section: dict) -> dict:
 # every epoch costs at most about 5% of training time. speedrun's test set alone takes
 # about that much, so it evaluates no training set (train accuracy: the batches'); tpu101
 # keeps the full set, as the tutorial does.
-CNN_EVAL_TRAIN_EXAMPLES = 2000
+CNN_EVAL_TRAIN_EXAMPLES = 1000
+# ... and in batches of this many examples: as fast as larger ones per example, with a
+# quarter of the working memory (benchmarks/eval_overhead.py, memory_estimate.py).
+CNN_EVAL_BATCH_SIZE = 500
 
 PRESETS: dict[str, Config] = {
     # The TPU 101 tutorial: MNIST, 784-256-10 ReLU, Adam 1e-3, batch 128, 5 epochs.
@@ -175,7 +178,12 @@ PRESETS: dict[str, Config] = {
         data=DataConfig(augment=True, max_shift=2),
         model=CNNConfig(channels=(16, 32), kernel_size=(3,), hidden=(128,)),
         optimizer=OptimizerConfig(name="adam", lr=3e-3, schedule="onecycle"),
-        train=TrainConfig(batch_size=256, epochs=10, eval_train_examples=CNN_EVAL_TRAIN_EXAMPLES),
+        train=TrainConfig(
+            batch_size=256,
+            epochs=10,
+            eval_batch_size=CNN_EVAL_BATCH_SIZE,
+            eval_train_examples=CNN_EVAL_TRAIN_EXAMPLES,
+        ),
     ),
     # Fashion-MNIST CNN: the MNIST CNN's network (206,922 parameters), translations of up
     # to 1 pixel and left-right flips; Adam one-cycle 3e-3, batch 256, 20 epochs (the trials
@@ -184,7 +192,12 @@ PRESETS: dict[str, Config] = {
         data=DataConfig(dataset="fashion_mnist", augment=True, max_shift=1, flip=True),
         model=CNNConfig(channels=(16, 32), kernel_size=(3,), hidden=(128,)),
         optimizer=OptimizerConfig(name="adam", lr=3e-3, schedule="onecycle"),
-        train=TrainConfig(batch_size=256, epochs=20, eval_train_examples=CNN_EVAL_TRAIN_EXAMPLES),
+        train=TrainConfig(
+            batch_size=256,
+            epochs=20,
+            eval_batch_size=CNN_EVAL_BATCH_SIZE,
+            eval_train_examples=CNN_EVAL_TRAIN_EXAMPLES,
+        ),
     ),
     # Least time to 99.0% on MNIST, in one epoch: the network and optimizer of a published
     # one-epoch MNIST recipe (github.com/tuomaso/train_mnist_fast): conv 5x5 1->24 and 3x3
@@ -195,7 +208,13 @@ PRESETS: dict[str, Config] = {
         data=DataConfig(augment=True, max_shift=1),
         model=CNNConfig(channels=(24, 32), kernel_size=(5, 3), padding="valid", hidden=(256,)),
         optimizer=OptimizerConfig(name="adam", lr=1e-2, b1=0.7, b2=0.9, schedule="onecycle"),
-        train=TrainConfig(batch_size=256, epochs=1, target_accuracy=0.99, eval_train=False),
+        train=TrainConfig(
+            batch_size=256,
+            epochs=1,
+            target_accuracy=0.99,
+            eval_train=False,
+            eval_batch_size=CNN_EVAL_BATCH_SIZE,
+        ),
     ),
     # The best MNIST ensemble in an hour on a 2-core CPU: 8 members trained in one
     # program, evaluated as the mean of their probabilities. conv 3x3 24, pool; conv 3x3
@@ -209,7 +228,11 @@ PRESETS: dict[str, Config] = {
         model=CNNConfig(channels=(24, 48), kernel_size=(3,), hidden=(256,), dropout=0.3),
         optimizer=OptimizerConfig(name="adam", lr=3e-3, schedule="onecycle"),
         train=TrainConfig(
-            batch_size=256, epochs=50, seeds=8, eval_train_examples=CNN_EVAL_TRAIN_EXAMPLES
+            batch_size=256,
+            epochs=50,
+            seeds=8,
+            eval_batch_size=CNN_EVAL_BATCH_SIZE,
+            eval_train_examples=CNN_EVAL_TRAIN_EXAMPLES,
         ),
     ),
     # Its Fashion-MNIST counterpart: 8 members of conv 3x3 32, pool; conv 3x3 64, pool;
@@ -221,7 +244,11 @@ PRESETS: dict[str, Config] = {
         model=CNNConfig(channels=(32, 64), kernel_size=(3,), hidden=(256,), dropout=0.3),
         optimizer=OptimizerConfig(name="adam", lr=3e-3, schedule="onecycle"),
         train=TrainConfig(
-            batch_size=256, epochs=40, seeds=8, eval_train_examples=CNN_EVAL_TRAIN_EXAMPLES
+            batch_size=256,
+            epochs=40,
+            seeds=8,
+            eval_batch_size=CNN_EVAL_BATCH_SIZE,
+            eval_train_examples=CNN_EVAL_TRAIN_EXAMPLES,
         ),
     ),
 }
