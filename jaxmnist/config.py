@@ -161,6 +161,17 @@ CNN_EVAL_TRAIN_EXAMPLES = 1000
 # quarter of the working memory (benchmarks/eval_overhead.py, memory_estimate.py).
 CNN_EVAL_BATCH_SIZE = 500
 
+
+def _cnn_training(**fields) -> TrainConfig:
+    """The CNN presets' training: batches of 256, and evaluation as above."""
+    defaults = {
+        "batch_size": 256,
+        "eval_batch_size": CNN_EVAL_BATCH_SIZE,
+        "eval_train_examples": CNN_EVAL_TRAIN_EXAMPLES,
+    }
+    return TrainConfig(**(defaults | fields))
+
+
 PRESETS: dict[str, Config] = {
     # The TPU 101 tutorial: MNIST, 784-256-10 ReLU, Adam 1e-3, batch 128, 5 epochs.
     "tpu101": Config(),
@@ -178,12 +189,7 @@ PRESETS: dict[str, Config] = {
         data=DataConfig(augment=True, max_shift=2),
         model=CNNConfig(channels=(16, 32), kernel_size=(3,), hidden=(128,)),
         optimizer=OptimizerConfig(name="adam", lr=3e-3, schedule="onecycle"),
-        train=TrainConfig(
-            batch_size=256,
-            epochs=10,
-            eval_batch_size=CNN_EVAL_BATCH_SIZE,
-            eval_train_examples=CNN_EVAL_TRAIN_EXAMPLES,
-        ),
+        train=_cnn_training(epochs=10),
     ),
     # Fashion-MNIST CNN: the MNIST CNN's network (206,922 parameters), translations of up
     # to 1 pixel and left-right flips; Adam one-cycle 3e-3, batch 256, 20 epochs (the trials
@@ -192,12 +198,7 @@ PRESETS: dict[str, Config] = {
         data=DataConfig(dataset="fashion_mnist", augment=True, max_shift=1, flip=True),
         model=CNNConfig(channels=(16, 32), kernel_size=(3,), hidden=(128,)),
         optimizer=OptimizerConfig(name="adam", lr=3e-3, schedule="onecycle"),
-        train=TrainConfig(
-            batch_size=256,
-            epochs=20,
-            eval_batch_size=CNN_EVAL_BATCH_SIZE,
-            eval_train_examples=CNN_EVAL_TRAIN_EXAMPLES,
-        ),
+        train=_cnn_training(epochs=20),
     ),
     # Least time to 99.0% on MNIST, in one epoch: the network and optimizer of a published
     # one-epoch MNIST recipe (github.com/tuomaso/train_mnist_fast): conv 5x5 1->24 and 3x3
@@ -208,12 +209,8 @@ PRESETS: dict[str, Config] = {
         data=DataConfig(augment=True, max_shift=1),
         model=CNNConfig(channels=(24, 32), kernel_size=(5, 3), padding="valid", hidden=(256,)),
         optimizer=OptimizerConfig(name="adam", lr=1e-2, b1=0.7, b2=0.9, schedule="onecycle"),
-        train=TrainConfig(
-            batch_size=256,
-            epochs=1,
-            target_accuracy=0.99,
-            eval_train=False,
-            eval_batch_size=CNN_EVAL_BATCH_SIZE,
+        train=_cnn_training(
+            epochs=1, target_accuracy=0.99, eval_train=False, eval_train_examples=None
         ),
     ),
     # The best MNIST ensemble in an hour on a 2-core CPU: 8 members trained in one
@@ -227,13 +224,7 @@ PRESETS: dict[str, Config] = {
         ),
         model=CNNConfig(channels=(24, 48), kernel_size=(3,), hidden=(256,), dropout=0.3),
         optimizer=OptimizerConfig(name="adam", lr=3e-3, schedule="onecycle"),
-        train=TrainConfig(
-            batch_size=256,
-            epochs=50,
-            seeds=8,
-            eval_batch_size=CNN_EVAL_BATCH_SIZE,
-            eval_train_examples=CNN_EVAL_TRAIN_EXAMPLES,
-        ),
+        train=_cnn_training(epochs=50, seeds=8),
     ),
     # Its Fashion-MNIST counterpart: 8 members of conv 3x3 32, pool; conv 3x3 64, pool;
     # dense 256 with dropout 0.3 (824,458 parameters); ±2 px translations and left-right
@@ -243,13 +234,7 @@ PRESETS: dict[str, Config] = {
         data=DataConfig(dataset="fashion_mnist", augment=True, max_shift=2, flip=True),
         model=CNNConfig(channels=(32, 64), kernel_size=(3,), hidden=(256,), dropout=0.3),
         optimizer=OptimizerConfig(name="adam", lr=3e-3, schedule="onecycle"),
-        train=TrainConfig(
-            batch_size=256,
-            epochs=40,
-            seeds=8,
-            eval_batch_size=CNN_EVAL_BATCH_SIZE,
-            eval_train_examples=CNN_EVAL_TRAIN_EXAMPLES,
-        ),
+        train=_cnn_training(epochs=40, seeds=8),
     ),
 }
 
