@@ -18,14 +18,14 @@ then each evaluation) `hand_back` returns the free blocks' pages to the kernel, 
 run's peak is what its programs hold, not what its allocation order happened to be.
 
 Within a phase one program runs again and again and reuses its block, but the same can
-happen between two of its calls: XLA:CPU frees a
-call's working memory on a worker thread after its outputs are ready, so the next call
-may allocate before that free, and a small request cut from the freed block makes the
-next call take fresh memory again. Left alone, the resident set climbs by a whole block
-at a time, to several blocks. `GrowthCheck` keeps it to one: after each call it waits
-for that free, and while a call runs it hands back as soon as the resident set lies
-more than `GROWTH_SLACK` above the least it has been after the phase's calls, which
-returns the freed block's pages while the call's own block, in use, stays.
+happen between two of its calls: XLA:CPU frees a call's working memory on a worker
+thread after its outputs are ready, so the next call may allocate before that free, and
+a small request cut from the freed block makes the next call take fresh memory again.
+Left alone, the resident set climbs by a whole block at a time, to several blocks.
+`GrowthCheck` keeps it to one: after each call it waits for that free, and while a call
+runs it hands back as soon as the resident set has grown by more than an eighth of the
+program's working memory, which returns the freed block's pages while the call's own
+block, in use, stays.
 
 `JAXMNIST_KEEP_HOST_MEMORY=0` leaves glibc as it is. It must run before XLA starts its
 threads (`jaxmnist.cli.main` calls it first thing); later, it would reach only threads

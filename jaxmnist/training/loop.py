@@ -272,8 +272,8 @@ class _Loop:
         leaves = jax.tree.leaves(metrics)
         self.growth.watch(lambda: all(x.is_ready() for x in leaves))
         jax.block_until_ready(metrics)
+        self.growth.after_call()  # timed too: its wait is part of the run
         seconds = time.perf_counter() - t0
-        self.growth.after_call()
         # Every process paces by the slowest clock and stops when any is asked to.
         paced, stopping = parallel.agree(seconds, self.interrupt())
         self.pacer.record(stop - done, paced)
