@@ -18,6 +18,9 @@ keep the evaluation within the goal: the test set's seconds, plus the training s
 seconds per example times N, at most 5% of the training seconds (medians over the epochs
 after the first, which is a warm-up).
 
+The host allocator is set as `jaxmnist train` sets it (`hostmem.keep_freed_memory`), so
+that training and evaluation reuse their working memory as they do in a run.
+
 Needs MNIST and Fashion-MNIST where JAXMNIST_DATA_DIR (or the cache) has them, except
 with --smoke. Timings on a loaded machine mean little alone; ratios measured in one run
 are what to compare.
@@ -136,8 +139,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
-    if args.smoke:
+    if args.smoke:  # a check that runs in other processes (the tests): their allocator stays
         args.presets, args.epochs = "cnn,tpu101", 1
+    else:
+        from jaxmnist import hostmem
+
+        hostmem.keep_freed_memory()  # as the CLI does, before XLA starts its threads
     out = args.out or default_out("eval_overhead.json", args.smoke)
     load_before = os.getloadavg()
     cases = []
