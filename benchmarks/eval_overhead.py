@@ -21,12 +21,19 @@ after the first, which is a warm-up).
 The host allocator is set as `jaxmnist train` sets it (`hostmem.keep_freed_memory`), so
 that training and evaluation reuse their working memory as they do in a run.
 
+`--rounds R` then runs each preset's own case again, R times, each in a fresh process,
+taking turns between this checkout and every `--pythonpath DIR` (another copy of the
+code, e.g. `git archive OLD jaxmnist` unpacked in DIR): the same measurement of two
+versions side by side, on the same machine in the same minutes, with each process's
+peak resident set.
+
 Needs MNIST and Fashion-MNIST where JAXMNIST_DATA_DIR (or the cache) has them, except
 with --smoke. Timings on a loaded machine mean little alone; ratios measured in one run
 are what to compare.
 
 Usage: JAXMNIST_DATA_DIR=../shared/datasets python benchmarks/eval_overhead.py
     [--presets cnn,fashion_cnn,speedrun,tpu101] [--epochs 3] [--seeds 1] [--smoke]
+    [--rounds R [--pythonpath DIR]]
 Prints a table and writes JSON (`--out`, default benchmarks/results/eval_overhead.json).
 """
 
@@ -34,10 +41,15 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
+import resource
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 
+from benchlib.launch import add_code_copies, code_copies
 from benchlib.results import SMOKE_HELP, default_out, save_benchmark
 
 GOAL = 0.05  # evaluation seconds / training seconds, per epoch
@@ -131,6 +143,48 @@ def label(case: dict) -> str:
     return f"{case['preset']} ({which}{'' if case['ensemble'] else ', no ensemble'})"
 
 
+def side_by_side(args) -> dict:
+    """Each preset's own case, `args.rounds` times in fresh processes, taking turns between
+    the copies of the code: {copy: {preset: {"fractions", "peak_rss_mb", "median"}}}."""
+    out: dict = {}
+    for _ in range(args.rounds):
+        for name, path in code_copies(args).items():
+            env = {**os.environ, "PYTHONPATH": path}
+            for preset in args.presets.split(","):
+                command = [sys.executable, __file__, "--child", preset]
+                command += ["--epochs", str(args.epochs), "--seeds", str(args.seeds)]
+                command += ["--smoke"] * args.smoke
+                done = subprocess.run(command, check=False, env=env, capture_output=True, text=True)
+                if done.returncode:
+                    sys.exit(f"{preset} with {name} failed: {done.stderr.strip()[-300:]}")
+                case = json.loads(done.stdout.splitlines()[-1])
+                got = out.setdefault(name, {}).setdefault(
+                    preset, {"fractions": [], "peak_rss_mb": []}
+                )
+                got["fractions"].append(case["steady_eval_fraction"])
+                got["peak_rss_mb"].append(case["peak_rss_mb"])
+    for name, presets in out.items():
+        for preset, got in presets.items():
+            got["median"] = statistics.median(got["fractions"])
+            fractions = ", ".join(f"{f:.2%}" for f in got["fractions"])
+            peaks = ", ".join(f"{m:.0f}" for m in got["peak_rss_mb"])
+            print(
+                f"{preset} with {name}: evaluation {fractions} of training time "
+                f"(median {got['median']:.2%}); peak RSS {peaks} MB"
+            )
+    return out
+
+
+def child(args) -> None:
+    """One preset's own case in this (fresh) process, as JSON on stdout's last line."""
+    from jaxmnist import hostmem
+
+    hostmem.keep_freed_memory()  # as the CLI does, before XLA starts its threads
+    case = run_case(args.child, {}, args.epochs, args.seeds, args.smoke)
+    case["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps(case))
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--presets", default="cnn,fashion_cnn,speedrun,tpu101")
@@ -138,7 +192,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seeds", type=int, default=1, help="models trained together per case")
     p.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     p.add_argument("--out", type=Path)
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=0,
+        help="also each preset's own case in fresh processes, this many times in turn",
+    )
+    add_code_copies(p, "run the --rounds cases")
+    p.add_argument("--child", help=argparse.SUPPRESS)  # one case of PRESET, JSON on stdout
     args = p.parse_args(argv)
+    if args.child:
+        return child(args)
     if args.smoke:  # a check that runs in other processes (the tests): their allocator stays
         args.presets, args.epochs = "cnn,tpu101", 1
     else:
@@ -199,6 +263,8 @@ def main(argv: list[str] | None = None) -> None:
         "largest_subset_within_goal": within,
         "ensemble_cost": ensemble_cost,
     }
+    if args.rounds:
+        figures["side_by_side"] = side_by_side(args)
     print(save_benchmark(out, figures, load_before))
 
 

@@ -34,7 +34,7 @@ SMOKE = {
     "data_loading": ([], {"loads", "median", "environment"}),
     "devices_scaling": ([], {"scaling", "tpu101_test_accuracy", "environment"}),
     "epoch_vs_tutorial": ([], {"epoch_seconds", "epoch_ratio", "peak_fraction"}),
-    "eval_overhead": (["--seeds", "2"], {"cases", "ensemble_cost", "environment"}),
+    "eval_overhead": (["--seeds", "2", "--rounds", "1"], {"cases", "side_by_side"}),
     "memory_estimate": ([], {"cases", "goal", "environment"}),
     "pacing_overhead": (["--presets", "tpu101"], {"presets", "environment"}),
     "run_overhead": ([], {"runs", "median", "goal_report_seconds", "goal_peak_mb"}),
