@@ -43,13 +43,13 @@ import argparse
 import itertools
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 from benchlib.launch import add_code_copies, code_copies
+from benchlib.proc import status_kb
 from benchlib.results import SMOKE_HELP, default_out, save_benchmark
 
 GOAL = 0.05  # evaluation seconds / training seconds, per epoch
@@ -181,7 +181,8 @@ def child(args) -> None:
 
     hostmem.keep_freed_memory()  # as the CLI does, before XLA starts its threads
     case = run_case(args.child, {}, args.epochs, args.seeds, args.smoke)
-    case["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    # VmHWM, not getrusage's ru_maxrss: a forked child starts with its parent's.
+    case["peak_rss_mb"] = status_kb("VmHWM") / 1024
     print(json.dumps(case))
 
 

@@ -44,18 +44,11 @@ import sys
 import time
 from pathlib import Path
 
+from benchlib.proc import status_kb
 from benchlib.results import SMOKE_HELP, default_out, save_benchmark
 
 HIGH, LOW = 1.30, 0.90  # the goal: estimate / measured within these
 WITH_BATCH_NORM = ("cnn", "speedrun")  # the presets whose model has `model.batch_norm`
-
-
-def _status_kb(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"no {field} in /proc/self/status")
 
 
 def _device_stats() -> dict | None:
@@ -107,7 +100,7 @@ def measure_case(
         gc.collect()
         ctypes.CDLL("libc.so.6").malloc_trim(0)  # the compiler's freed memory, back to the OS
         Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS from here on
-        seen["rss_kb"] = _status_kb("VmRSS")
+        seen["rss_kb"] = status_kb("VmRSS")
         stats = _device_stats()
         seen["device_in_use"] = stats and stats["bytes_in_use"]
         return chunks, about
@@ -121,7 +114,7 @@ def measure_case(
     if stats:
         measured, how = stats["peak_bytes_in_use"] - seen["device_in_use"], "peak_bytes_in_use"
     else:
-        measured, how = (_status_kb("VmHWM") - seen["rss_kb"]) * 1024, "peak RSS"
+        measured, how = (status_kb("VmHWM") - seen["rss_kb"]) * 1024, "peak RSS"
     return {
         "preset": preset,
         "batch_norm": batch_norm,
