@@ -125,9 +125,10 @@ class GrowthCheck:
     `watch` polls, every `poll` seconds until `ready()` is true, the resident set; once
     it lies more than the slack (`GROWTH_SLACK`, or the phase's `block` over
     `GROWTH_FRACTION`, whichever is larger) above the least it has been in the phase
-    (at its start, and after each of its calls), the call has taken fresh memory while
-    a freed block stays resident, and it hands back (the block the call uses is not
-    free, so it stays); once per call at most. `after_call` then waits, up to `wait`
+    (after each of its calls, and at its start where the heap's blocks can serve it; a
+    phase that handed back leaves its first call unwatched), the call has taken fresh
+    memory while a freed block stays resident, and it hands back (the block the call
+    uses is not free, so it stays); once per call at most. `after_call` then waits, up to `wait`
     seconds, until the heap has no more than `FREE_SLACK` in use beyond what it had
     before the call (the worker thread's free of its working memory), so that the next
     call can take that block again. Does nothing where `keep_freed_memory` did not
@@ -151,9 +152,11 @@ class GrowthCheck:
         if _state["trim"] is None:
             self.floor = None
             return
-        if block > self.held:
+        if block > self.held:  # its first call faults a block in: what it leaves is the floor
             self._hand_back(block)
-        self.floor = self.rss()
+            self.floor = None
+        else:  # the blocks resident now can serve it
+            self.floor = self.rss()
 
     def _hand_back(self, block: int) -> None:
         hand_back()
@@ -165,7 +168,7 @@ class GrowthCheck:
             self.before = self.in_use()
 
     def watch(self, ready) -> None:
-        if self.floor is None:  # memory not kept, or no phase started
+        if self.floor is None:  # memory not kept, or the phase's first call takes its block
             return
         limit = self.floor + self.slack
         while not ready():

@@ -140,10 +140,12 @@ def _call(check, heap: _Heap, resident_while_running: list[int], after: int) -> 
 def test_a_call_that_takes_a_fresh_block_makes_the_freed_one_go_back(monkeypatch):
     heap = _Heap()
     check = _check(monkeypatch, heap)
-    heap.rss = 400
+    heap.rss = 300
     # A program whose working memory is 80: growth of an eighth of it, 10, is let stand.
     check.start(80)  # no block that large taken yet: it hands back first
-    assert heap.trims == 1 and check.floor == 400  # the resident set at the start
+    assert heap.trims == 1 and check.floor is None
+    _call(check, heap, [300, 380, 500], after=400)  # its first call takes its block
+    assert heap.trims == 1 and check.floor == 400  # what that call left resident
     _call(check, heap, [400, 405, 410, 410], after=410)
     assert heap.trims == 1
     # A fresh block faulted in beside the freed one: handed back as soon as it shows,
@@ -157,7 +159,7 @@ def test_a_call_that_takes_a_fresh_block_makes_the_freed_one_go_back(monkeypatch
     assert heap.trims == 4 and check.floor == 390  # the least after a call counts too
     heap.rss = 1000
     check.start(40)  # a smaller program: the free block of 80 serves it, nothing goes back
-    assert heap.trims == 4 and check.floor == 1000
+    assert heap.trims == 4 and check.floor == 1000  # the resident set at its start
     _call(check, heap, [1000, 1002, 1005], after=1000)  # slack 5 (an eighth of 40)
     assert heap.trims == 4
     _call(check, heap, [1000, 1006], after=1000)  # the first call of a phase is watched too
