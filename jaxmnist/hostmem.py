@@ -13,21 +13,19 @@ The cost is memory held: the heap keeps its high-water mark and every thread all
 from one arena, which on a many-core host may contend. It can also hold a large block
 twice: once a large block is freed, a small request may be cut from it, and the next
 request of the same size no longer fits there and is taken from fresh memory while the
-old block's pages stay resident. That happens between programs (an epoch's steps, then
-each evaluation: another program, whose block may or may not fit where the last one
-was) and between two calls of one program: XLA:CPU frees a call's working memory on a
-worker thread after its outputs are ready, so the next call may allocate before that
-free. Left alone, the resident set climbs by a whole block at a time, to several blocks.
+old block's pages stay resident. Between programs of different sizes (an epoch's steps,
+then each evaluation) `hand_back` returns the free blocks' pages to the kernel, so a
+run's peak is what its programs hold, not what its allocation order happened to be.
 
-`GrowthCheck` keeps it to one. Each phase (the calls of one program) starts from the
-resident set as it is, the blocks the last phases freed included, so a program whose
-working memory fits there reuses those pages instead of faulting them in again; one
-that needs more than the largest block taken since the last hand-back cannot, and hands
-back (`hand_back`: the free blocks' pages go to the kernel) before its first call. While
-a call runs, the check hands back as soon as the resident set has grown by more than an
-eighth of the program's working memory: the call has taken a fresh block beside a freed
-one, whose pages then go while the call's own block, in use, stays. After each call it
-waits for the worker thread's free, so that the next call can take the same block.
+Within a phase one program runs again and again and reuses its block, but the same can
+happen between two of its calls: XLA:CPU frees a call's working memory on a worker
+thread after its outputs are ready, so the next call may allocate before that free, and
+a small request cut from the freed block makes the next call take fresh memory again.
+Left alone, the resident set climbs by a whole block at a time, to several blocks.
+`GrowthCheck` keeps it to one: after each call it waits for that free, and while a call
+runs it hands back as soon as the resident set has grown by more than an eighth of the
+program's working memory, which returns the freed block's pages while the call's own
+block, in use, stays.
 
 `JAXMNIST_KEEP_HOST_MEMORY=0` leaves glibc as it is. It must run before XLA starts its
 threads (`jaxmnist.cli.main` calls it first thing); later, it would reach only threads
@@ -116,64 +114,44 @@ def heap_in_use():
 
 
 class GrowthCheck:
-    """Keeps each program's calls to one block of working memory (module docstring).
-    `start(block)` where a phase begins (the calls of one program, whose working memory
-    is `block` bytes; it hands back first if no block the heap holds can serve it); then,
-    for each call, `before_call` before it, `watch(ready)` once it is dispatched, and
-    `after_call` once its outputs are ready.
+    """Keeps the calls of one program to one block of working memory (module docstring).
+    `reset` where a phase starts (after `hand_back`); then, for each call,
+    `before_call` before it, `watch(ready)` once it is dispatched, and `after_call` once
+    its outputs are ready.
 
     `watch` polls, every `poll` seconds until `ready()` is true, the resident set; once
-    it lies more than the slack (`GROWTH_SLACK`, or the phase's `block` over
-    `GROWTH_FRACTION`, whichever is larger) above the least it has been in the phase
-    (after each of its calls, and at its start where the heap's blocks can serve it; a
-    phase that handed back leaves its first call unwatched), the call has taken fresh
-    memory while a freed block stays resident, and it hands back (the block the call
-    uses is not free, so it stays); once per call at most. `after_call` then waits, up to `wait`
-    seconds, until the heap has no more than `FREE_SLACK` in use beyond what it had
-    before the call (the worker thread's free of its working memory), so that the next
-    call can take that block again. Does nothing where `keep_freed_memory` did not
-    apply."""
+    it lies more than `slack` (from `block`, the program's working memory in bytes:
+    `GROWTH_SLACK`, `GROWTH_FRACTION`) above the least it has been after a call of the
+    phase, the call has taken fresh memory while a freed block stays resident, and it
+    hands back (the block the call uses is not free, so it stays). `after_call` then
+    waits, up to `wait` seconds, until the heap has no more than `FREE_SLACK` in use
+    beyond what it had before the call (the worker thread's free of its working memory),
+    so that the next call can take that block again. Does nothing where
+    `keep_freed_memory` did not apply."""
 
-    def __init__(self, wait=0.05, poll=1e-3, rss=None):
-        self.block, self.slack = 0, GROWTH_SLACK  # the phase's working memory, and its slack
-        self.wait, self.poll = wait, poll
-        self.rss = rss or resident_bytes  # (the resident set, in bytes)
+    def __init__(self, block: int = 0, wait=0.05, poll=1e-3, rss=resident_bytes):
+        self.slack = max(GROWTH_SLACK, block // GROWTH_FRACTION)
+        self.wait, self.poll, self.rss = wait, poll, rss
         self.in_use = heap_in_use() if _state["trim"] is not None else None
-        self.floor: int | None = None  # the least resident set of the phase so far
+        self.floor: int | None = None  # the least resident set after a call of the phase
         self.before = 0  # the heap's bytes in use before the call
-        self.held = 0  # the largest block any phase took since the last hand-back
         self.handed_back = 0
 
-    def start(self, block: int) -> None:
-        """A phase begins: calls of a program whose working memory is `block` bytes. One
-        that needs more than the largest block taken since the last hand-back cannot
-        reuse it, and hands back first."""
-        self.block, self.slack = block, max(GROWTH_SLACK, block // GROWTH_FRACTION)
-        if _state["trim"] is None:
-            self.floor = None
-            return
-        if block > self.held:  # its first call faults a block in: what it leaves is the floor
-            self._hand_back(block)
-            self.floor = None
-        else:  # the blocks resident now can serve it
-            self.floor = self.rss()
-
-    def _hand_back(self, block: int) -> None:
-        hand_back()
-        self.held = block  # the running program's block, in use, stays
-        self.handed_back += 1
+    def reset(self) -> None:
+        self.floor = None
 
     def before_call(self) -> None:
         if self.in_use is not None:
             self.before = self.in_use()
 
     def watch(self, ready) -> None:
-        if self.floor is None:  # memory not kept, or the phase's first call takes its block
+        if self.floor is None:  # the phase's first call, or memory not kept
             return
         limit = self.floor + self.slack
         while not ready():
             if self.rss() > limit:
-                self._hand_back(self.block)
+                hand_back()
+                self.handed_back += 1
                 return
             time.sleep(self.poll)
 

@@ -103,6 +103,28 @@ def test_hand_back_keeps_a_block_cut_from_a_freed_one_from_being_held_twice():
     assert _split_probe(hand_back=True) < 64  # the freed block's pages went back first
 
 
+def test_the_loop_hands_back_before_each_phase(tiny_dataset, monkeypatch):
+    """Every epoch's steps and every evaluation (test and validation, each with the
+    ensemble, and the training subset) start right after `hand_back`."""
+    calls: list[str] = []
+    monkeypatch.setattr(hostmem, "hand_back", lambda: calls.append("hand_back"))
+    for name in ("plan_epoch", "evaluate"):
+        original = getattr(population.Population, name)
+
+        def record(self, *args, _name=name, _original=original, **kwargs):
+            calls.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(population.Population, name, record)
+    cfg = tiny_cfg(seeds=2, epochs=2, eval_train=True, eval_train_examples=64)
+    loop.train_population(cfg, population.seed_members(cfg), tiny_dataset)
+    phases = [i for i, c in enumerate(calls) if c != "hand_back"]
+    # per epoch: its plan, then the test set, the validation split and the training subset
+    assert [calls[i] for i in phases[:4]] == ["plan_epoch", *["evaluate"] * 3]
+    assert len(phases) == 8
+    assert all(calls[i - 1] == "hand_back" for i in phases)
+
+
 class _Heap:
     """A resident set and heap use the test sets, and the hand-backs it saw."""
 
@@ -117,7 +139,8 @@ def _check(monkeypatch, heap: _Heap, kept: bool = True) -> hostmem.GrowthCheck:
     monkeypatch.setitem(hostmem._state, "trim", heap.trim if kept else None)
     monkeypatch.setattr(hostmem, "heap_in_use", lambda: lambda: heap.used)
     monkeypatch.setattr(hostmem, "GROWTH_SLACK", 1)
-    return hostmem.GrowthCheck(wait=0.02, poll=1e-4, rss=lambda: heap.rss)
+    # A program whose working memory is 80: growth of an eighth of it, 10, is let stand.
+    return hostmem.GrowthCheck(block=80, wait=0.02, poll=1e-4, rss=lambda: heap.rss)
 
 
 def _call(check, heap: _Heap, resident_while_running: list[int], after: int) -> None:
@@ -140,39 +163,20 @@ def _call(check, heap: _Heap, resident_while_running: list[int], after: int) -> 
 def test_a_call_that_takes_a_fresh_block_makes_the_freed_one_go_back(monkeypatch):
     heap = _Heap()
     check = _check(monkeypatch, heap)
-    heap.rss = 300
-    # A program whose working memory is 80: growth of an eighth of it, 10, is let stand.
-    check.start(80)  # no block that large taken yet: it hands back first
-    assert heap.trims == 1 and check.floor is None
-    _call(check, heap, [300, 380, 500], after=400)  # its first call takes its block
-    assert heap.trims == 1 and check.floor == 400  # what that call left resident
-    _call(check, heap, [400, 405, 410, 410], after=410)
-    assert heap.trims == 1
+    _call(check, heap, [100, 300, 400], after=400)  # the phase's first call: nothing to compare
+    assert heap.trims == 0 and check.floor == 400
+    _call(check, heap, [400, 405, 410, 410], after=410)  # within the slack
+    assert heap.trims == 0
     # A fresh block faulted in beside the freed one: handed back as soon as it shows,
     # while the call still runs (its own block is in use, so it stays), and only once.
     _call(check, heap, [400, 405, 411, 500, 700, 780], after=420)
-    assert heap.trims == 2 and check.handed_back == 2
+    assert heap.trims == 1 and check.handed_back == 1
     _call(check, heap, [415, 420, 420], after=415)
-    assert heap.trims == 3  # measured from the least resident set of the phase (400)
-    _call(check, heap, [390, 395], after=390)
-    _call(check, heap, [395, 401, 401], after=395)
-    assert heap.trims == 4 and check.floor == 390  # the least after a call counts too
-    heap.rss = 1000
-    check.start(40)  # a smaller program: the free block of 80 serves it, nothing goes back
-    assert heap.trims == 4 and check.floor == 1000  # the resident set at its start
-    _call(check, heap, [1000, 1002, 1005], after=1000)  # slack 5 (an eighth of 40)
-    assert heap.trims == 4
-    _call(check, heap, [1000, 1006], after=1000)  # the first call of a phase is watched too
-    assert heap.trims == 5
-    check.start(40)  # the same program again: its block stays
-    assert heap.trims == 5
-    check.start(80)  # since that hand-back only the block of 40 is held: too small
-    assert heap.trims == 6
-    check.start(60)  # the block of 80 serves it
-    check.start(800)
-    assert heap.trims == 7
-    _call(check, heap, [1000, 1050, 1100], after=1000)  # slack 100
-    assert heap.trims == 7
+    assert heap.trims == 2  # measured from the least resident set after a call (400)
+    check.reset()  # a new phase: its first call sets the floor again
+    _call(check, heap, [900, 1000, 1000], after=1000)
+    _call(check, heap, [1000, 1005, 1005], after=1005)
+    assert heap.trims == 2
 
 
 def test_after_a_call_the_check_waits_for_its_working_memory_to_be_freed(monkeypatch):
@@ -196,80 +200,37 @@ def test_the_growth_check_does_nothing_where_memory_is_not_kept(monkeypatch):
     heap = _Heap()
     check = _check(monkeypatch, heap, kept=False)
     heap.used = 500
-    check.start(80)
     for grown in (100, 1000, 2000):
         _call(check, heap, [grown, grown * 2], after=grown)
     assert heap.trims == 0 and check.floor is None
 
 
-def test_the_loop_checks_growth_around_every_call(tiny_dataset, monkeypatch):
-    """Each epoch's steps and each evaluation (the test set, the validation split, each
-    with the ensemble, and the training subset) are a phase, started with the working
-    memory of its programs; before each call, while it runs (once dispatched, until it
-    is ready) and after it is done."""
+def test_the_loop_checks_growth_around_every_steps_call(tiny_dataset, monkeypatch):
+    """Before each call, while it runs (once dispatched, until it is ready) and after it
+    is done; a new phase after each epoch's `hand_back`."""
     calls: list[str] = []
-    for name in ("before_call", "after_call"):
+    for name in ("before_call", "after_call", "reset"):
         monkeypatch.setattr(hostmem.GrowthCheck, name, lambda self, _n=name: calls.append(_n))
-    monkeypatch.setattr(hostmem.GrowthCheck, "start", lambda self, b: calls.append(f"start {b}"))
 
     def watch(self, ready):
         calls.append("watch")
-        while not ready():  # the outputs of the calls dispatched just before
+        while not ready():  # the outputs of the call dispatched just before
             time.sleep(1e-3)
         calls.append("ready")
 
     monkeypatch.setattr(hostmem.GrowthCheck, "watch", watch)
-    for name in ("train_steps", "evaluate"):
-        original = getattr(population.Population, name)
+    original = population.Population.train_steps
 
-        def record(self, *args, _name=name, _original=original, **kwargs):
-            calls.append(_name)
-            return _original(self, *args, **kwargs)
+    def steps(self, *args):
+        calls.append("train_steps")
+        return original(self, *args)
 
-        monkeypatch.setattr(population.Population, name, record)
-    loops = []
-    monkeypatch.setattr(loop._Loop, "__init__", _recorded(loop._Loop.__init__, loops))
-    cfg = tiny_cfg(seeds=2, epochs=2, eval_train=True, eval_train_examples=64)
+    monkeypatch.setattr(population.Population, "train_steps", steps)
+    cfg = tiny_cfg(seeds=2, epochs=2)
     loop.train_population(cfg, population.seed_members(cfg), tiny_dataset)
-    (run,) = loops
-    steps, evals = run.steps_bytes, run.eval_bytes
-    assert steps > 0 and set(evals) == {"test", "val", "train"} and min(evals.values()) > 0
-    call = "before_call,{},watch,ready,after_call"
-    evaluation = ",".join(f"start {evals[n]}," + call.format("evaluate") for n in evals)
-    text = ",".join(calls)
-    epochs = text.split(f"start {steps},")
+    call = "before_call,train_steps,watch,ready,after_call"
+    epochs = ",".join(calls).split("reset")
     assert len(epochs) == 3 and epochs[0] == ""
     for epoch in epochs[1:]:
         n = epoch.count("train_steps")
-        stepped = [call.format("train_steps")] * n
-        assert n >= 1 and epoch.strip(",") == ",".join([*stepped, evaluation])
-
-
-def _recorded(init, into: list):
-    def wrapped(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        into.append(self)
-
-    return wrapped
-
-
-def test_after_the_first_epoch_every_phase_reuses_what_the_last_ones_freed(
-    tiny_dataset, monkeypatch
-):
-    """Where the resident set does not grow, a phase hands back only when its program needs
-    more than any before it: in the first epoch, never after (the epochs repeat the same
-    programs), so no evaluation faults in again what the steps freed."""
-    events = []
-    monkeypatch.setitem(hostmem._state, "trim", lambda pad: events.append("trim"))
-    monkeypatch.setattr(hostmem, "resident_bytes", lambda: 100 * 2**20)
-    start = loop._Loop.epoch_steps
-
-    def epoch_steps(self, epoch, *args):
-        events.append(f"epoch {epoch}")
-        return start(self, epoch, *args)
-
-    monkeypatch.setattr(loop._Loop, "epoch_steps", epoch_steps)
-    cfg = tiny_cfg(seeds=2, epochs=3, eval_train=True, eval_train_examples=64)
-    loop.train_population(cfg, population.seed_members(cfg), tiny_dataset)
-    assert events[0] == "epoch 1" and events[1] == "trim"  # the first phase
-    assert events[events.index("epoch 2") :] == ["epoch 2", "epoch 3"]
+        assert n >= 1 and epoch.strip(",") == ",".join([call] * n)

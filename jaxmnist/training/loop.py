@@ -11,9 +11,10 @@ stages:
     epochs     run each epoch in calls of about half a second (`pacing`: a short
                epoch is one call), so that a stop, a checkpoint or progress can
                come between them; evaluate exactly, hand an `EpochEnd` to every
-               callback, then ask the stop rules whether to go on. Around every
-               call (of an epoch's steps, of each evaluation) `hostmem.GrowthCheck`
-               keeps the host heap to one block of each program's working memory
+               callback, then ask the stop rules whether to go on. Before each
+               phase (an epoch's steps, each evaluation) the host heap's free
+               pages go back to the kernel (`hostmem.hand_back`), and between an
+               epoch's calls whenever the heap has grown (`hostmem.GrowthCheck`)
 
 The loop writes nothing itself: the terminal, the run directory, TensorBoard and
 checkpoints are callbacks (`hooks`). It can start at a later epoch with the state
@@ -258,13 +259,7 @@ class _Loop:
         self.stop_on_nonfinite, self.interrupt = stop_on_nonfinite, interrupt
         self.pacer = pacing.Pacer(every)
         self.estimated = False
-        pop = run.population
-        self.growth = hostmem.GrowthCheck()
-        self.steps_bytes = _working_bytes(pop.steps_fns.values())
-        self.eval_bytes = {
-            name: _working_bytes(fn for (_, n), fn in pop.eval_fns.items() if n == name)
-            for name in run.eval_sets
-        }
+        self.growth = hostmem.GrowthCheck(_working_bytes(run.population.steps_fns.values()))
 
     def run_steps(self, states, metrics, plans, done: int, num_steps: int, step: int):
         """One call, from step `done` of the epoch; returns (states, metrics, steps run,
@@ -274,7 +269,10 @@ class _Loop:
         t0 = time.perf_counter()
         self.growth.before_call()
         states, metrics = pop.train_steps(states, metrics, plans, self.setup.train_data, done, stop)
-        self.watched(metrics)  # timed too: its wait is part of the run
+        leaves = jax.tree.leaves(metrics)
+        self.growth.watch(lambda: all(x.is_ready() for x in leaves))
+        jax.block_until_ready(metrics)
+        self.growth.after_call()  # timed too: its wait is part of the run
         seconds = time.perf_counter() - t0
         # Every process paces by the slowest clock and stops when any is asked to.
         paced, stopping = parallel.agree(seconds, self.interrupt())
@@ -291,7 +289,8 @@ class _Loop:
         returns (states, metrics, steps done in the epoch, stopping). `clock` holds
         [train seconds, this epoch's seconds], advanced by each call."""
         pop, num_steps = self.setup.population, self.setup.plan.epoch_steps[epoch - 1]
-        self.growth.start(self.steps_bytes)
+        hostmem.hand_back()  # the evaluations' working memory, before the steps' own
+        self.growth.reset()
         t0 = time.perf_counter()
         # Waited for here: the epoch's time, but not its first call's, which the pacer
         # takes as the speed of a step (a population's shuffles can take seconds).
@@ -400,19 +399,11 @@ class _Loop:
 
     def evaluate(self, states, name: str) -> tuple[Evaluation, evaluate_lib.EvalResult | None]:
         """Every member on eval set `name`, and the ensemble of them where the population
-        evaluates it (`Population.evaluate`): a phase of its own for the growth check."""
-        self.growth.start(self.eval_bytes[name])
-        self.growth.before_call()
-        data = self.setup.eval_sets[name]
-        return self.setup.population.evaluate(states, name, data, wait=self.watched)
-
-    def watched(self, outputs) -> None:
-        """Waits for `outputs` of the call dispatched last, the growth check watching the
-        host's memory meanwhile (`hostmem.GrowthCheck`: `before_call` came before it)."""
-        leaves = jax.tree.leaves(outputs)
-        self.growth.watch(lambda: all(x.is_ready() for x in leaves))
-        jax.block_until_ready(leaves)
-        self.growth.after_call()
+        evaluates it (`Population.evaluate`). Each evaluation is a program of its own size:
+        the heap's free pages go back first (`hostmem.hand_back`), so that a block the
+        last program freed, and a small request then cut, is not held twice."""
+        hostmem.hand_back()
+        return self.setup.population.evaluate(states, name, self.setup.eval_sets[name])
 
     def check_finite(self, losses, epoch: int, first_step: int, diverged: list) -> None:
         members = self.setup.population.members

@@ -373,15 +373,13 @@ class Population:
         return EpochTotals(losses, correct, self.learning_rates(states))
 
     def evaluate(
-        self, states, name: str, data: evaluate_lib.PlacedEval, wait=None
+        self, states, name: str, data: evaluate_lib.PlacedEval
     ) -> tuple[Evaluation, evaluate_lib.EvalResult | None]:
         """Exact evaluation of every member on the set compiled as `name`, and on the
         sets of `evaluate.ENSEMBLE_SETS`, with `ensemble`, that of the ensemble of every
         member, its chunks together (the mean of their softmax probabilities), else None.
         One pass over the set gives both: each chunk's program returns its members' sums
-        and the logs of their summed probabilities, and one more adds the chunks'.
-        `wait(outputs)`, if given, is called once every program is dispatched, and
-        returns when their outputs are ready."""
+        and the logs of their summed probabilities, and one more adds the chunks'."""
         outs = [
             self.eval_fns[size, name](s.params, data.arrays)
             for size, s in zip(self.chunks, states, strict=True)
@@ -390,10 +388,7 @@ class Population:
         together = None
         if finish is not None:
             outs, log_sums = zip(*outs)
-            together = finish(list(log_sums), data.arrays)
-        if wait is not None:
-            wait((outs, together))
-        together = jax.device_get(together)
+            together = jax.device_get(finish(list(log_sums), data.arrays))
         parts = jax.device_get(outs)
         sums = evaluate_lib.EvalSums(*(np.concatenate(field) for field in zip(*parts)))
         count = data.count
