@@ -167,12 +167,21 @@ def test_without_onednn_its_explicit_choice_is_a_one_line_config_error(monkeypat
     cnn.validate(dataclasses.replace(cfg, conv_impl="im2col"))  # the others are untouched
 
 
-def test_max_pool_matches_reduce_window_and_drops_odd_edges():
-    x = jnp.asarray(np.random.default_rng(0).normal(size=(2, 7, 6, 3)), jnp.float32)
+POOL_IMPLS = ["xla", "onednn"]  # the convolution's formulation; oneDNN's pools beside it
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("impl", POOL_IMPLS)
+def test_max_pool_matches_reduce_window_and_drops_odd_edges(impl, dtype):
+    if impl == "onednn" and not onednn.supports(dtype):
+        pytest.skip(f"oneDNN has no {dtype} kernels for this CPU")
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(2, 7, 6, 3)), dtype)
     want = lax.reduce_window(x, -jnp.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
-    got = jax.jit(conv.max_pool)(x)
-    assert got.shape == (2, 3, 3, 3)
+    pool = jax.jit(lambda x: conv.max_pool(x, impl=impl))
+    got = pool(x)
+    assert got.shape == (2, 3, 3, 3) and got.dtype == x.dtype
     np.testing.assert_array_equal(got, want)
+    assert "jaxmnist_onednn_pool" not in pool.lower(x).as_text()  # XLA's, fused, without a gradient
 
 
 def _reduce_window_max(x, size):
@@ -180,8 +189,9 @@ def _reduce_window_max(x, size):
     return lax.reduce_window(x, -jnp.inf, lax.max, window, window, "VALID")
 
 
-@pytest.mark.parametrize("size", [2, 3, 12])  # 12: more elements than a byte numbers
-def test_max_pools_gradient_goes_to_each_windows_first_maximum(size):
+@pytest.mark.parametrize("impl", POOL_IMPLS)
+@pytest.mark.parametrize("size", [2, 3, 12])  # 12: more elements than a signed byte numbers
+def test_max_pools_gradient_goes_to_each_windows_first_maximum(size, impl):
     """As `lax.reduce_window`'s gradient (and PyTorch's): one element of each window gets
     it, the first in row-major order where several tie, which small integers make common;
     under a population's vmap and for odd edges too."""
@@ -197,9 +207,12 @@ def test_max_pools_gradient_goes_to_each_windows_first_maximum(size):
 
         return jax.jit(jax.vmap(jax.grad(f)))
 
-    got = loss(lambda x: conv.max_pool(x, size))(x)
+    got = loss(lambda x: conv.max_pool(x, size, impl))(x)
     want = loss(lambda x: _reduce_window_max(x, size))(x)
     np.testing.assert_array_equal(got, want)
+    training = loss(lambda x: conv.max_pool(x, size, impl)).lower(x).as_text()
+    for call in ("jaxmnist_onednn_pool_forward", "jaxmnist_onednn_pool_backward"):
+        assert (call in training) == (impl == "onednn")
     assert float(got.sum()) == float(want.sum())  # each window's gradient given once
 
 

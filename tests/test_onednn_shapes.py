@@ -187,19 +187,30 @@ def check_refusals() -> list[str]:
     """The handlers refuse operands whose shapes disagree instead of reading past them."""
     failures = []
     x, w = jnp.ones((2, 7, 7, 3)), jnp.ones((5, 5, 4, 8))  # 4 input channels, x has 3
-    for target, result, a, b in [
-        ("jaxmnist_onednn_conv_forward", jax.ShapeDtypeStruct((2, 7, 7, 8), x.dtype), x, w),
-        (
-            "jaxmnist_onednn_conv_forward",
-            jax.ShapeDtypeStruct((2, 9, 9, 8), x.dtype),
-            x,
-            w[:, :, :3],
-        ),
-        ("jaxmnist_onednn_conv_backward_data", jax.typeof(x), jnp.ones((2, 7, 7, 9)), w[:, :, :3]),
-    ]:
+    w3 = w[..., :3, :]
+
+    def f32(*shape):
+        return jax.ShapeDtypeStruct(shape, jnp.float32)
+
+    def u8(*shape):
+        return jax.ShapeDtypeStruct(shape, jnp.uint8)
+
+    ws = jnp.zeros((2, 3, 3, 3), jnp.uint8)
+    calls = [
+        ("jaxmnist_onednn_conv_forward", f32(2, 7, 7, 8), (x, w)),
+        ("jaxmnist_onednn_conv_forward", f32(2, 9, 9, 8), (x, w3)),
+        ("jaxmnist_onednn_conv_backward_data", jax.typeof(x), (jnp.ones((2, 7, 7, 9)), w3)),
+        # Pooling: a pooled map, a workspace or a gradient of another size than x's.
+        ("jaxmnist_onednn_pool_forward", (f32(2, 3, 3, 3), u8(2, 3, 4, 3)), (x,)),
+        ("jaxmnist_onednn_pool_forward", (f32(2, 4, 3, 3), u8(2, 3, 3, 3)), (x,)),
+        ("jaxmnist_onednn_pool_backward", jax.typeof(x), (jnp.ones((2, 3, 3, 3)), ws[:, :2])),
+        ("jaxmnist_onednn_pool_backward", jax.typeof(x), (jnp.ones((2, 3, 3, 4)), ws)),
+    ]
+    for target, result, operands in calls:
+        attributes = {"size": 2} if "_pool_" in target else {"pad": 2}
         try:
-            jax.block_until_ready(onednn._call(target, result, a, b, 2))
-            failures.append(f"{target} ran on mismatched shapes {a.shape}, {b.shape}")
+            jax.block_until_ready(onednn._call(target, result, *operands, **attributes))
+            failures.append(f"{target} ran on mismatched shapes {[a.shape for a in operands]}")
         except jax.errors.JaxRuntimeError as e:
             if "operand shapes do not agree" not in str(e):
                 failures.append(f"{target}: unexpected error {str(e)[:200]}")

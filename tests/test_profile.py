@@ -98,6 +98,7 @@ ENTRY %main (a: f32[4,4], b: f32[4,4], x: f32[1,8,8,1], w: f32[3,3,1,2], v: f32[
   %y = f32[1,8,8,2]{3,2,1,0} negate(%convolution.1)
   %ffi_call.2 = f32[1,8,8,1] custom-call(%y, %w), custom_call_target="$ONEDNN_backward_data"
   %ffi_call.3 = f32[3,3,1,2] custom-call(%x, %y), custom_call_target="$ONEDNN_backward_weights"
+  %ffi_call.4 = (f32[1,2,2,2], u8[1,2,2,2]) custom-call(%x), custom_call_target="$POOL_forward"
   %gemm.1 = f32[4,4]{1,0} custom-call(%a, %b), custom_call_target="__cublas$gemm"
   %gemm.2 = (f32[4,4]{1,0}, s8[8]{0}) custom-call(%a, %b), custom_call_target="__cublas$gemm", $GEMM
   %ynn_fusion.1 = f32[4,4]{1,0} fusion(%a, %b), kind=kCustom, calls=%fused_computation.1
@@ -111,6 +112,7 @@ ENTRY %main (a: f32[4,4], b: f32[4,4], x: f32[1,8,8,1], w: f32[3,3,1,2], v: f32[
 }
 """.replace("$DOT", "lhs_contracting_dims={1}, rhs_contracting_dims={0}")
     .replace("$ONEDNN", "jaxmnist_onednn_conv")
+    .replace("$POOL", "jaxmnist_onednn_pool")
     .replace("$GEMM", GEMM_CONFIG)
 )
 
@@ -123,6 +125,7 @@ KNOWN = {
     "ffi_call.1": "conv_onednn",
     "ffi_call.2": "conv_onednn",
     "ffi_call.3": "conv_onednn",
+    "ffi_call.4": "pool_onednn",
     "gemm.1": "matmul",
     "gemm.2": "matmul",
     "multiply_add_fusion": "elementwise",

@@ -206,11 +206,14 @@ def apply(params: dict, images: jax.Array, cfg, key: jax.Array | None = None, tr
         if cfg.batch_norm:  # statistics of the whole map, before pooling
             x, stats = _batch_norm(x, layer, params[STATS][i], train)
             new_stats.append(stats)
-            x = activation(conv.max_pool(x)) if pool_first else conv.max_pool(activation(x))
+            if pool_first:
+                x = activation(conv.max_pool(x, impl=impl))
+            else:
+                x = conv.max_pool(activation(x), impl=impl)
         elif pool_first:
-            x = activation(conv.max_pool(x) + layer["b"].astype(dtype))
+            x = activation(conv.max_pool(x, impl=impl) + layer["b"].astype(dtype))
         else:
-            x = conv.max_pool(activation(x + layer["b"].astype(dtype)))
+            x = conv.max_pool(activation(x + layer["b"].astype(dtype)), impl=impl)
     x = x.reshape(x.shape[0], -1)
     drop_key = key if train else None
     for i, layer in enumerate(params["dense"]):

@@ -36,7 +36,14 @@ the element `lax.reduce_window`'s gradient and PyTorch's pick) as one byte, and 
 backward pass sends each window's gradient there in one elementwise pass. Autodiff of the
 max instead compares every element with its window's maximum, counts the ties and divides
 the gradient among them: three passes over the convolution's output, a large part of a
-CNN step's elementwise time on CPU. The measured comparisons are in the README ("Results").
+CNN step's elementwise time on CPU. Beside oneDNN's convolution, a differentiated pooling
+goes through oneDNN's pooling calls instead (`onednn.max_pool_forward`, whose one-byte
+workspace names the same element): XLA duplicates cheap elementwise producers into each
+of their consumers, so its pooling was computed three times from the convolution's
+full-size output (for the activation, the activation's gradient and the pooling's own
+gradient), where a custom call is computed once. Without a gradient (evaluation), XLA's
+max stays: there it has one consumer, and fuses with the bias and activation after it.
+The measured comparisons are in the README ("Results").
 """
 
 from __future__ import annotations
@@ -182,10 +189,13 @@ def conv2d(x: jax.Array, w: jax.Array, impl: str = "auto", padding: str = "same"
     return CONV_IMPLS[resolve(impl)](x, w, padding)
 
 
-def max_pool(x: jax.Array, size: int = 2) -> jax.Array:
+def max_pool(x: jax.Array, size: int = 2, impl: str = "xla") -> jax.Array:
     """Max over non-overlapping size×size windows; odd edges are dropped (floor, as
     PyTorch's MaxPool2d). x (B, H, W, C) -> (B, H // size, W // size, C). Its gradient
-    goes to each window's first maximum (module docstring)."""
+    goes to each window's first maximum (module docstring). `impl`, the convolution's
+    resolved formulation: beside oneDNN's convolution, oneDNN pools too."""
+    if impl == "onednn":
+        return _onednn_window_max(x, size, x.shape[1:3])
     h, w = x.shape[1] // size * size, x.shape[2] // size * size
     return _window_max(x[:, :h, :w, :], size)
 
@@ -226,3 +236,25 @@ def _window_max_bwd(size: int, first: jax.Array, g: jax.Array):
 
 
 _window_max.defvjp(_window_max_fwd, _window_max_bwd)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def _onednn_window_max(x: jax.Array, size: int, edges: tuple[int, int]) -> jax.Array:
+    """Max-pooling by oneDNN's custom calls when differentiated, `edges` the map's (H, W):
+    XLA would fuse the pooling into each of its consumers (the activation forward, its
+    gradient, the pooling's gradient) and recompute it from the convolution's output in
+    each. Without a gradient, XLA's max fuses once with what follows."""
+    h, w = edges[0] // size * size, edges[1] // size * size
+    return _window_max(x[:, :h, :w, :], size)
+
+
+def _onednn_window_max_fwd(x: jax.Array, size: int, edges: tuple[int, int]):
+    return onednn.max_pool_forward(x, size)
+
+
+def _onednn_window_max_bwd(size: int, edges: tuple[int, int], workspace, g: jax.Array):
+    shape = (g.shape[0], *edges, g.shape[3])
+    return (onednn.max_pool_backward(g, workspace, shape, size),)
+
+
+_onednn_window_max.defvjp(_onednn_window_max_fwd, _onednn_window_max_bwd)

@@ -1,4 +1,5 @@
-"""The convolution as oneDNN's kernels, called from XLA on the CPU (`model.conv_impl=onednn`).
+"""The convolution, and the max-pooling after it, as oneDNN's kernels, called from XLA on
+the CPU (`model.conv_impl=onednn`).
 
 oneDNN (the library behind PyTorch's CPU convolutions) computes a convolution directly,
 with kernels that build each patch in registers and never write an im2col buffer; its
@@ -11,6 +12,10 @@ primitive runs with a scratchpad of its own, not oneDNN's thread-local shared on
 XLA runs a cached primitive on whichever of its threads is free (`onednn_conv.cc` says
 more). Shapes the handlers cannot compute as `lax.conv_general_dilated` does are refused
 with a ValueError before the call (`_check_shapes`); the CNN's config never produces one.
+
+Max-pooling's forward pass (which also writes oneDNN's workspace, a byte per output naming
+its window's maximum) and its backward pass are two more calls (`max_pool_forward`,
+`max_pool_backward`), which `conv.max_pool` differentiates with beside this convolution.
 
 The library is not a runtime dependency: the `onednn` extra installs Intel's oneDNN
 wheels (the OpenMP CPU build, headers included) into the environment, and the first use
@@ -54,6 +59,8 @@ TARGETS = {
     "jaxmnist_onednn_conv_forward": "JaxmnistOnednnConvForward",
     "jaxmnist_onednn_conv_backward_data": "JaxmnistOnednnConvBackwardData",
     "jaxmnist_onednn_conv_backward_weights": "JaxmnistOnednnConvBackwardWeights",
+    "jaxmnist_onednn_pool_forward": "JaxmnistOnednnPoolForward",
+    "jaxmnist_onednn_pool_backward": "JaxmnistOnednnPoolBackward",
 }
 DTYPES = (jnp.float32, jnp.bfloat16)
 VERSION_PARTS = ("MAJOR", "MINOR", "PATCH")
@@ -193,10 +200,10 @@ def available() -> bool:
 
 
 def supports(dtype) -> bool:
-    """Whether `conv_onednn` works here in `dtype`, forward and both gradients. oneDNN
-    has float32 convolutions for every x86-64 CPU, bfloat16 ones only for some (AVX-512
-    and later) by rules of its own build, so for bfloat16 this runs one tiny convolution,
-    once per process."""
+    """Whether `conv_onednn` works here in `dtype`, forward and both gradients, and the
+    max-pooling beside it. oneDNN has float32 kernels for every x86-64 CPU, bfloat16 ones
+    only for some (AVX-512 and later) by rules of its own build, so for bfloat16 this runs
+    one tiny convolution and pooling, once per process."""
     if jnp.dtype(dtype) == jnp.float32:
         return available()
     return available() and _runs_in(jnp.dtype(dtype).name)
@@ -207,10 +214,15 @@ def _runs_in(dtype: str) -> bool:
     def loss(x, w):
         return conv_onednn(x, w, "valid").astype(jnp.float32).sum()
 
+    def both(x, w):  # the convolution and its gradients, the pooling and its gradient
+        dx, _ = jax.grad(loss, argnums=(0, 1))(x, w)
+        pooled, workspace = max_pool_forward(dx)
+        return max_pool_backward(pooled, workspace, dx.shape)
+
     with jax.ensure_compile_time_eval():  # run now, even when called while tracing
-        x, w = jnp.ones((1, 3, 3, 1), dtype), jnp.ones((1, 1, 1, 1), dtype)
+        x, w = jnp.ones((1, 4, 4, 1), dtype), jnp.ones((1, 1, 1, 1), dtype)
         try:
-            jax.block_until_ready(jax.grad(loss, argnums=(0, 1))(x, w))
+            jax.block_until_ready(both(x, w))
         except jax.errors.JaxRuntimeError:  # oneDNN: no primitive for this dtype here
             return False
     return True
@@ -224,12 +236,12 @@ def unavailable_reason() -> str | None:
     return _load()
 
 
-def _call(target: str, result: jax.ShapeDtypeStruct, a, b, pad: int) -> jax.Array:
+def _call(target: str, result, *operands, **attributes):
     reason = unavailable_reason()
     if reason is not None:
         raise Unavailable(reason)
     call = jax.ffi.ffi_call(target, result, vmap_method="expand_dims")
-    return call(a, b, pad=pad)
+    return call(*operands, **attributes)
 
 
 def _pad(w: jax.Array, padding: str) -> int:
@@ -263,7 +275,7 @@ def _forward(x, w, padding):
     k, p = w.shape[0], _pad(w, padding)
     b, h, wd, _ = x.shape
     out = jax.ShapeDtypeStruct((b, h + 2 * p - k + 1, wd + 2 * p - k + 1, w.shape[3]), x.dtype)
-    return _call("jaxmnist_onednn_conv_forward", out, x, w, p)
+    return _call("jaxmnist_onednn_conv_forward", out, x, w, pad=p)
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(2,))
@@ -278,8 +290,8 @@ def _conv_fwd(x, w, padding):
 def _conv_bwd(padding, residuals, g):
     x, w = residuals
     p = _pad(w, padding)
-    dx = _call("jaxmnist_onednn_conv_backward_data", jax.typeof(x), g, w, p)
-    dw = _call("jaxmnist_onednn_conv_backward_weights", jax.typeof(w), x, g, p)
+    dx = _call("jaxmnist_onednn_conv_backward_data", jax.typeof(x), g, w, pad=p)
+    dw = _call("jaxmnist_onednn_conv_backward_weights", jax.typeof(w), x, g, pad=p)
     return dx, dw
 
 
@@ -290,3 +302,31 @@ def conv_onednn(x: jax.Array, w: jax.Array, padding: str = "same") -> jax.Array:
     """oneDNN's direct convolution (module docstring). x (B, H, W, C), w (k, k, C, O),
     one dtype, float32 or bfloat16 -> (B, H', W', O)."""
     return _conv(x, w, padding)
+
+
+def _pooled(x, size: int) -> jax.ShapeDtypeStruct:
+    if x.dtype not in DTYPES:
+        raise TypeError(f"oneDNN max-pooling takes float32 or bfloat16, got {x.dtype}")
+    if x.ndim != 4 or size < 1 or x.shape[1] < size or x.shape[2] < size:
+        raise ValueError(
+            f"oneDNN max-pooling: {size}x{size} windows of (B, H, W, C), not {x.shape}"
+        )
+    b, h, w, c = x.shape
+    return jax.ShapeDtypeStruct((b, h // size, w // size, c), x.dtype)
+
+
+def max_pool_forward(x: jax.Array, size: int = 2) -> tuple[jax.Array, jax.Array]:
+    """oneDNN's max-pooling over non-overlapping size×size windows, odd edges dropped:
+    x (B, H, W, C) -> (pooled (B, H // size, W // size, C), workspace): the workspace, one
+    byte per output, names the element of its window that was the maximum (the first in
+    row-major order where several tie, as `conv.max_pool`), for `max_pool_backward`."""
+    out = _pooled(x, size)
+    workspace = jax.ShapeDtypeStruct(out.shape, jnp.uint8)
+    return _call("jaxmnist_onednn_pool_forward", (out, workspace), x, size=size)
+
+
+def max_pool_backward(g: jax.Array, workspace: jax.Array, x_shape, size: int = 2) -> jax.Array:
+    """The gradient of `max_pool_forward` for input shape `x_shape`: each output's
+    cotangent `g` at its window's maximum, zero elsewhere."""
+    dx = jax.ShapeDtypeStruct(tuple(x_shape), g.dtype)
+    return _call("jaxmnist_onednn_pool_backward", dx, g, workspace, size=size)

@@ -1,5 +1,6 @@
-// Stride-1 2-D convolution through oneDNN, as XLA FFI handlers for the CPU
-// (jaxmnist/models/onednn.py builds, loads and calls this file).
+// Stride-1 2-D convolution and the max-pooling after it through oneDNN, as XLA
+// FFI handlers for the CPU (jaxmnist/models/onednn.py builds, loads and calls
+// this file).
 //
 // Activations are NHWC and weights HWIO, as everywhere in jaxmnist.models.conv.
 // oneDNN reads and writes the activations in place; the weights go into the
@@ -20,6 +21,7 @@
 // buffer safe to reuse; the cost is one buffer per plan instead of one shared.
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -138,8 +140,13 @@ Plan& GetPlan(Kind kind, const Shape& s) {
 
 // One convolution on raw pointers: `a`, `b` and `out` are the handler's buffers
 // (forward: x, w -> y; backward data: g, w -> dx; backward weights: x, g -> dw).
+std::mutex& OneAtATime() {
+  static std::mutex mu;
+  return mu;
+}
+
 void Run(Plan& plan, Kind kind, const Shape& s, void* a, void* b, void* out) {
-  std::lock_guard<std::mutex> lock(plan.mu);
+  std::lock_guard<std::mutex> lock(OneAtATime());
   dnnl::stream stream(Engine());
   auto reorder = [&](const memory& from, const memory& to) {
     plan.reorder.execute(stream, {{DNNL_ARG_FROM, from},
@@ -191,6 +198,42 @@ Split SplitDims(ffi::Span<const int64_t> dims) {
   return s;
 }
 
+// Where each operand's slice lies at each vmap position of a result: row-major
+// strides over the result's vmap dimensions, 0 where an operand broadcasts
+// (its size there is 1). `ok` is false where an operand's do not broadcast.
+struct VmapLoop {
+  std::vector<int64_t> lead;
+  std::vector<std::vector<int64_t>> strides;  // one per operand
+  int64_t count = 1;
+  bool ok = true;
+
+  VmapLoop(std::initializer_list<const Split*> operands, const Split& result)
+      : lead(result.lead) {
+    for (int64_t d : lead) count *= d;
+    for (const Split* operand : operands) {
+      std::vector<int64_t> stride(lead.size());
+      ok = ok && operand->lead.size() == lead.size();
+      for (size_t i = lead.size(), n = 1; ok && i-- > 0;) {
+        int64_t size = operand->lead[i];
+        ok = size == 1 || size == lead[i];
+        stride[i] = size == 1 ? 0 : n;
+        n *= size;
+      }
+      strides.push_back(std::move(stride));
+    }
+  }
+
+  // The slice of operand `k` at position `flat` of the result.
+  int64_t Slice(size_t k, int64_t flat) const {
+    int64_t index = 0;
+    for (size_t i = lead.size(); i-- > 0;) {
+      index += flat % lead[i] * strides[k][i];
+      flat /= lead[i];
+    }
+    return index;
+  }
+};
+
 ffi::Error Handle(Kind kind, ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::AnyBuffer out,
                   int64_t pad) {
   ffi::DataType type = a.element_type();
@@ -218,21 +261,9 @@ ffi::Error Handle(Kind kind, ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::AnyBuffer 
     return ffi::Error::InvalidArgument("onednn conv: operand shapes do not agree");
   }
   size_t bytes = type == ffi::DataType::BF16 ? 2 : 4;
-  // Row-major strides over the vmap dimensions; 0 where an operand broadcasts.
-  size_t rank = so.lead.size();
-  std::vector<int64_t> stride_a(rank), stride_b(rank);
-  int64_t count = 1, na = 1, nb = 1;
-  for (size_t i = rank; i-- > 0;) {
-    for (auto [lead, stride, n] : {std::tuple{&sa.lead, &stride_a, &na},
-                                   std::tuple{&sb.lead, &stride_b, &nb}}) {
-      int64_t size = (*lead)[i];
-      if (size != 1 && size != so.lead[i]) {
-        return ffi::Error::InvalidArgument("onednn conv: vmap dimensions do not broadcast");
-      }
-      (*stride)[i] = size == 1 ? 0 : *n;
-      *n *= size;
-    }
-    count *= so.lead[i];
+  VmapLoop loop({&sa, &sb}, so);
+  if (!loop.ok) {
+    return ffi::Error::InvalidArgument("onednn conv: vmap dimensions do not broadcast");
   }
   if (sa.inner() == 0 || sb.inner() == 0) {  // an empty batch or channel: sums of nothing
     std::memset(out.untyped_data(), 0, out.size_bytes());
@@ -243,21 +274,147 @@ ffi::Error Handle(Kind kind, ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::AnyBuffer 
     auto* pa = static_cast<char*>(a.untyped_data());
     auto* pb = static_cast<char*>(b.untyped_data());
     auto* po = static_cast<char*>(out.untyped_data());
-    for (int64_t flat = 0; flat < count; ++flat) {
-      int64_t ia = 0, ib = 0, rest = flat;
-      for (size_t i = rank; i-- > 0;) {
-        int64_t index = rest % so.lead[i];
-        rest /= so.lead[i];
-        ia += index * stride_a[i];
-        ib += index * stride_b[i];
-      }
-      Run(plan, kind, s, pa + ia * sa.inner() * bytes, pb + ib * sb.inner() * bytes,
-          po + flat * so.inner() * bytes);
+    for (int64_t i = 0; i < loop.count; ++i) {
+      Run(plan, kind, s, pa + loop.Slice(0, i) * sa.inner() * bytes,
+          pb + loop.Slice(1, i) * sb.inner() * bytes, po + i * so.inner() * bytes);
     }
   } catch (const dnnl::error& e) {
     return ffi::Error::Internal(std::string("onednn conv: ") + e.what());
   }
   return ffi::Error::Success();
+}
+
+// Max-pooling over non-overlapping size x size windows, odd edges dropped:
+// y (n, h, w, c) -> (n, h / size, w / size, c), NHWC. The forward pass also
+// writes oneDNN's workspace, one byte per output naming which element of its
+// window was the maximum; the backward pass sends each output's gradient there
+// (and zero everywhere else). The byte layout is the library's: the handlers
+// refuse to run if this oneDNN describes its workspace otherwise.
+struct PoolShape {
+  int64_t n, h, w, c, size;
+  memory::data_type dtype;
+  memory::dims window() const { return {size, size}; }
+  memory::desc src() const { return {{n, c, h, w}, dtype, Tag::nhwc}; }
+  memory::desc dst() const { return {{n, c, h / size, w / size}, dtype, Tag::nhwc}; }
+  memory::desc workspace() const {
+    return {{n, c, h / size, w / size}, memory::data_type::u8, Tag::nhwc};
+  }
+  std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int> key() const {
+    return {n, h, w, c, size, static_cast<int>(dtype)};
+  }
+};
+
+dnnl::pooling_forward::primitive_desc PoolForwardDesc(const PoolShape& s) {
+  // The right padding is negative where an odd edge is dropped (oneDNN's way of
+  // saying floor).
+  memory::dims pad_r{s.h / s.size * s.size - s.h, s.w / s.size * s.size - s.w};
+  return {Engine(),  dnnl::prop_kind::forward_training, dnnl::algorithm::pooling_max,
+          s.src(),   s.dst(),
+          s.window(), s.window(), {0, 0}, {0, 0}, pad_r, UserScratchpad()};
+}
+
+struct PoolPlan {
+  std::mutex mu;
+  dnnl::primitive primitive;
+  memory scratchpad;
+};
+
+PoolPlan& GetPoolPlan(bool backward, const PoolShape& s) {
+  static std::mutex mu;
+  static std::map<std::pair<bool, decltype(s.key())>, std::unique_ptr<PoolPlan>> plans;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& slot = plans[{backward, s.key()}];
+  if (!slot) {
+    auto plan = std::make_unique<PoolPlan>();
+    auto forward = PoolForwardDesc(s);
+    if (forward.workspace_desc() != s.workspace()) {
+      throw dnnl::error(dnnl_unimplemented, "max-pooling workspace is not one byte per output");
+    }
+    memory::desc scratchpad;
+    if (backward) {
+      memory::dims pad_r{s.h / s.size * s.size - s.h, s.w / s.size * s.size - s.w};
+      dnnl::pooling_backward::primitive_desc pd(
+          Engine(), dnnl::algorithm::pooling_max, s.src(), s.dst(), s.window(), s.window(),
+          {0, 0}, {0, 0}, pad_r, forward, UserScratchpad());
+      plan->primitive = dnnl::pooling_backward(pd);
+      scratchpad = pd.scratchpad_desc();
+    } else {
+      plan->primitive = dnnl::pooling_forward(forward);
+      scratchpad = forward.scratchpad_desc();
+    }
+    plan->scratchpad = memory(scratchpad, Engine());
+    slot = std::move(plan);
+  }
+  return *slot;
+}
+
+// Forward: y -> (pooled, workspace); backward: (g, workspace) -> dy.
+ffi::Error HandlePool(bool backward, ffi::AnyBuffer a, ffi::AnyBuffer ws, ffi::AnyBuffer out,
+                      int64_t size) {
+  ffi::DataType type = a.element_type();
+  if (out.element_type() != type || ws.element_type() != ffi::DataType::U8 ||
+      (type != ffi::DataType::F32 && type != ffi::DataType::BF16)) {
+    return ffi::Error::InvalidArgument(
+        "onednn pool: float32 or bfloat16 values of one dtype, a uint8 workspace");
+  }
+  size_t rank = a.dimensions().size();
+  if (rank < 4 || ws.dimensions().size() != rank || out.dimensions().size() != rank) {
+    return ffi::Error::InvalidArgument("onednn pool: operands of one rank >= 4");
+  }
+  Split sa = SplitDims(a.dimensions()), sw = SplitDims(ws.dimensions());
+  Split so = SplitDims(out.dimensions());
+  const Split& y = backward ? so : sa;  // the full-size map
+  const Split& p = backward ? sa : so;  // the pooled one
+  PoolShape s{y.d[0], y.d[1], y.d[2], y.d[3], size,
+              type == ffi::DataType::BF16 ? memory::data_type::bf16 : memory::data_type::f32};
+  if (size < 1 || s.h < size || s.w < size || p.d[0] != s.n || p.d[1] != s.h / size ||
+      p.d[2] != s.w / size || p.d[3] != s.c || std::memcmp(sw.d, p.d, sizeof p.d) != 0) {
+    return ffi::Error::InvalidArgument("onednn pool: operand shapes do not agree");
+  }
+  VmapLoop loop({&sa, &sw}, so);
+  if (!loop.ok) {
+    return ffi::Error::InvalidArgument("onednn pool: vmap dimensions do not broadcast");
+  }
+  if (so.inner() == 0) return ffi::Error::Success();
+  size_t bytes = type == ffi::DataType::BF16 ? 2 : 4;
+  try {
+    PoolPlan& plan = GetPoolPlan(backward, s);
+    std::lock_guard<std::mutex> lock(OneAtATime());
+    dnnl::stream stream(Engine());
+    auto* pa = static_cast<char*>(a.untyped_data());
+    auto* pw = static_cast<char*>(ws.untyped_data());
+    auto* po = static_cast<char*>(out.untyped_data());
+    for (int64_t i = 0; i < loop.count; ++i) {
+      char* in = pa + loop.Slice(0, i) * sa.inner() * bytes;
+      char* result = po + i * so.inner() * bytes;
+      memory workspace(s.workspace(), Engine(), pw + loop.Slice(1, i) * p.inner());
+      if (backward) {
+        plan.primitive.execute(stream, {{DNNL_ARG_DIFF_DST, memory(s.dst(), Engine(), in)},
+                                        {DNNL_ARG_WORKSPACE, workspace},
+                                        {DNNL_ARG_DIFF_SRC, memory(s.src(), Engine(), result)},
+                                        {DNNL_ARG_SCRATCHPAD, plan.scratchpad}});
+      } else {
+        plan.primitive.execute(stream, {{DNNL_ARG_SRC, memory(s.src(), Engine(), in)},
+                                        {DNNL_ARG_DST, memory(s.dst(), Engine(), result)},
+                                        {DNNL_ARG_WORKSPACE, workspace},
+                                        {DNNL_ARG_SCRATCHPAD, plan.scratchpad}});
+      }
+    }
+    stream.wait();
+  } catch (const dnnl::error& e) {
+    return ffi::Error::Internal(std::string("onednn pool: ") + e.what());
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error PoolForward(ffi::AnyBuffer y, ffi::Result<ffi::AnyBuffer> pooled,
+                       ffi::Result<ffi::AnyBuffer> ws, int64_t size) {
+  return HandlePool(false, y, *ws, *pooled, size);
+}
+
+ffi::Error PoolBackward(ffi::AnyBuffer g, ffi::AnyBuffer ws, ffi::Result<ffi::AnyBuffer> dy,
+                        int64_t size) {
+  return HandlePool(true, g, ws, *dy, size);
 }
 
 ffi::Error Forward(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> y,
@@ -288,3 +445,15 @@ auto Binding() {
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxmnistOnednnConvForward, Forward, Binding());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxmnistOnednnConvBackwardData, BackwardData, Binding());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxmnistOnednnConvBackwardWeights, BackwardWeights, Binding());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxmnistOnednnPoolForward, PoolForward,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("size"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxmnistOnednnPoolBackward, PoolBackward,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("size"));

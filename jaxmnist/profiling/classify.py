@@ -9,6 +9,7 @@ it calls (a fusion's body) and the source files on the Python stack that made it
 (the module's `StackFrames` table). `classify` then gives each instruction one kind:
 
     conv_onednn   a custom call to the oneDNN convolution (`models/onednn.py`)
+    pool_onednn   a custom call to oneDNN's max-pooling beside it
     conv_xla      XLA's `convolution` (or cuDNN's custom call on a GPU)
     conv_im2col   a dot made by `models/conv.py` (im2col, patches)
     matmul        any other dot (or a cuBLAS gemm)
@@ -32,6 +33,7 @@ KINDS = (
     "conv_xla",
     "conv_im2col",
     "conv_onednn",
+    "pool_onednn",
     "elementwise",
     "optimizer",
     "copies",
@@ -43,6 +45,7 @@ LABELS = {
     "conv_xla": "convolutions (XLA)",
     "conv_im2col": "convolutions (im2col)",
     "conv_onednn": "convolutions (oneDNN custom call)",
+    "pool_onednn": "max-pooling (oneDNN custom call)",
     "elementwise": "elementwise and reductions",
     "optimizer": "optimizer update",
     "copies": "copies and transfers",
@@ -50,7 +53,8 @@ LABELS = {
 }
 
 TRANSFER = re.compile(r"memcpy|memset|transfer", re.IGNORECASE)  # a device's copies, by name
-ONEDNN_PREFIX = "jaxmnist_onednn_conv"  # models/onednn.py's FFI targets all start so
+# models/onednn.py's FFI targets all start so: its convolutions' and its poolings'.
+ONEDNN_PREFIX, ONEDNN_POOL_PREFIX = "jaxmnist_onednn_conv", "jaxmnist_onednn_pool"
 CONV_TARGET = re.compile(r"cudnn\$conv", re.IGNORECASE)
 GEMM_TARGET = re.compile(r"cublas|gemm|matmul", re.IGNORECASE)
 CONTAINERS = {
@@ -288,6 +292,8 @@ def classify(name: str, index: HloIndex) -> str | None:
     sources = {s for _, ins in ops for s in ins.sources}
     if any(t.startswith(ONEDNN_PREFIX) for t in targets):
         return "conv_onednn"
+    if any(t.startswith(ONEDNN_POOL_PREFIX) for t in targets):
+        return "pool_onednn"
     if "convolution" in opcodes or any(CONV_TARGET.search(t) for t in targets):
         return "conv_xla"
     if "dot" in opcodes or any(GEMM_TARGET.search(t) for t in targets):
