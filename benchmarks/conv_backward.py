@@ -29,7 +29,7 @@ from jaxmnist import config as config_lib
 from jaxmnist.models import cnn, conv
 
 from benchlib.results import SMOKE_HELP, default_out, save_benchmark
-from benchlib.steps import Case, median_step_ms
+from benchlib.steps import Case, median_step_ms, report
 
 BATCH = 256
 SMOKE_BATCH = 8
@@ -70,11 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     for preset in presets:
         model_cfg = config_lib.get_preset(preset).model
         ms = step_ms(model_cfg, windows, batch, steps)
-        base = ms["autodiff"]
-        print(f"{preset} network, one training step at batch {batch} (median ms):")
-        for label, value in ms.items():
-            print(f"  {label:16s} {value:7.1f} ms  {base / value:5.2f}x as fast")
-        figures[preset] = {"ms_per_step": ms, "speedup": base / ms["written-out VJP"]}
+        figures[preset] = report(preset, batch, ms, "autodiff", "written-out VJP")
     print(save_benchmark(out, figures, load_before))
 
 

@@ -33,7 +33,7 @@ from jaxmnist import config as config_lib
 from jaxmnist.models import cnn, conv, onednn
 
 from benchlib.results import SMOKE_HELP, default_out, save_benchmark
-from benchlib.steps import Case, median_step_ms
+from benchlib.steps import Case, median_step_ms, report
 
 BATCH = 256
 SMOKE_BATCH = 8
@@ -88,11 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     figures = {"batch": batch, "windows": windows, "steps_per_window": steps}
     for preset in presets:
         ms = step_ms(model_config(preset), windows, batch, steps)
-        base = ms["XLA pooling"]
-        print(f"{preset} network, one training step at batch {batch} (median ms):")
-        for label, value in ms.items():
-            print(f"  {label:16s} {value:7.1f} ms  {base / value:5.2f}x as fast")
-        figures[preset] = {"ms_per_step": ms, "speedup": base / ms["oneDNN pooling"]}
+        figures[preset] = report(preset, batch, ms, "XLA pooling", "oneDNN pooling")
     print(save_benchmark(out, figures, load_before))
 
 

@@ -56,3 +56,12 @@ def median_step_ms(
     return {
         m.label: statistics.median(s) / steps_per_window * 1e3 for m, (s, _) in zip(timed, results)
     }
+
+
+def report(network: str, batch: int, ms: dict[str, float], base: str, new: str) -> dict:
+    """Prints one network's medians (`median_step_ms`), each against case `base`, and
+    returns its figures for the JSON: the medians and `new`'s speed-up over `base`."""
+    print(f"{network} network, one training step at batch {batch} (median ms):")
+    for label, value in ms.items():
+        print(f"  {label:16s} {value:7.1f} ms  {ms[base] / value:5.2f}x as fast")
+    return {"ms_per_step": ms, "speedup": ms[base] / ms[new]}

@@ -60,8 +60,9 @@ struct Shape {
   }
 };
 
-// A primitive for one shape, the reorder between HWIO weights and its layout,
-// and the scratchpads of both (see the top of this file for why they are ours).
+// A primitive for one shape, the reorder between HWIO weights and its layout
+// (a convolution's; a pooling has no weights), and the scratchpads of both (see
+// the top of this file for why they are ours).
 struct Plan {
   std::mutex mu;  // one execution at a time: the scratchpads are the plan's
   dnnl::primitive primitive;
@@ -125,17 +126,24 @@ void Build(Plan& plan, Kind kind, const Shape& s) {
   }
 }
 
-Plan& GetPlan(Kind kind, const Shape& s) {
+// The plan cached for `key`, made by `build` on first use (one cache per call site:
+// `build`'s type is its own); a build that throws dnnl::error leaves nothing cached.
+template <typename Key, typename Build>
+Plan& Cached(const Key& key, Build build) {
   static std::mutex mu;
-  static std::map<std::pair<int, decltype(s.key())>, std::unique_ptr<Plan>> plans;
+  static std::map<Key, std::unique_ptr<Plan>> plans;
   std::lock_guard<std::mutex> lock(mu);
-  auto& slot = plans[{kind, s.key()}];
+  auto& slot = plans[key];
   if (!slot) {
     auto plan = std::make_unique<Plan>();
-    Build(*plan, kind, s);  // throws dnnl::error, leaving nothing cached
+    build(*plan);
     slot = std::move(plan);
   }
   return *slot;
+}
+
+Plan& GetPlan(Kind kind, const Shape& s) {
+  return Cached(std::pair{kind, s.key()}, [&](Plan& plan) { Build(plan, kind, s); });
 }
 
 // One convolution on raw pointers: `a`, `b` and `out` are the handler's buffers
@@ -294,6 +302,8 @@ struct PoolShape {
   int64_t n, h, w, c, size;
   memory::data_type dtype;
   memory::dims window() const { return {size, size}; }
+  // Negative where an odd edge is dropped: oneDNN's way of saying floor.
+  memory::dims pad_r() const { return {h / size * size - h, w / size * size - w}; }
   memory::desc src() const { return {{n, c, h, w}, dtype, Tag::nhwc}; }
   memory::desc dst() const { return {{n, c, h / size, w / size}, dtype, Tag::nhwc}; }
   memory::desc workspace() const {
@@ -305,47 +315,26 @@ struct PoolShape {
 };
 
 dnnl::pooling_forward::primitive_desc PoolForwardDesc(const PoolShape& s) {
-  // The right padding is negative where an odd edge is dropped (oneDNN's way of
-  // saying floor).
-  memory::dims pad_r{s.h / s.size * s.size - s.h, s.w / s.size * s.size - s.w};
-  return {Engine(),  dnnl::prop_kind::forward_training, dnnl::algorithm::pooling_max,
-          s.src(),   s.dst(),
-          s.window(), s.window(), {0, 0}, {0, 0}, pad_r, UserScratchpad()};
+  return {Engine(), dnnl::prop_kind::forward_training, dnnl::algorithm::pooling_max,
+          s.src(),  s.dst(), s.window(), s.window(), {0, 0}, {0, 0}, s.pad_r(),
+          UserScratchpad()};
 }
 
-struct PoolPlan {
-  std::mutex mu;
-  dnnl::primitive primitive;
-  memory scratchpad;
-};
-
-PoolPlan& GetPoolPlan(bool backward, const PoolShape& s) {
-  static std::mutex mu;
-  static std::map<std::pair<bool, decltype(s.key())>, std::unique_ptr<PoolPlan>> plans;
-  std::lock_guard<std::mutex> lock(mu);
-  auto& slot = plans[{backward, s.key()}];
-  if (!slot) {
-    auto plan = std::make_unique<PoolPlan>();
+Plan& GetPoolPlan(bool backward, const PoolShape& s) {
+  return Cached(std::pair{backward, s.key()}, [&](Plan& plan) {
     auto forward = PoolForwardDesc(s);
     if (forward.workspace_desc() != s.workspace()) {
       throw dnnl::error(dnnl_unimplemented, "max-pooling workspace is not one byte per output");
     }
-    memory::desc scratchpad;
     if (backward) {
-      memory::dims pad_r{s.h / s.size * s.size - s.h, s.w / s.size * s.size - s.w};
       dnnl::pooling_backward::primitive_desc pd(
           Engine(), dnnl::algorithm::pooling_max, s.src(), s.dst(), s.window(), s.window(),
-          {0, 0}, {0, 0}, pad_r, forward, UserScratchpad());
-      plan->primitive = dnnl::pooling_backward(pd);
-      scratchpad = pd.scratchpad_desc();
+          {0, 0}, {0, 0}, s.pad_r(), forward, UserScratchpad());
+      SetPrimitive(plan, dnnl::pooling_backward(pd), pd.scratchpad_desc());
     } else {
-      plan->primitive = dnnl::pooling_forward(forward);
-      scratchpad = forward.scratchpad_desc();
+      SetPrimitive(plan, dnnl::pooling_forward(forward), forward.scratchpad_desc());
     }
-    plan->scratchpad = memory(scratchpad, Engine());
-    slot = std::move(plan);
-  }
-  return *slot;
+  });
 }
 
 // Forward: y -> (pooled, workspace); backward: (g, workspace) -> dy.
@@ -378,7 +367,7 @@ ffi::Error HandlePool(bool backward, ffi::AnyBuffer a, ffi::AnyBuffer ws, ffi::A
   if (so.inner() == 0) return ffi::Error::Success();
   size_t bytes = type == ffi::DataType::BF16 ? 2 : 4;
   try {
-    PoolPlan& plan = GetPoolPlan(backward, s);
+    Plan& plan = GetPoolPlan(backward, s);
     std::lock_guard<std::mutex> lock(OneAtATime());
     dnnl::stream stream(Engine());
     auto* pa = static_cast<char*>(a.untyped_data());
