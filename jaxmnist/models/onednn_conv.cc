@@ -148,13 +148,8 @@ Plan& GetPlan(Kind kind, const Shape& s) {
 
 // One convolution on raw pointers: `a`, `b` and `out` are the handler's buffers
 // (forward: x, w -> y; backward data: g, w -> dx; backward weights: x, g -> dw).
-std::mutex& OneAtATime() {
-  static std::mutex mu;
-  return mu;
-}
-
 void Run(Plan& plan, Kind kind, const Shape& s, void* a, void* b, void* out) {
-  std::lock_guard<std::mutex> lock(OneAtATime());
+  std::lock_guard<std::mutex> lock(plan.mu);
   dnnl::stream stream(Engine());
   auto reorder = [&](const memory& from, const memory& to) {
     plan.reorder.execute(stream, {{DNNL_ARG_FROM, from},
@@ -368,7 +363,7 @@ ffi::Error HandlePool(bool backward, ffi::AnyBuffer a, ffi::AnyBuffer ws, ffi::A
   size_t bytes = type == ffi::DataType::BF16 ? 2 : 4;
   try {
     Plan& plan = GetPoolPlan(backward, s);
-    std::lock_guard<std::mutex> lock(OneAtATime());
+    std::lock_guard<std::mutex> lock(plan.mu);
     dnnl::stream stream(Engine());
     auto* pa = static_cast<char*>(a.untyped_data());
     auto* pw = static_cast<char*>(ws.untyped_data());
