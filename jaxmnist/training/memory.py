@@ -56,10 +56,10 @@ DEVICE_FRACTION = 0.85  # of an accelerator's free memory
 # allocations around them, which no program adds. So on CPU what the programs need is
 # scaled by the factor and the constant added (benchmarks/memory_estimate.py measures both
 # against the peak resident set; an under-estimate is an out-of-memory crash, an
-# over-estimate only splits a population sooner). The heap in use while a program of
-# `steps` runs can exceed its temporaries by a third, so the factor is set from the
-# benchmark's cases with the least margin below the measured peak (the README's Results
-# say which). An accelerator's allocator holds what XLA plans.
+# over-estimate only splits a population sooner). The heap in use while the `steps`
+# program runs can exceed its temporaries, so the factor is set from the benchmark's case
+# with the least margin below its measured peak (the README's Results say which and by
+# how much). An accelerator's allocator holds what XLA plans.
 CPU_RUNTIME_FACTOR = 1.15
 CPU_RUNTIME_BYTES = 10 * MB
 # XLA:CPU hands some fusions to YNNPACK, which makes the arrays inside a fusion itself,
