@@ -244,8 +244,7 @@ def _onednn_window_max(x: jax.Array, size: int, edges: tuple[int, int]) -> jax.A
     XLA would fuse the pooling into each of its consumers (the activation forward, its
     gradient, the pooling's gradient) and recompute it from the convolution's output in
     each. Without a gradient, XLA's max fuses once with what follows."""
-    h, w = edges[0] // size * size, edges[1] // size * size
-    return _window_max(x[:, :h, :w, :], size)
+    return max_pool(x, size)
 
 
 def _onednn_window_max_fwd(x: jax.Array, size: int, edges: tuple[int, int]):
