@@ -12,7 +12,12 @@ commands is read from the parser of the tree measured.
 unpacked from `git archive HEAD jaxmnist`), so that a change can be timed before and after
 side by side; the default is the package this script finds on its path.
 
-Usage: python benchmarks/startup.py [--root DIR] [--repeats N] [--smoke]
+Beside them, what every command that computes pays before its first step: importing
+the computing stack (`python -c "import jax"` and the rest of `STACK_IMPORTS`), per copy
+of the code and its libraries (`--pythonpath DIR`, repeatable: DIR first on PYTHONPATH,
+e.g. a folder holding another release of a library), the copies taking turns.
+
+Usage: python benchmarks/startup.py [--root DIR] [--repeats N] [--pythonpath DIR] [--smoke]
 Prints a table and writes JSON (`--out`, default benchmarks/results/startup.json).
 """
 
@@ -26,9 +31,16 @@ import sys
 import time
 from pathlib import Path
 
+from benchlib.launch import add_code_copies, code_copies
 from benchlib.results import SMOKE_HELP, default_out, save_benchmark
 
 GOAL_SECONDS = 0.3  # issue #23: a command that only parses answers within this
+# The libraries a computing command imports before its first step, from the bottom up.
+STACK_IMPORTS = {
+    "ml_dtypes": "import ml_dtypes",
+    "jax": "import jax",
+    "jax, optax, orbax": "import jax, optax, orbax.checkpoint",
+}
 
 # Prints the command names, in the order `jaxmnist --help` lists them.
 LIST_COMMANDS = """
@@ -85,15 +97,30 @@ def measure(python: str, root: Path | None, invocations: list[list[str]], repeat
     for _ in range(repeats):
         for args, sample in zip(invocations, times.values(), strict=True):
             sample.append(time_once(python, root, args))
+    return {name: summarise(sample) for name, sample in times.items()}
+
+
+def summarise(sample: list[float]) -> dict:
     return {
-        name: {
-            "median_seconds": statistics.median(sample),
-            "min_seconds": min(sample),
-            "max_seconds": max(sample),
-            "runs": len(sample),
-        }
-        for name, sample in times.items()
+        "median_seconds": statistics.median(sample),
+        "min_seconds": min(sample),
+        "max_seconds": max(sample),
+        "runs": len(sample),
     }
+
+
+def stack_imports(python: str, copies: dict[str, str], imports: dict, repeats: int) -> dict:
+    """{copy: {name: summary}}: `python -c IMPORT` in a fresh interpreter with the copy's
+    folder first on PYTHONPATH, `repeats` rounds, the copies taking turns."""
+    times = {copy: {name: [] for name in imports} for copy in copies}
+    for _ in range(repeats):
+        for name, code in imports.items():
+            for copy, path in copies.items():
+                env = {**os.environ, "PYTHONPATH": path}
+                start = time.perf_counter()
+                subprocess.run([python, "-c", code], env=env, check=True, capture_output=True)
+                times[copy][name].append(time.perf_counter() - start)
+    return {copy: {n: summarise(s) for n, s in got.items()} for copy, got in times.items()}
 
 
 def python_baseline(python: str, repeats: int) -> float:
@@ -113,6 +140,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeats", type=int, default=7, help="runs of each invocation (default 7)")
     p.add_argument("--smoke", action="store_true", help=SMOKE_HELP + " (one run, two commands)")
     p.add_argument("--out", type=Path, help="default benchmarks/results/startup.json")
+    add_code_copies(p, "import the computing stack")
     args = p.parse_args(argv)
     if args.repeats < 1:
         p.error("--repeats must be at least 1")
@@ -136,6 +164,11 @@ def main(argv: list[str] | None = None) -> None:
         )
     slowest = max(f["median_seconds"] for f in figures.values())
     print(f"python -c pass: {baseline:.3f} s; slowest median {slowest:.3f} s", flush=True)
+    imports = dict(list(STACK_IMPORTS.items())[:1]) if args.smoke else STACK_IMPORTS
+    stack = stack_imports(args.python, code_copies(args), imports, repeats)
+    for copy, got in stack.items():
+        line = ", ".join(f"{n} {f['median_seconds']:.3f} s" for n, f in got.items())
+        print(f"importing the computing stack ({copy}, medians): {line}")
     result = {
         "goal_seconds": GOAL_SECONDS,
         "root": str(root) if root else None,
@@ -144,6 +177,7 @@ def main(argv: list[str] | None = None) -> None:
         "slowest_median_seconds": slowest,
         "within_goal": slowest <= GOAL_SECONDS,
         "invocations": figures,
+        "stack_imports": stack,
     }
     print(save_benchmark(out, result, load_before))
 

@@ -41,7 +41,7 @@ SMOKE = {
     "run_overhead": ([], {"runs", "median", "goal_report_seconds", "goal_peak_mb"}),
     "search_pruning": ([], {"runs", "time_to_target_ratio", "environment"}),
     "shuffle": ([], {"shuffle_alone", "steady_epoch_seconds", "same_test_accuracy"}),
-    "startup": ([], {"invocations", "slowest_median_seconds", "environment"}),
+    "startup": ([], {"invocations", "slowest_median_seconds", "stack_imports", "environment"}),
     "tutorial_tpu101": ([], None),
 }
 # Scripts whose every mode trains in `jaxmnist` (or PyTorch) child processes on the real
