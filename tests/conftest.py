@@ -4,10 +4,30 @@
 step counts with float32 internally, which strict mode rejects.)
 """
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
-import numpy as np
+# One JAX compilation cache for the whole session, set before JAX starts: every test
+# process (xdist's workers, and the `jaxmnist` processes tests start, which inherit the
+# environment) compiles each distinct program once. A fresh folder per session, made by
+# the first process to load this file (xdist's controller, before it starts the
+# workers) and removed when it exits. The cache's size limit turns on JAX's file lock,
+# so no process reads an entry another is still writing. Runs that turn on jaxmnist's
+# own cache (`compile_cache`) still use theirs.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _session_cache = tempfile.mkdtemp(prefix="jaxmnist-tests-xla-")
+    atexit.register(shutil.rmtree, _session_cache, ignore_errors=True)
+    os.environ.update(
+        JAX_COMPILATION_CACHE_DIR=_session_cache,
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+        JAX_COMPILATION_CACHE_MAX_SIZE=str(2**40),
+    )
+
+import numpy as np  # after the settings above: jaxmnist imports JAX
 import pytest
 
 from jaxmnist.data import registry, synthetic

@@ -35,7 +35,6 @@ SMOKE = {
     "devices_scaling": ([], {"scaling", "tpu101_test_accuracy", "environment"}),
     "epoch_vs_tutorial": ([], {"epoch_seconds", "epoch_ratio", "peak_fraction"}),
     "eval_overhead": (["--seeds", "2", "--rounds", "1"], {"cases", "side_by_side"}),
-    "memory_estimate": ([], {"cases", "goal", "environment"}),
     "onednn_pool": ([], {"speedrun+bn", "environment"}),
     "pacing_overhead": (["--presets", "tpu101"], {"presets", "environment"}),
     "run_overhead": ([], {"runs", "median", "goal_report_seconds", "goal_peak_mb"}),
@@ -49,9 +48,10 @@ SMOKE = {
 HELP_ONLY = {"cnn_presets", "cnn_vs_pytorch", "host_memory", "seeds_vs_single", "stop_latency"}
 # Its smallest mode is a short load test of a finished run: test_serve_load_on_a_tiny_run.
 ON_A_RUN = {"serve_load"}
-# Its --smoke mode, run twice by a test of its own:
-# test_record_keeps_each_presets_own_environment_and_load.
-OWN_SMOKE_TEST = {"record"}
+# Their --smoke modes, run by tests of their own: twice, in
+# test_record_keeps_each_presets_own_environment_and_load; with an override, in
+# test_memory_estimate_runs_its_cases_with_the_overrides_asked.
+OWN_SMOKE_TEST = {"record", "memory_estimate"}
 
 
 def load(name: str):
@@ -208,6 +208,7 @@ def test_memory_estimate_runs_its_cases_with_the_overrides_asked(on_path, tmp_pa
     out = tmp_path / "m.json"
     module.main(["--smoke", "--out", str(out), "--set", "train.eval_batch_size=8"])
     result = json.loads(out.read_text())
+    assert {"cases", "goal", "environment"} <= set(result), set(result)
     assert result["overrides"] == {"train.eval_batch_size": "8"}
     assert result["cases"]
     assert all(case["set"] == {"train.eval_batch_size": 8} for case in result["cases"])
