@@ -15,14 +15,16 @@ from pathlib import Path
 # environment) compiles each distinct program once. A fresh folder per session, made by
 # the first process to load this file (xdist's controller, before it starts the
 # workers) and removed when it exits. The cache's size limit turns on JAX's file lock,
-# so no process reads an entry another is still writing. Runs that turn on jaxmnist's
+# so no process reads an entry another is still writing; the lock, and the scan of every
+# entry that each write then makes, cost more than they save for programs that compile
+# in less than half a second, so those are compiled again. Runs that turn on jaxmnist's
 # own cache (`compile_cache`) still use theirs.
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     _session_cache = tempfile.mkdtemp(prefix="jaxmnist-tests-xla-")
     atexit.register(shutil.rmtree, _session_cache, ignore_errors=True)
     os.environ.update(
         JAX_COMPILATION_CACHE_DIR=_session_cache,
-        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5",
         JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
         JAX_COMPILATION_CACHE_MAX_SIZE=str(2**40),
     )
