@@ -109,6 +109,13 @@ def summarise(sample: list[float]) -> dict:
     }
 
 
+def code_seconds(python: str, code: str, env: dict | None = None) -> float:
+    """Seconds from starting `python -c CODE` (with `env`) to its exit; it must exit 0."""
+    start = time.perf_counter()
+    subprocess.run([python, "-c", code], env=env, check=True, capture_output=True)
+    return time.perf_counter() - start
+
+
 def stack_imports(python: str, copies: dict[str, str], imports: dict, repeats: int) -> dict:
     """{copy: {name: summary}}: `python -c IMPORT` in a fresh interpreter with the copy's
     folder first on PYTHONPATH, `repeats` rounds, the copies taking turns."""
@@ -117,20 +124,13 @@ def stack_imports(python: str, copies: dict[str, str], imports: dict, repeats: i
         for name, code in imports.items():
             for copy, path in copies.items():
                 env = {**os.environ, "PYTHONPATH": path}
-                start = time.perf_counter()
-                subprocess.run([python, "-c", code], env=env, check=True, capture_output=True)
-                times[copy][name].append(time.perf_counter() - start)
+                times[copy][name].append(code_seconds(python, code, env))
     return {copy: {n: summarise(s) for n, s in got.items()} for copy, got in times.items()}
 
 
 def python_baseline(python: str, repeats: int) -> float:
     """Median seconds of `python -c pass`: the interpreter's own start, in every figure."""
-    sample = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        subprocess.run([python, "-c", "pass"], check=True)
-        sample.append(time.perf_counter() - start)
-    return statistics.median(sample)
+    return statistics.median(code_seconds(python, "pass") for _ in range(repeats))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> None:
         )
     slowest = max(f["median_seconds"] for f in figures.values())
     print(f"python -c pass: {baseline:.3f} s; slowest median {slowest:.3f} s", flush=True)
-    imports = dict(list(STACK_IMPORTS.items())[:1]) if args.smoke else STACK_IMPORTS
+    imports = {"ml_dtypes": STACK_IMPORTS["ml_dtypes"]} if args.smoke else STACK_IMPORTS
     stack = stack_imports(args.python, code_copies(args), imports, repeats)
     for copy, got in stack.items():
         line = ", ".join(f"{n} {f['median_seconds']:.3f} s" for n, f in got.items())
