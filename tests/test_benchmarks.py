@@ -30,6 +30,7 @@ SMOKE = {
     "batch_norm_cost": ([], {"layer_ms", "speedrun_step", "environment"}),
     "bf16_matmul": ([], {"matmul_gflops", "tpu101", "environment"}),
     "checkpoint_overhead": ([], {"median_epoch_wall_seconds", "checkpoint_overhead"}),
+    "compile_time": ([], {"runs", "median", "environment"}),
     "conv_backward": ([], {"speedrun", "environment"}),
     "data_loading": ([], {"loads", "median", "environment"}),
     "devices_scaling": ([], {"scaling", "tpu101_test_accuracy", "environment"}),

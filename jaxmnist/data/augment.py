@@ -28,6 +28,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.scipy import ndimage
 
+from jaxmnist import rng
+
 
 def augment(key: jax.Array, images: jax.Array, cfg) -> jax.Array:
     """images: uint8 (B, H, W) or (B, H, W, C) -> the same shape, each image moved at random.
@@ -61,7 +63,7 @@ ERASE_RATIO = (0.3, 1 / 0.3)
 
 def random_flip(key: jax.Array, images: jax.Array) -> jax.Array:
     """Each image of (B, H, W) or (B, H, W, C) mirrored left-right with probability 1/2."""
-    mirror = jax.random.bernoulli(key, 0.5, (images.shape[0],) + (1,) * (images.ndim - 1))
+    mirror = rng.flat(jax.random.bernoulli, key, (images.shape[0],) + (1,) * (images.ndim - 1))
     return jnp.where(mirror, images[:, :, ::-1], images)
 
 
@@ -90,7 +92,8 @@ def random_erase(key: jax.Array, images: jax.Array, prob: float) -> jax.Array:
         & (cols < (left + wide)[:, None, None])
     )
     inside = inside.reshape(inside.shape + (1,) * (images.ndim - 3))
-    noise = jax.random.randint(k_fill, images.shape, 0, 256, jnp.int32).astype(images.dtype)
+    noise = rng.flat(jax.random.randint, k_fill, images.shape, minval=0, maxval=256)
+    noise = noise.astype(images.dtype)
     return jnp.where(inside, noise, images)
 
 
@@ -103,7 +106,7 @@ def random_translate(key: jax.Array, images: jax.Array, max_shift: int) -> jax.A
     b, h, w, *c = images.shape
     s = max_shift
     padded = jnp.pad(images, ((0, 0), (s, s), (s, s), *((0, 0),) * len(c)))
-    corners = jax.random.randint(key, (b, 2), 0, 2 * s + 1)
+    corners = rng.flat(jax.random.randint, key, (b, 2), minval=0, maxval=2 * s + 1)
 
     def crop(image, corner):
         return lax.dynamic_slice(image, (corner[0], corner[1], *(0,) * len(c)), (h, w, *c))
@@ -129,7 +132,8 @@ def random_warp(
     k_scale, k_shear = jax.random.split(jax.random.fold_in(key, AFFINE_STREAM))
     limit = math.radians(max_rotation)
     angles = jax.random.uniform(k_angle, (b,), jnp.float32, -limit, limit)
-    shifts = jax.random.randint(k_shift, (b, 2), -max_shift, max_shift + 1).astype(jnp.float32)
+    shifts = rng.flat(jax.random.randint, k_shift, (b, 2), minval=-max_shift, maxval=max_shift + 1)
+    shifts = shifts.astype(jnp.float32)
     scales = 1 + jax.random.uniform(k_scale, (b,), jnp.float32, -max_scale, max_scale)
     shear_limit = math.radians(max_shear)
     shears = jnp.tan(jax.random.uniform(k_shear, (b,), jnp.float32, -shear_limit, shear_limit))

@@ -48,6 +48,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxmnist import rng
 from jaxmnist.errors import ConfigError
 from jaxmnist.models import Model, conv, onednn
 from jaxmnist.models.cnn_config import CNNConfig
@@ -102,7 +103,8 @@ def init(key, cfg, input_shape=(28, 28), num_classes=10) -> dict:
     keys = iter(jax.random.split(key, len(convs) + len(dense) - 1))
 
     def he(shape, fan_in):
-        return jax.random.normal(next(keys), shape, jnp.float32) * math.sqrt(2.0 / fan_in)
+        w = rng.flat(jax.random.normal, next(keys), shape, dtype=jnp.float32)
+        return w * math.sqrt(2.0 / fan_in)
 
     params = {
         "conv": [

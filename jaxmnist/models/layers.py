@@ -25,6 +25,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxmnist import rng
+
 ACTIVATIONS = {"relu": jax.nn.relu, "gelu": jax.nn.gelu}
 STATS = "stats"  # the params entry of running statistics (batch norm): not trained, not counted
 
@@ -35,7 +37,7 @@ def dropout(key: jax.Array | None, x: jax.Array, rate: float, layer: int) -> jax
     layer's mask its own draw from the one key of the step."""
     if key is None or rate == 0:
         return x
-    keep = jax.random.bernoulli(jax.random.fold_in(key, layer), 1.0 - rate, x.shape)
+    keep = rng.flat(jax.random.bernoulli, jax.random.fold_in(key, layer), x.shape, p=1.0 - rate)
     return jnp.where(keep, x / jnp.asarray(1.0 - rate, x.dtype), jnp.zeros((), x.dtype))
 
 

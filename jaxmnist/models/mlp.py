@@ -20,6 +20,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from jaxmnist import rng
 from jaxmnist.errors import ConfigError
 from jaxmnist.models import Model
 from jaxmnist.models.layers import ACTIVATIONS, dropout, matmul
@@ -32,7 +33,8 @@ def init(key, cfg, input_shape=(28, 28), num_classes=10) -> list[dict]:
     keys = jax.random.split(key, len(sizes) - 1)
     return [
         {
-            "w": jax.random.normal(k, (fan_in, fan_out), jnp.float32) * math.sqrt(2.0 / fan_in),
+            "w": rng.flat(jax.random.normal, k, (fan_in, fan_out), dtype=jnp.float32)
+            * math.sqrt(2.0 / fan_in),
             "b": jnp.zeros((fan_out,), jnp.float32),
         }
         for k, fan_in, fan_out in zip(keys, sizes[:-1], sizes[1:])
