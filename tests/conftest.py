@@ -10,20 +10,27 @@ import shutil
 import tempfile
 from pathlib import Path
 
-# One JAX compilation cache for the whole session, set before JAX starts: every test
-# process (xdist's workers, and the `jaxmnist` processes tests start, which inherit the
-# environment) compiles each distinct program once. A fresh folder per session, made by
+# One folder per session for every cache the tests write, set before JAX starts, made by
 # the first process to load this file (xdist's controller, before it starts the
-# workers) and removed when it exits. The cache's size limit turns on JAX's file lock,
-# so no process reads an entry another is still writing; the lock, and the scan of every
-# entry that each write then makes, cost more than they save for programs that compile
-# in less than half a second, so those are compiled again. Runs that turn on jaxmnist's
-# own cache (`compile_cache`) still use theirs.
-if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-    _session_cache = tempfile.mkdtemp(prefix="jaxmnist-tests-xla-")
-    atexit.register(shutil.rmtree, _session_cache, ignore_errors=True)
+# workers; they and the `jaxmnist` processes tests start inherit the environment) and
+# removed when it exits:
+# - JAX's compilation cache: every test process compiles each distinct program once. Its
+#   size limit turns on JAX's file lock, so no process reads an entry another is still
+#   writing; the lock, and the scan of every entry that each write then makes, cost more
+#   than they save for programs that compile in less than half a second, so those are
+#   compiled again.
+# - jaxmnist's own cache folder (XDG_CACHE_HOME: its compilation cache, the oneDNN
+#   build, downloads), never the user's ~/.cache/jaxmnist. A run with `compile_cache` on
+#   points JAX at <that folder>/xla for the rest of its process, and a user's folder,
+#   written without the size limit, lacks the access-time files JAX's size limit then
+#   expects beside each entry: every later compile of the process warned, and failed.
+if "JAXMNIST_TEST_CACHES" not in os.environ:
+    _caches = tempfile.mkdtemp(prefix="jaxmnist-tests-")
+    atexit.register(shutil.rmtree, _caches, ignore_errors=True)
+    os.environ.update(JAXMNIST_TEST_CACHES=_caches, XDG_CACHE_HOME=os.path.join(_caches, "user"))
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # else the caller's cache, as it is set
     os.environ.update(
-        JAX_COMPILATION_CACHE_DIR=_session_cache,
+        JAX_COMPILATION_CACHE_DIR=os.path.join(os.environ["JAXMNIST_TEST_CACHES"], "xla"),
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5",
         JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
         JAX_COMPILATION_CACHE_MAX_SIZE=str(2**40),
