@@ -30,7 +30,10 @@ if "JAXMNIST_TEST_CACHES" not in os.environ:
     os.environ.update(JAXMNIST_TEST_CACHES=_caches, XDG_CACHE_HOME=os.path.join(_caches, "user"))
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # else the caller's cache, as it is set
     os.environ.update(
-        JAX_COMPILATION_CACHE_DIR=os.path.join(os.environ["JAXMNIST_TEST_CACHES"], "xla"),
+        # The folder a run with `compile_cache` on uses: one cache, not two.
+        JAX_COMPILATION_CACHE_DIR=os.path.join(
+            os.environ["JAXMNIST_TEST_CACHES"], "user", "jaxmnist", "xla"
+        ),
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5",
         JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
         JAX_COMPILATION_CACHE_MAX_SIZE=str(2**40),
