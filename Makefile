@@ -19,11 +19,14 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# Test processes: one per core, at most 4. XLA compiles on one thread, so a second
-# process keeps a second core busy (1.4x as fast a run on 2 cores); each process also
-# holds its own JAX runtime, hence the cap.
+# Test processes: one more than the cores, at most 4. XLA compiles on one thread, so
+# a process per core keeps every core busy, and many tests spend part of their time
+# waiting on a child process (a CLI run, a killed trainer, a server), which one more
+# process fills; each process also holds its own JAX runtime, hence the cap.
 # The multi-device tests need 8 fake CPU devices, which must be set before JAX starts.
-PYTEST := $(BIN)/python -m pytest -q -n auto --maxprocesses 4
+CORES := $(shell $(PYTHON) -c 'import os; print(len(getattr(os, "sched_getaffinity", lambda _: range(os.cpu_count() or 1))(0)))')
+WORKERS := $(shell echo $$(( $(CORES) + 1 < 4 ? $(CORES) + 1 : 4 )))
+PYTEST := $(BIN)/python -m pytest -q -n $(WORKERS)
 test: lint
 	$(PYTEST)
 	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PYTEST) tests/multidevice

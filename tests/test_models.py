@@ -222,7 +222,8 @@ def test_cnn_equals_the_textbook_order_of_its_operations(cfg, activation):
     cfg = dataclasses.replace(cfg, activation=activation, conv_impl="im2col")
     params = _init(cfg)
     params = jax.tree.map(  # nonzero biases, so their place in the block matters
-        lambda x: x + 0.05 * jnp.arange(x.size, dtype=x.dtype).reshape(x.shape) % 0.3, params
+        lambda x: np.asarray(x) + 0.05 * np.arange(x.size, dtype=x.dtype).reshape(x.shape) % 0.3,
+        params,
     )
     images = jnp.asarray(np.random.default_rng(3).uniform(size=(4, 28, 28)), jnp.float32)
     got, want = (
@@ -231,7 +232,7 @@ def test_cnn_equals_the_textbook_order_of_its_operations(cfg, activation):
     )
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(jnp.abs(want).max()))
     grad = jax.jit(jax.grad(lambda p: _apply(p, images, cfg).sum()))(params)
-    want_grad = jax.grad(lambda p: _reference_forward(p, images, cfg).sum())(params)
+    want_grad = jax.jit(jax.grad(lambda p: _reference_forward(p, images, cfg).sum()))(params)
     for g, w in zip(jax.tree.leaves(grad), jax.tree.leaves(want_grad), strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-3 * float(jnp.abs(w).max()))
 
