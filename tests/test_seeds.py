@@ -51,6 +51,25 @@ def test_population_keys_are_each_members_own_whatever_its_seed(block, monkeypat
         assert np.array_equal(epochs[i], jax.random.key_data(k_epochs)), seed
 
 
+def test_a_long_runs_epoch_keys_are_computed_member_by_member(monkeypatch):
+    """Epoch keys cost N x epochs, whatever KEY_BLOCK is: a one-seed run of 100,000 epochs
+    (train until stopped) once computed them for a padded block of 1,024 seeds."""
+    shapes, real = [], population._epoch_keys
+
+    def spy(raw, num_epochs):
+        shapes.append(np.shape(raw))
+        return real(raw, num_epochs)
+
+    monkeypatch.setattr(population, "_epoch_keys", spy)
+    init, epochs = population.population_keys([3, 4], 100_000)
+    assert shapes == [(2,), (2,)]  # one member's raw key per call
+    assert epochs.shape == (2, 100_000, 2)
+    for i, seed in enumerate((3, 4)):
+        k_init, k_epochs = population.member_keys(seed, 100_000)
+        assert np.array_equal(init[i], jax.random.key_data(k_init))
+        assert np.array_equal(epochs[i], jax.random.key_data(k_epochs))
+
+
 def _params(result, index):
     return jax.device_get(result.population.member_params(result.states, index))
 

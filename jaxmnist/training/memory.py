@@ -282,7 +282,7 @@ def estimate_for(cfg, pop, steps_per_epoch: int, dataset, sizes: tuple[int, ...]
     multiples of the mesh's `members` axis), per device."""
     per = pop.layout.members
     train, evals = abstract_data(cfg, dataset, pop.layout)
-    num_epochs = len(pop.epoch_keys)
+    num_epochs = pop.num_epochs
     compiled = [pop.chunk_programs(size, steps_per_epoch, train, evals) for size in sizes]
     measured = [
         chunk_memory(programs, size // per, num_epochs)

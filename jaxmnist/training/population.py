@@ -82,29 +82,35 @@ KEY_BLOCK = 1024
 
 
 def population_keys(seeds, num_epochs: int) -> tuple[np.ndarray, np.ndarray]:
-    """The raw key data of `member_keys` for every seed, (N, ...) and (N, num_epochs, ...),
-    computed `KEY_BLOCK` seeds at a time: one member at a time, a population of thousands
-    took longer to get its keys than to be refused for its memory."""
+    """The raw key data of `member_keys` for every seed, (N, ...) and (N, num_epochs, ...).
+    Each seed's two root keys come `KEY_BLOCK` seeds at a time (one member at a time, a
+    population of thousands took longer to get its keys than to be refused for its
+    memory); its epoch keys come from its own shuffle key, one member per call of one
+    small program (dispatched together), so that what is computed and held grows with
+    N x num_epochs, not with KEY_BLOCK x num_epochs (a single run of 100,000 epochs once
+    took gigabytes and seconds)."""
     n = len(seeds)
     # Seeds lie in 0..config.MAX_SEED: uint32 holds them all as they are.
     padded = np.zeros(-(-n // KEY_BLOCK) * KEY_BLOCK, np.uint32)
     padded[:n] = seeds
-    blocks = [
-        _population_keys(padded[i : i + KEY_BLOCK], num_epochs)
-        for i in range(0, len(padded), KEY_BLOCK)
-    ]
-    init = np.concatenate([np.asarray(i) for i, _ in blocks])[:n]
-    epochs = np.concatenate([np.asarray(e) for _, e in blocks])[:n]
-    return init, epochs
+    roots = [_root_keys(padded[i : i + KEY_BLOCK]) for i in range(0, len(padded), KEY_BLOCK)]
+    init = np.concatenate([np.asarray(i) for i, _ in roots])[:n]
+    shuffle = np.concatenate([np.asarray(s) for _, s in roots])[:n]
+    epochs = [_epoch_keys(raw, num_epochs) for raw in shuffle]
+    return init, np.stack([np.asarray(e) for e in epochs]).reshape(n, num_epochs, -1)
+
+
+@jax.jit
+def _root_keys(seeds):
+    """Each seed's (init_key, shuffle_key) of `member_keys`, as raw key data."""
+    keys = jax.vmap(lambda seed: jax.random.split(jax.random.key(seed)))(seeds)
+    return jax.random.key_data(keys[:, 0]), jax.random.key_data(keys[:, 1])
 
 
 @functools.partial(jax.jit, static_argnums=1)  # compiled once per epoch count
-def _population_keys(seeds, num_epochs: int):
-    def raw(seed):
-        init_key, epoch_keys = member_keys(seed, num_epochs)
-        return jax.random.key_data(init_key), jax.random.key_data(epoch_keys)
-
-    return jax.vmap(raw)(seeds)
+def _epoch_keys(shuffle, num_epochs: int):
+    """One member's epoch keys of `member_keys` (raw), from its raw shuffle key."""
+    return jax.random.key_data(jax.random.split(_wrap(shuffle), num_epochs))
 
 
 class EpochTotals(NamedTuple):
@@ -147,13 +153,9 @@ class Population:
         ends = np.cumsum((0, *self.chunks))
         self.slices = [slice(int(a), int(b)) for a, b in itertools.pairwise(ends)]
         self.input_shape, self.num_classes = tuple(input_shape), num_classes
-        init, epochs = population_keys([m.seed for m in self.members], num_epochs)
-        # Placed once here: inside the epoch loop transfers are disallowed.
+        init, self.epoch_keys = population_keys([m.seed for m in self.members], num_epochs)
+        self.num_epochs = num_epochs
         self.init_keys = [layout.put(init[s], layout.by_member) for s in self.slices]
-        self.epoch_keys = [
-            [layout.put(epochs[s, e], layout.by_member) for s in self.slices]
-            for e in range(num_epochs)
-        ]
         self.plan_fns: dict = {}  # chunk size -> compiled plan_epoch
         self.metrics_fns: dict = {}  # chunk size -> compiled new_metrics
         self.steps_fns: dict = {}  # chunk size -> compiled train_steps
@@ -224,7 +226,7 @@ class Population:
         """The same members cut into `chunks`, keeping every program compiled so far."""
         other = Population(
             self.cfg, self.optimizer, self.members, chunks, self.input_shape,
-            self.num_classes, len(self.epoch_keys), self.layout, ensemble=self.ensemble,
+            self.num_classes, self.num_epochs, self.layout, ensemble=self.ensemble,
         )  # fmt: skip
         other.programs, other.compile_seconds = self.programs, self.compile_seconds
         return other
@@ -345,7 +347,9 @@ class Population:
 
     def plan_epoch(self, epoch_index: int) -> list[EpochPlan]:
         """Every chunk's plan for epoch `epoch_index` (0-based), drawn on the devices."""
-        keys = self.epoch_keys[epoch_index]
+        lay = self.layout
+        with jax.transfer_guard_host_to_device("allow"):  # the epoch's keys, placed as it starts
+            keys = [lay.put(self.epoch_keys[s, epoch_index], lay.by_member) for s in self.slices]
         return [self.plan_fns[size](k) for size, k in zip(self.chunks, keys, strict=True)]
 
     def new_metrics(self) -> list[EpochMetrics]:
@@ -356,7 +360,7 @@ class Population:
         """Runs steps `start .. stop - 1` of the epoch `plans` belong to, for every chunk
         in turn; returns (states, metrics), the inputs donated."""
         lay = self.layout
-        with jax.transfer_guard_host_to_device("allow"):  # the two bounds: the only transfer
+        with jax.transfer_guard_host_to_device("allow"):  # the two bounds
             a, b = (lay.put(np.int32(x), lay.replicated) for x in (start, stop))
         out_states, out_metrics = [], []
         for size, state, m, plan in zip(self.chunks, states, metrics, plans, strict=True):
