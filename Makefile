@@ -24,12 +24,13 @@ lint: $(STAMP)
 # waiting on a child process (a CLI run, a killed trainer, a server), which one more
 # process fills; each process also holds its own JAX runtime, hence the cap.
 # The multi-device tests need 8 fake CPU devices, which must be set before JAX starts.
+# They start several training processes each and time how soon one notices another's
+# loss, so they keep one test process per core.
 CORES := $(shell $(PYTHON) -c 'import os; print(len(getattr(os, "sched_getaffinity", lambda _: range(os.cpu_count() or 1))(0)))')
-WORKERS := $(shell echo $$(( $(CORES) + 1 < 4 ? $(CORES) + 1 : 4 )))
-PYTEST := $(BIN)/python -m pytest -q -n $(WORKERS)
+PYTEST := $(BIN)/python -m pytest -q
 test: lint
-	$(PYTEST)
-	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PYTEST) tests/multidevice
+	$(PYTEST) -n $$(( $(CORES) + 1 < 4 ? $(CORES) + 1 : 4 ))
+	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PYTEST) -n $$(( $(CORES) < 4 ? $(CORES) : 4 )) tests/multidevice
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/epoch_vs_tutorial.py
