@@ -138,7 +138,9 @@ def chunk_memory(programs: dict, models: int, num_epochs: int = 1) -> ChunkMemor
     resident = (
         stats["steps"].output_size_in_bytes  # the states and accumulators it steps
         + plan.output_size_in_bytes
-        + plan.argument_size_in_bytes * (num_epochs + 1)  # every epoch's key, the init key
+        # Every epoch's key (kept on the host, placed as its epoch starts: on a CPU, the
+        # same memory) and the init key.
+        + plan.argument_size_in_bytes * (num_epochs + 1)
     )
     return ChunkMemory(
         models,
