@@ -313,6 +313,23 @@ def test_joining_a_study_with_another_space_or_size_is_refused(tmp_path):
         study_lib.open_study(study_opts(tmp_path, trials=5), same, 2)
 
 
+def test_a_study_declares_its_space_and_size_in_one_write(tmp_path):
+    """A worker joining while the first one declares finds the whole declaration or none
+    (written as two attributes, one worker found the space without the size: KeyError);
+    a study an older jaxmnist declared in two is still joined, or refused, by them."""
+    lr = space.parse_params(["optimizer.lr=log:1e-4:1e-1"], BASE)
+    study = study_lib.open_study(study_opts(tmp_path), lr, 2)
+    assert study.user_attrs == {"search": {"space": ["optimizer.lr=log:0.0001:0.1"], "trials": 3}}
+    old = optuna.create_study(
+        study_name="old", storage=f"sqlite:///{tmp_path / 'search.db'}", direction="maximize"
+    )
+    old.set_user_attr("space", ["optimizer.lr=log:0.0001:0.1"])
+    old.set_user_attr("trials", 3)
+    with pytest.raises(ConfigError, match="give --trials 3"):
+        study_lib.open_study(study_opts(tmp_path, name="old", trials=4), lr, 2)
+    study_lib.open_study(study_opts(tmp_path, name="old"), lr, 2)
+
+
 def test_a_trial_asked_past_the_budget_is_failed_and_marked(tmp_path):
     opts = study_opts(tmp_path, trials=2)
     study = study_lib.open_study(opts, space.parse_params(["optimizer.lr=log:1e-4:1e-1"], BASE), 2)

@@ -136,6 +136,24 @@ def safe_url(url: str) -> str:
         return url
 
 
+# The study's user attribute that holds its search space and its budget of trials, as
+# one value: written as two, a worker joining between the writes found the space
+# without the budget.
+SEARCH_ATTR = "search"
+
+
+def declared(study: optuna.Study) -> dict | None:
+    """What the study searches, {"space": [...], "trials": N}, as its first worker
+    declared it; None before that (studies of older jaxmnist hold the two as attributes
+    of their own)."""
+    attrs = study.user_attrs
+    if SEARCH_ATTR in attrs:
+        return attrs[SEARCH_ATTR]
+    if "space" in attrs and "trials" in attrs:
+        return {"space": attrs["space"], "trials": attrs["trials"]}
+    return None
+
+
 def open_study(opts: StudyOptions, params: list[Param], epochs: int) -> optuna.Study:
     """Creates the study or joins it (another worker may have made it); refuses to join
     one whose search space differs."""
@@ -151,10 +169,12 @@ def open_study(opts: StudyOptions, params: list[Param], epochs: int) -> optuna.S
     if study.direction != optuna.study.StudyDirection.MAXIMIZE:
         raise ConfigError(f"study {opts.name!r} minimises; a search maximises validation accuracy")
     space = [p.spec for p in params]
-    if "space" not in study.user_attrs:
-        study.set_user_attr("space", space)
-        study.set_user_attr("trials", opts.trials)
-    joined = study.user_attrs
+    joined = declared(study)
+    if joined is None:  # the first worker here: say what the study searches, in one write
+        # A worker declaring at the same moment makes this write a no-op or an update;
+        # either way the read after it is the declaration that stands.
+        study.set_user_attr(SEARCH_ATTR, {"space": space, "trials": opts.trials})
+        joined = declared(study)
     if joined["space"] != space:
         raise ConfigError(
             f"study {opts.name!r} searches {' '.join(joined['space'])}, not "
