@@ -87,8 +87,8 @@ def population_keys(seeds, num_epochs: int) -> tuple[np.ndarray, np.ndarray]:
     population of thousands took longer to get its keys than to be refused for its
     memory); its epoch keys come from its own shuffle key, one member per call of one
     small program (dispatched together), so that what is computed and held grows with
-    N x num_epochs, not with KEY_BLOCK x num_epochs (a single run of 100,000 epochs once
-    took gigabytes and seconds)."""
+    N x num_epochs, not with KEY_BLOCK x num_epochs (the epoch keys of a padded block,
+    for one seed trained until stopped with a huge `--epochs`, once filled gigabytes)."""
     n = len(seeds)
     # Seeds lie in 0..config.MAX_SEED: uint32 holds them all as they are.
     padded = np.zeros(-(-n // KEY_BLOCK) * KEY_BLOCK, np.uint32)
