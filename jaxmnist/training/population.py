@@ -97,7 +97,7 @@ def population_keys(seeds, num_epochs: int) -> tuple[np.ndarray, np.ndarray]:
     init = np.concatenate([np.asarray(i) for i, _ in roots])[:n]
     shuffle = np.concatenate([np.asarray(s) for _, s in roots])[:n]
     epochs = [_epoch_keys(raw, num_epochs) for raw in shuffle]
-    return init, np.stack([np.asarray(e) for e in epochs]).reshape(n, num_epochs, -1)
+    return init, np.stack([np.asarray(e) for e in epochs])
 
 
 @jax.jit
