@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
 # The figures that need an accelerator, in one bounded run on a machine with a GPU
 # (or TPU): the `speedrun` preset's time per model (8 seeds in one program, and one
-# alone), what batch norm costs the CNN step there, bfloat16 against float32, the memory
-# estimate against the allocator's peak (8 CNN and 8 `speedrun` seeds, with and without
-# batch norm), `jaxmnist bench --quick`, and a profile of the CNN's steps (`jaxmnist
-# profile`). Run from anywhere; results go to $OUT if set, else to
-# benchmarks/results/<backend>/, as at most 8 files (a log, four benchmark JSONs, and
-# bench.json/.png/.html) and profile-cnn/ (the trace and profile.json):
+# alone), what batch norm costs the CNN step there, bfloat16 against float32, jaxmnist's
+# epoch and whole `tpu101` run against the TPU 101 tutorial's, the memory estimate against
+# the allocator's peak (8 CNN and 8 `speedrun` seeds, with and without batch norm),
+# `jaxmnist bench --quick`, and a profile of the CNN's steps (`jaxmnist profile`). Run from
+# anywhere; results go to $OUT if set, else to benchmarks/results/<backend>/: a log, five
+# benchmark JSONs, bench.json/.png/.html and profile-cnn/ (the trace and profile.json).
 #
 #   bash benchmarks/accelerator_session.sh
+#   STEPS="speedrun bfloat16" bash benchmarks/accelerator_session.sh   # some steps only
+#
+# Steps: speedrun batch-norm bfloat16 tutorial memory bench profile. Every benchmark runs
+# its programs one after another, never two at once, so a chip that one program at a time
+# can hold (a TPU) serves them all.
 #
 # The machine needs Python with JAX for its accelerator, Optax, Orbax and the rest of
 # jaxmnist's dependencies. Pure-Python ones it lacks can travel as wheels in .whl/
@@ -24,8 +29,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/jaxmnist-site .whl/*.whl
-  export PYTHONPATH="/tmp/jaxmnist-site"
+  python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/jaxmnist-site .whl/*.whl
+  export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}/tmp/jaxmnist-site"  # after what the machine names
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export JAXMNIST_DATA_DIR="${JAXMNIST_DATA_DIR:-$PWD/.data}"
@@ -34,25 +39,46 @@ backend=$("$py" -c 'import jax; print(jax.default_backend())') || exit 1
 out=${OUT:-benchmarks/results/$backend}
 mkdir -p "$out"
 log="$out/log.txt"
+ALL_STEPS="speedrun batch-norm bfloat16 tutorial memory bench profile"
 {
   date -u
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null
   "$py" -c 'import json; from jaxmnist import runtime; print(json.dumps(runtime.environment()))'
 } >"$log" 2>&1
 
+# A Python process that opened a TPU can hang in the runtime's teardown at exit (seen on a
+# TPU v5e VM): benchmark scripts run through this launcher, which ends the process once the
+# script has returned and its output is flushed, as the jaxmnist CLI ends its own.
+launch='import os, runpy, sys
+sys.argv = sys.argv[1:]
+sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+    code = 0
+except SystemExit as e:
+    code = e.code if isinstance(e.code, int) else int(e.code is not None)
+    if e.code is not None and code == 1 and not isinstance(e.code, int):
+        print(e.code, file=sys.stderr)
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(code)'
+
 step() {
   local name=$1
   shift
-  echo "== $name: $*" | tee -a "$log"
+  [[ " ${STEPS:-$ALL_STEPS} " == *" $name "* ]] || return 0
+  local shown="$*"
+  echo "== $name: ${shown//"$launch"/(launcher)}" | tee -a "$log"
   timeout "${STEP_LIMIT:-240}" "$@" >>"$log" 2>&1
   local rc=$?
   [ "$rc" -eq 0 ] || echo "== $name failed (exit $rc)" | tee -a "$log"
 }
 
-step speedrun "$py" benchmarks/cnn_presets.py --presets speedrun --seeds 8 --out "$out/cnn_presets.json"
-step batch-norm "$py" benchmarks/batch_norm_cost.py --out "$out/batch_norm_cost.json"
-step bfloat16 "$py" benchmarks/bf16_matmul.py --out "$out/bf16_matmul.json"
-step memory "$py" benchmarks/memory_estimate.py --presets cnn,speedrun --seeds 8 --repeats 1 \
+step speedrun "$py" -c "$launch" benchmarks/cnn_presets.py --presets speedrun --seeds 8 --out "$out/cnn_presets.json"
+step batch-norm "$py" -c "$launch" benchmarks/batch_norm_cost.py --out "$out/batch_norm_cost.json"
+step bfloat16 bench benchmarks/bf16_matmul.py --out "$out/bf16_matmul.json"
+step tutorial "$py" -c "$launch" benchmarks/epoch_vs_tutorial.py --runs 2 --out "$out/epoch_vs_tutorial.json"
+step memory "$py" -c "$launch" benchmarks/memory_estimate.py --presets cnn,speedrun --seeds 8 --repeats 1 \
   --out "$out/memory_estimate.json"
 step bench "$py" -m jaxmnist bench --preset tpu101 --quick --out "$out/bench-tpu101"
 step profile "$py" -m jaxmnist profile --preset cnn --profile-steps 20 --out "$out/profile-cnn"

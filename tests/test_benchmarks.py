@@ -189,6 +189,18 @@ def test_accelerator_session_script():
     assert used and used <= set(SCRIPTS), used - set(SCRIPTS)
 
 
+def test_accelerator_session_runs_only_the_steps_asked(tmp_path):
+    script = BENCHMARKS / "accelerator_session.sh"
+    env = {**os.environ, "STEPS": "none", "STEP_LIMIT": "1", "OUT": str(tmp_path)}
+    done = subprocess.run(
+        ["bash", str(script)], env=env, check=False, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    log = (tmp_path / "log.txt").read_text()
+    assert '"backend"' in log and "== done" in log, log
+    assert "== speedrun" not in log and "== profile" not in log, log
+
+
 @pytest.mark.parametrize("name", sorted(SMOKE))
 def test_smoke_mode(name, on_path, tmp_path, capsys):
     extra, keys = SMOKE[name]
