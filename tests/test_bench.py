@@ -414,3 +414,30 @@ def test_interleaved_windows_alternate_and_time_each_measurement():
     timed = timing.time_interleaved([window("a"), window("b")], windows=2, warmup=1)
     assert calls == [f"{x}" for i in range(3) for n in "ab" for x in (f"prepare {n} {i}", n)]
     assert [len(seconds) for seconds, _ in timed] == [2, 2]
+
+
+@pytest.mark.parametrize(
+    "backend, quick, side", [("cpu", False, 2048), ("cpu", True, 1024), ("tpu", True, 8192)]
+)
+def test_quick_peak_shrinks_the_cpus_matmul_but_not_an_accelerators(
+    backend, quick, side, monkeypatch
+):
+    # A 512-side product left a TPU v5e at a fifteenth of the rate of an 8192-side one, so
+    # a quick peak taken from it inflated every MFU of the run as many times.
+    from jaxmnist import config as config_lib
+    from jaxmnist.bench import run as run_lib
+    from jaxmnist.bench.options import make_options
+
+    asked = []
+
+    def measured(dtype, n, **kwargs):
+        asked.append(n)
+        return {"dtype": dtype, "matmul_shape": [n, n, n]}
+
+    monkeypatch.setattr(run_lib.jax, "default_backend", lambda: backend)
+    monkeypatch.setattr(run_lib.peak_lib, "measure_matmul_peak", measured)
+    cfg = config_lib.get_preset("tpu101")
+    dataset = run_lib.synthetic_dataset("mnist", train_size=256, test_size=64)
+    bench = run_lib._Bench(cfg, make_options(quick=quick, synthetic=True), dataset, print)
+    bench.peak("float32")
+    assert asked == [side]

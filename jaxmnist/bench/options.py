@@ -52,7 +52,6 @@ QUICK = {
     "train_examples": 4096,
     "dispatch_window_steps": 4,
     "batch_sizes": (64, 256),
-    "peak_size": 512,
     "peak_window_seconds": 0.05,
 }
 

@@ -23,13 +23,18 @@ from jaxmnist.bench import timing
 from jaxmnist.models.layers import matmul
 
 # A side long enough to be compute-bound on each backend yet quick to run:
-# 2048^3 is 17 GFLOP, long enough to time on a CPU; accelerators need more.
+# 2048^3 is 17 GFLOP, long enough to time on a CPU; accelerators need more. `--quick`
+# halves the CPU's side (an eighth of the work, near the same rate) but keeps the
+# accelerators': a small product leaves a TPU or GPU mostly idle, and a peak taken from
+# it would inflate every MFU of the run many times over.
 DEFAULT_SIZE = {"cpu": 2048}
+QUICK_SIZE = {"cpu": 1024}
 ACCELERATOR_SIZE = 8192
 
 
-def default_size(backend: str) -> int:
-    return DEFAULT_SIZE.get(backend, ACCELERATOR_SIZE)
+def default_size(backend: str, quick: bool = False) -> int:
+    """The side of the peak's matmul on `backend`, for a full or a `quick` measurement."""
+    return (QUICK_SIZE if quick else DEFAULT_SIZE).get(backend, ACCELERATOR_SIZE)
 
 
 def measure_matmul_peak(

@@ -107,7 +107,7 @@ class _Bench:
 
     def peak(self, dtype: str) -> dict:
         if dtype not in self.peaks:
-            n = self.opts.peak_size or peak_lib.default_size(jax.default_backend())
+            n = self.opts.peak_size or peak_lib.default_size(jax.default_backend(), self.opts.quick)
             self.log(f"peak: {n}x{n} matmul in {dtype}")
             self.peaks[dtype] = peak_lib.measure_matmul_peak(
                 dtype,
