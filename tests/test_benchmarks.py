@@ -192,6 +192,7 @@ def test_accelerator_session_script():
 def test_accelerator_session_runs_only_the_steps_asked(tmp_path):
     script = BENCHMARKS / "accelerator_session.sh"
     env = {**os.environ, "STEPS": "none", "STEP_LIMIT": "1", "OUT": str(tmp_path)}
+    env["PYTHON"] = sys.executable  # the script's default, python3, may lack JAX
     done = subprocess.run(
         ["bash", str(script)], env=env, check=False, capture_output=True, text=True
     )
