@@ -240,11 +240,13 @@ _window_max.defvjp(_window_max_fwd, _window_max_bwd)
 
 @partial(jax.custom_vjp, nondiff_argnums=(1, 2))
 def _onednn_window_max(x: jax.Array, size: int, edges: tuple[int, int]) -> jax.Array:
-    """Max-pooling by oneDNN's custom calls when differentiated, `edges` the map's (H, W):
-    XLA would fuse the pooling into each of its consumers (the activation forward, its
+    """Max-pooling by oneDNN's custom calls, `edges` the map's (H, W). Differentiated, XLA
+    would fuse the pooling into each of its consumers (the activation forward, its
     gradient, the pooling's gradient) and recompute it from the convolution's output in
-    each. Without a gradient, XLA's max fuses once with what follows."""
-    return max_pool(x, size)
+    each; without a gradient (evaluation, prediction) oneDNN's kernel also beats XLA's
+    fused max on the presets' maps (`benchmarks/eval_overhead.py`). The maximum is exact,
+    so either gives the same values."""
+    return onednn.max_pool_forward(x, size)[0]
 
 
 def _onednn_window_max_fwd(x: jax.Array, size: int, edges: tuple[int, int]):
