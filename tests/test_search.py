@@ -321,7 +321,7 @@ def test_a_study_declares_its_space_and_size_in_one_write(tmp_path):
     study = study_lib.open_study(study_opts(tmp_path), lr, 2)
     assert study.user_attrs == {"search": {"space": ["optimizer.lr=log:0.0001:0.1"], "trials": 3}}
     old = optuna.create_study(
-        study_name="old", storage=f"sqlite:///{tmp_path / 'search.db'}", direction="maximize"
+        study_name="old", storage=study_opts(tmp_path).storage, direction="maximize"
     )
     old.set_user_attr("space", ["optimizer.lr=log:0.0001:0.1"])
     old.set_user_attr("trials", 3)
