@@ -69,9 +69,14 @@ step() {
   [[ " ${STEPS:-$ALL_STEPS} " == *" $name "* ]] || return 0
   local shown="$*"
   echo "== $name: ${shown//"$launch"/(launcher)}" | tee -a "$log"
+  local start=$SECONDS
   timeout "${STEP_LIMIT:-240}" "$@" >>"$log" 2>&1
   local rc=$?
-  [ "$rc" -eq 0 ] || echo "== $name failed (exit $rc)" | tee -a "$log"
+  if [ "$rc" -eq 0 ]; then
+    echo "== $name done in $((SECONDS - start)) s" | tee -a "$log"
+  else
+    echo "== $name failed (exit $rc) after $((SECONDS - start)) s" | tee -a "$log"
+  fi
 }
 
 step speedrun "$py" -c "$launch" benchmarks/cnn_presets.py --presets speedrun --seeds 8 --out "$out/cnn_presets.json"

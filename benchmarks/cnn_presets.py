@@ -100,6 +100,7 @@ def measure(preset: str, seeds: int, work: Path) -> dict:
         result["one_model"] = {
             "command": alone["command"],
             "train_seconds": alone["summary"]["train_seconds"],
+            "compile_seconds": alone["summary"]["compile_seconds"],
             "test_accuracy": alone["summary"]["test_accuracy"],
             "seconds_target": limit,
         }
