@@ -28,13 +28,34 @@
 # logged and the next one runs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+py=${PYTHON:-python3}
 if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/jaxmnist-site .whl/*.whl
+  "$py" -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/jaxmnist-site .whl/*.whl
   export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}/tmp/jaxmnist-site"  # after what the machine names
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export JAXMNIST_DATA_DIR="${JAXMNIST_DATA_DIR:-$PWD/.data}"
-py=${PYTHON:-python3}
+# Every dependency the steps import, checked before any device time goes to a step that
+# would fail at its first import (a wheel missing or broken on the machine).
+missing=$("$py" - <<'EOF'
+import importlib
+names = ["jax", "optax", "orbax.checkpoint", "matplotlib", "PIL", "scipy", "tqdm", "filelock",
+         "flatbuffers", "pooch", "platformdirs", "tensorboardX", "jaxmnist.cli"]
+bad = []
+for name in names:
+    try:
+        module = importlib.import_module(name)
+        if getattr(module, "__file__", None) is None:  # a folder of that name, no code
+            raise ImportError("a namespace package without code")
+    except Exception as e:  # noqa: BLE001 -- any failure to import is reported
+        bad.append(f"{name} ({type(e).__name__}: {e})")
+print("; ".join(bad))
+EOF
+) || exit 1
+if [ -n "$missing" ]; then
+  echo "accelerator_session.sh: cannot import: $missing" >&2
+  exit 1
+fi
 backend=$("$py" -c 'import jax; print(jax.default_backend())') || exit 1
 out=${OUT:-benchmarks/results/$backend}
 mkdir -p "$out"

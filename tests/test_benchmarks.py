@@ -202,6 +202,22 @@ def test_accelerator_session_runs_only_the_steps_asked(tmp_path):
     assert "== speedrun" not in log and "== profile" not in log, log
 
 
+def test_accelerator_session_stops_before_any_step_when_an_import_fails(tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "optax.py").write_text("raise ImportError('a broken wheel')\n")
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(site), "OUT": str(out)}
+    script = BENCHMARKS / "accelerator_session.sh"
+    done = subprocess.run(
+        ["bash", str(script)], env=env, check=False, capture_output=True, text=True
+    )
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last == "accelerator_session.sh: cannot import: optax (ImportError: a broken wheel)"
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("name", sorted(SMOKE))
 def test_smoke_mode(name, on_path, tmp_path, capsys):
     extra, keys = SMOKE[name]
