@@ -70,16 +70,20 @@ ALL_STEPS="speedrun batch-norm bfloat16 tutorial memory bench profile"
 # A Python process that opened a TPU can hang in the runtime's teardown at exit (seen on a
 # TPU v5e VM): benchmark scripts run through this launcher, which ends the process once the
 # script has returned and its output is flushed, as the jaxmnist CLI ends its own.
-launch='import os, runpy, sys
+launch='import os, runpy, sys, traceback
 sys.argv = sys.argv[1:]
 sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))
 try:
     runpy.run_path(sys.argv[0], run_name="__main__")
     code = 0
 except SystemExit as e:
-    code = e.code if isinstance(e.code, int) else int(e.code is not None)
-    if e.code is not None and code == 1 and not isinstance(e.code, int):
+    code = e.code if e.code is None or isinstance(e.code, int) else 1
+    if code == 1 and not isinstance(e.code, int):
         print(e.code, file=sys.stderr)
+    code = code or 0
+except BaseException:
+    traceback.print_exc()
+    code = 1
 sys.stdout.flush()
 sys.stderr.flush()
 os._exit(code)'
@@ -102,7 +106,7 @@ step() {
 
 step speedrun "$py" -c "$launch" benchmarks/cnn_presets.py --presets speedrun --seeds 8 --out "$out/cnn_presets.json"
 step batch-norm "$py" -c "$launch" benchmarks/batch_norm_cost.py --out "$out/batch_norm_cost.json"
-step bfloat16 bench benchmarks/bf16_matmul.py --out "$out/bf16_matmul.json"
+step bfloat16 "$py" -c "$launch" benchmarks/bf16_matmul.py --out "$out/bf16_matmul.json"
 step tutorial "$py" -c "$launch" benchmarks/epoch_vs_tutorial.py --runs 2 --out "$out/epoch_vs_tutorial.json"
 step memory "$py" -c "$launch" benchmarks/memory_estimate.py --presets cnn,speedrun --seeds 8 --repeats 1 \
   --out "$out/memory_estimate.json"

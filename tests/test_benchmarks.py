@@ -187,6 +187,8 @@ def test_accelerator_session_script():
     assert done.returncode == 0, done.stderr
     used = set(re.findall(r"benchmarks/(\w+)\.py", script.read_text()))
     assert used and used <= set(SCRIPTS), used - set(SCRIPTS)
+    steps = re.findall(r"^step (\S+) (\S+)", script.read_text(), re.MULTILINE)
+    assert steps and all(command == '"$py"' for _, command in steps), steps
 
 
 def test_accelerator_session_runs_only_the_steps_asked(tmp_path):
@@ -200,6 +202,35 @@ def test_accelerator_session_runs_only_the_steps_asked(tmp_path):
     log = (tmp_path / "log.txt").read_text()
     assert '"backend"' in log and "== done" in log, log
     assert "== speedrun" not in log and "== profile" not in log, log
+
+
+@pytest.mark.parametrize(
+    "body, code, out, err",
+    [
+        ("import sys; print('figures', sys.argv[1:])", 0, "figures ['--x']", ""),
+        ("import sys; sys.exit('one line')", 1, "", "one line"),
+        ("import sys; sys.exit(3)", 3, "", ""),
+        ("raise ValueError('broken')", 1, "", "ValueError: broken"),
+    ],
+)
+def test_the_accelerator_sessions_launcher_ends_a_script_with_its_exit_code(
+    tmp_path, body, code, out, err
+):
+    """The launcher the session runs each benchmark script through (it ends the process
+    past the runtime's teardown): the script's output, exit code and error survive."""
+    text = (BENCHMARKS / "accelerator_session.sh").read_text()
+    launch = re.search(r"^launch='(.*?)'$", text, re.MULTILINE | re.DOTALL).group(1)
+    script = tmp_path / "script.py"
+    script.write_text(body + "\n")
+    done = subprocess.run(
+        [sys.executable, "-c", launch, str(script), "--x"],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == code
+    assert done.stdout.strip() == out
+    assert (done.stderr.strip().splitlines() or [""])[-1] == err
 
 
 def test_accelerator_session_stops_before_any_step_when_an_import_fails(tmp_path):
