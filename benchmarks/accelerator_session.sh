@@ -68,25 +68,25 @@ ALL_STEPS="speedrun batch-norm bfloat16 tutorial memory bench profile"
 } >"$log" 2>&1
 
 # A Python process that opened a TPU can hang in the runtime's teardown at exit (seen on a
-# TPU v5e VM): benchmark scripts run through this launcher, which ends the process once the
-# script has returned and its output is flushed, as the jaxmnist CLI ends its own.
+# TPU v5e VM): benchmark scripts run through this launcher, which ends the process as the
+# jaxmnist CLI ends its own (`cli.end_process`: threads joined, atexit run, no teardown).
 launch='import os, runpy, sys, traceback
+from jaxmnist.cli import end_process
 sys.argv = sys.argv[1:]
 sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))
 try:
     runpy.run_path(sys.argv[0], run_name="__main__")
     code = 0
 except SystemExit as e:
-    code = e.code if e.code is None or isinstance(e.code, int) else 1
-    if code == 1 and not isinstance(e.code, int):
+    if e.code is None or isinstance(e.code, int):
+        code = e.code or 0
+    else:
         print(e.code, file=sys.stderr)
-    code = code or 0
+        code = 1
 except BaseException:
     traceback.print_exc()
     code = 1
-sys.stdout.flush()
-sys.stderr.flush()
-os._exit(code)'
+end_process(code)'
 
 step() {
   local name=$1
