@@ -51,6 +51,19 @@ HIGH, LOW = 1.30, 0.90  # the goal: estimate / measured within these
 WITH_BATCH_NORM = ("cnn", "speedrun")  # the presets whose model has `model.batch_norm`
 
 
+def reset_peak_rss(clear_refs: Path = Path("/proc/self/clear_refs")) -> None:
+    """VmHWM := VmRSS, so that the peak measured is the run's from here on. Exits with one
+    line where the kernel does not let the process write `clear_refs` (a sandbox): the
+    process's peak would then hold the compiler's, and the figure would be wrong."""
+    try:
+        clear_refs.write_text("5")
+    except OSError as e:
+        raise SystemExit(
+            f"memory_estimate.py: cannot reset the peak RSS ({clear_refs}: {e.strerror}); "
+            "host-memory peaks cannot be measured here"
+        ) from None
+
+
 def _device_stats() -> dict | None:
     import jax
 
@@ -97,12 +110,13 @@ def measure_case(
         start = time.perf_counter()
         chunks, about = planned(*args)
         seen.update(about, estimate_seconds=time.perf_counter() - start)
-        gc.collect()
-        ctypes.CDLL("libc.so.6").malloc_trim(0)  # the compiler's freed memory, back to the OS
-        Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS from here on
-        seen["rss_kb"] = status_kb("VmRSS")
         stats = _device_stats()
         seen["device_in_use"] = stats and stats["bytes_in_use"]
+        if not stats:  # the host's memory is the device's: its peak from here on
+            gc.collect()
+            ctypes.CDLL("libc.so.6").malloc_trim(0)  # the compiler's freed memory, to the OS
+            reset_peak_rss()
+            seen["rss_kb"] = status_kb("VmRSS")
         return chunks, about
 
     memory.chunks_for = chunks_for

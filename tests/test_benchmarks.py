@@ -279,6 +279,21 @@ def test_memory_estimate_runs_its_cases_with_the_overrides_asked(on_path, tmp_pa
     assert "is not of the form section.field=value" in capsys.readouterr().err
 
 
+def test_memory_estimate_says_in_one_line_when_the_peak_rss_cannot_be_reset(on_path, tmp_path):
+    """A sandbox that refuses /proc/self/clear_refs (a TPU machine's did): one line, not a
+    traceback, and never a peak that would still hold the compiler's."""
+    module = load("memory_estimate")
+    target = tmp_path / "clear_refs"
+    target.mkdir()  # writing to a folder fails as the refused file does, with an OSError
+    with pytest.raises(SystemExit) as e:
+        module.reset_peak_rss(target)
+    assert str(e.value).startswith("memory_estimate.py: cannot reset the peak RSS")
+    assert "\n" not in str(e.value)
+    writable = tmp_path / "writable"
+    module.reset_peak_rss(writable)
+    assert writable.read_text() == "5"
+
+
 def test_serve_load_on_a_tiny_run(on_path, tiny_model_run, tmp_path):
     pytest.importorskip("uvicorn", reason="needs the serve extra")
     out = tmp_path / "serve_load.json"
