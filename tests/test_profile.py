@@ -325,8 +325,16 @@ def test_the_cli_profiles_end_to_end(tiny_data_dir, tmp_path, capsys):
     argv = ["profile", "--dataset", "tiny", "--data-dir", str(tiny_data_dir), "--batch-size"]
     argv += ["32", "--profile-steps", "3", "--peak-size", "128", "--no-compile-cache"]
     assert cli.main([*argv, "--out", str(out)]) == 0
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert "matrix multiplies" in printed and "host overhead" in printed
+    # each phase's line on stderr as it ends, so that a slow one shows where it stops
+    phases = [line for line in captured.err.splitlines() if line.startswith("profile: ")]
+    words = [line.split(" ")[1] for line in phases]
+    assert words == ["3", "compiled", "traced", "read", "measured"]
+    assert all(line.endswith(" s") for line in phases[1:])
+    seconds = json.loads((out / "profile.json").read_text())["phase_seconds"]
+    assert set(seconds) == {"trace", "read", "peak"} and min(seconds.values()) >= 0
     assert "tensorboard --logdir" in printed and "ui.perfetto.dev" in printed
     assert json.loads((out / "profile.json").read_text())["steps"] == 3
 

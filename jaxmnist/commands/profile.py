@@ -74,6 +74,11 @@ def profiler(args: argparse.Namespace, workdir) -> list:
     return [ProfileSteps(workdir, args.profile_steps, log)]
 
 
+def progress(line: str) -> None:
+    """A phase's line on stderr, at once (the table goes to stdout)."""
+    print(line, file=sys.stderr, flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
     # start-up: jax and the training layer load only when the command runs
     from jaxmnist import runtime
@@ -94,15 +99,19 @@ def run(args: argparse.Namespace) -> int:
         runtime.enable_compilation_cache()
     dataset = load_dataset(cfg.data.dataset, cfg.data.data_dir, download=cfg.data.download)
     if not args.json:
-        print(
+        progress(
             f"profile: {args.profile_steps} steps of {preset} ({cfg.model.name}, batch "
             f"{t.batch_size}) on {layout.describe().get('devices', ['?'])[0]}, after as many "
-            "to compile and warm up",
-            file=sys.stderr,
-            flush=True,
+            "to compile and warm up"
         )
     table = profile_config(
-        cfg, dataset, steps=args.profile_steps, out_dir=out, layout=layout, peak_size=args.peak_size
+        cfg,
+        dataset,
+        steps=args.profile_steps,
+        out_dir=out,
+        layout=layout,
+        peak_size=args.peak_size,
+        log=None if args.json else progress,
     )
     if args.json:
         print(json.dumps(table, indent=2))

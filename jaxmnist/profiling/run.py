@@ -17,6 +17,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import jax
@@ -57,19 +59,27 @@ def profile_population(
     peak_flops: float | None = None,
     peak_size: int | None = None,
     write: bool = True,
+    log: Callable[[str], None] | None = None,
 ) -> dict:
     """Traces `steps` steady steps of `population` (its programs compiled) from `states`
     (donated) into `out_dir` and returns the table (`breakdown.breakdown`'s dict, plus
-    where the trace is). `peak_flops`: a peak already measured (else measured here, a
-    `peak_size` matmul). With `write`, the table goes to `out_dir`/profile.json."""
+    where the trace is and `phase_seconds`: what each phase of this took). `peak_flops`:
+    a peak already measured (else measured here, a `peak_size` matmul). With `write`,
+    the table goes to `out_dir`/profile.json. `log` gets a line as each phase ends, so
+    that a slow one (reading a large trace, the peak's compile on an accelerator) shows
+    where the time goes."""
     out_dir = Path(out_dir)
+    phases = Phases(log)
     data = place_train_data(dataset.train_images, dataset.train_labels, population.layout)
     cap = trace.capture(population, states, data, steps, steps_per_epoch, out_dir)
+    phases.done("trace", f"traced {steps} steps into {cap.xplane.relative_to(out_dir)}")
     index = read_hlo(*(program.as_text() for program in population.steps_fns.values()))
     profile = trace.load(cap.xplane)
     ops = trace.read_ops(profile, index.instructions)
+    phases.done("read", f"read {len(ops)} operations back from the trace")
     if peak_flops is None:
         peak_flops = measure_peak(cfg.model.dtype, peak_size)
+        phases.done("peak", f"measured the {cfg.model.dtype} matmul peak")
     flops = get_model(cfg.model.name).flops_per_example(
         cfg.model, tuple(dataset.train_images.shape[1:]), len(dataset.spec.class_names)
     )
@@ -90,10 +100,27 @@ def profile_population(
         flops_note=FLOPS_NOTE,
         trace=str(cap.xplane.relative_to(out_dir)),
         perfetto=str(cap.perfetto.relative_to(out_dir)) if cap.perfetto else None,
+        phase_seconds=phases.seconds,
     )
     if write:
         atomic_write(out_dir / PROFILE_JSON, (json.dumps(table, indent=2) + "\n").encode())
     return table
+
+
+class Phases:
+    """Seconds of each phase of a profile, from the end of the one before; `log` (if
+    any) gets a line as each ends."""
+
+    def __init__(self, log: Callable[[str], None] | None = None):
+        self.log, self.seconds = log, {}
+        self._since = time.perf_counter()
+
+    def done(self, name: str, what: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = round(now - self._since, 3)
+        self._since = now
+        if self.log:
+            self.log(f"profile: {what} in {self.seconds[name]:.1f} s")
 
 
 def profile_config(
@@ -106,13 +133,21 @@ def profile_config(
     peak_flops: float | None = None,
     peak_size: int | None = None,
     callbacks=(),
+    log: Callable[[str], None] | None = None,
 ) -> dict:
     """`jaxmnist profile`: the config's population trained for `steps` steps by the run
     loop (compiling it and warming up, no evaluation of the training set, no target),
-    then `steps` more traced (`profile_population`). `cfg` arrives validated."""
+    then `steps` more traced (`profile_population`; `log` as there, with a first line
+    when the warm-up is over). `cfg` arrives validated."""
     t = dataclasses.replace(cfg.train, steps=steps, target_accuracy=None, eval_train=False)
     warm = dataclasses.replace(cfg, train=t)
+    start = time.perf_counter()
     result = train_population(warm, seed_members(warm), dataset, callbacks, layout=layout)
+    if log:
+        log(
+            f"profile: compiled (in {result.compile_seconds:.1f} s) and ran {steps} steps "
+            f"in {time.perf_counter() - start:.1f} s"
+        )
     return profile_population(
         warm,
         result.population,
@@ -123,6 +158,7 @@ def profile_config(
         out_dir=out_dir,
         peak_flops=peak_flops,
         peak_size=peak_size,
+        log=log,
     )
 
 
