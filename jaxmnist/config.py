@@ -63,6 +63,8 @@ class DataConfig:
     max_shear: float = 0.0  # augment: degrees of random horizontal shear, each way
     flip: bool = False  # augment: mirror half the images left-right (clothes, not digits)
     erase: float = 0.0  # augment: probability of a random rectangle of noise (random erasing)
+    elastic_alpha: float = 0.0  # augment: elastic distortion's strength (Simard's alpha); 0: none
+    elastic_sigma: float = 4.0  # augment: its smoothness, the Gaussian's sigma in pixels
     # Training examples held out as the validation split (stratified, drawn from a fixed
     # seed: training.validation); never trained on. 0: none
     validation: int = 0
@@ -399,6 +401,13 @@ def validate(cfg: Config, *, num_train_examples: int | None = None) -> None:
         raise ConfigError(f"data.max_shear: degrees in [0, 45], got {cfg.data.max_shear}")
     if not 0 <= cfg.data.erase <= 1:
         raise ConfigError(f"data.erase: a probability in [0, 1], got {cfg.data.erase}")
+    if not 0 <= cfg.data.elastic_alpha <= 100:
+        raise ConfigError(f"data.elastic_alpha: pixels in [0, 100], got {cfg.data.elastic_alpha}")
+    if not 0.5 <= cfg.data.elastic_sigma <= side:
+        raise ConfigError(
+            f"data.elastic_sigma: pixels in [0.5, {side}] for {spec.name}'s images, "
+            f"got {cfg.data.elastic_sigma}"
+        )
     t, o = cfg.train, cfg.optimizer
     if not 0 <= cfg.data.validation < n_train:
         raise ConfigError(

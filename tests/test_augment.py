@@ -17,6 +17,7 @@ ROTATE = dataclasses.replace(ON, max_rotation=15.0)
 AFFINE = dataclasses.replace(ROTATE, max_scale=0.15, max_shear=12.0)
 ERASE = dataclasses.replace(ON, erase=0.5)
 ERASE_ONLY = dataclasses.replace(ON, max_shift=0, erase=1.0)
+ELASTIC = dataclasses.replace(ON, max_shift=1, elastic_alpha=34.0, elastic_sigma=4.0)
 augment = jax.jit(augment_lib.augment, static_argnums=2)
 
 
@@ -34,7 +35,9 @@ def _shifted(image: np.ndarray, dy: int, dx: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize(
-    "cfg", [ON, ROTATE, AFFINE, ERASE_ONLY], ids=["translate", "rotate", "affine", "erase"]
+    "cfg",
+    [ON, ROTATE, AFFINE, ERASE_ONLY, ELASTIC],
+    ids=["translate", "rotate", "affine", "erase", "elastic"],
 )
 def test_shape_dtype_kept_same_key_same_result_new_key_new_result(images, cfg):
     a = augment(jax.random.key(1), images, cfg)
@@ -157,8 +160,9 @@ def test_rotation_keeps_the_ink_roughly(images):
         AFFINE,
         dataclasses.replace(ROTATE, flip=True),
         dataclasses.replace(ON, flip=True),
+        dataclasses.replace(AFFINE, elastic_alpha=20.0),
     ],
-    ids=["translate", "rotate", "affine", "rotate-flip", "translate-flip"],
+    ids=["translate", "rotate", "affine", "rotate-flip", "translate-flip", "affine-elastic"],
 )
 def test_colour_images_move_every_channel_as_one(images, cfg):
     """(B, H, W, C): each channel gets exactly the moves its image's key draws for a
@@ -197,6 +201,11 @@ def test_it_never_sees_labels():
         ("max_shear", "nan", "data.max_shear"),
         ("erase", "1.5", r"data.erase: a probability in \[0, 1\]"),
         ("erase", "nan", "data.erase"),
+        ("elastic_alpha", "-1", r"data.elastic_alpha: pixels in \[0, 100\]"),
+        ("elastic_alpha", "nan", "data.elastic_alpha"),
+        ("elastic_sigma", "0.1", r"data.elastic_sigma: pixels in \[0.5, 28\]"),
+        ("elastic_sigma", "40", "data.elastic_sigma"),
+        ("elastic_sigma", "nan", "data.elastic_sigma"),
     ],
 )
 def test_bad_augment_fields_are_config_errors(field, value, message):
@@ -248,3 +257,47 @@ def test_rotation_alone_draws_what_it_drew_before_scale_and_shear_existed(images
     cos, sin = jnp.cos(angles), jnp.sin(angles)
     rotation_inv = jnp.stack([jnp.stack([cos, sin], -1), jnp.stack([-sin, cos], -1)], -2)
     np.testing.assert_array_equal(out, augment_lib.warp_images(images, rotation_inv, shifts))
+
+
+def _smoothed_noise(field_key, b: int, alpha: float, sigma: float) -> np.ndarray:
+    """An elastic field rebuilt with scipy: the uniform draws of `field_key`, each plane
+    smoothed by scipy's Gaussian filter (zero beyond the image), times alpha."""
+    from scipy import ndimage as scipy_ndimage
+
+    noise = np.asarray(jax.random.uniform(field_key, (b * 2 * 28 * 28,), jnp.float32, -1, 1))
+    planes = noise.reshape(b * 2, 28, 28).astype(np.float64)
+    smooth = [scipy_ndimage.gaussian_filter(p, sigma, mode="constant") for p in planes]
+    return alpha * np.asarray(smooth).reshape(b, 2, 28, 28)
+
+
+@pytest.mark.parametrize("sigma", [4.0, 6.0, 1.5])
+def test_the_elastic_field_is_uniform_noise_smoothed_as_scipy_smooths_it(sigma):
+    key = jax.random.key(21)
+    field = np.asarray(augment_lib.elastic_field(key, (3, 28, 28), 34.0, sigma))
+    assert field.shape == (3, 2, 28, 28) and field.dtype == np.float32
+    np.testing.assert_allclose(field, _smoothed_noise(key, 3, 34.0, sigma), atol=2e-5)
+    assert field.std() > 0.5  # pixels: a real displacement, not a rounding
+
+
+def test_an_elastic_distortion_samples_each_pixel_at_its_displaced_position(images):
+    """Elastic distortion with 1-pixel shifts and no affine part: the output pixel at p is
+    the input, bilinear with zero fill (scipy's map_coordinates), at p - shift + field(p),
+    the field drawn from its own key stream: the same pixels give or take one grey level
+    (float32 against float64)."""
+    from scipy import ndimage as scipy_ndimage
+
+    key = jax.random.key(22)
+    out = np.asarray(augment(key, images, ELASTIC))
+    _, k_shift = jax.random.split(key)
+    shifts = np.asarray(jax.random.randint(k_shift, (8, 2), -1, 2), np.float64)
+    field = _smoothed_noise(jax.random.fold_in(key, augment_lib.ELASTIC_STREAM), 8, 34.0, 4.0)
+    rows, cols = np.meshgrid(np.arange(28.0), np.arange(28.0), indexing="ij")
+    for i in range(8):
+        where = [rows - shifts[i, 0] + field[i, 0], cols - shifts[i, 1] + field[i, 1]]
+        want = scipy_ndimage.map_coordinates(
+            np.asarray(images[i], np.float64), where, order=1, cval=0.0
+        )
+        want = np.clip(np.round(want), 0, 255)
+        assert np.abs(out[i].astype(int) - want.astype(int)).max() <= 1, f"image {i}"
+    plain = augment(key, images, dataclasses.replace(ELASTIC, elastic_alpha=0.0))
+    assert (out != np.asarray(plain)).mean() > 0.05  # the field moved a real share of pixels

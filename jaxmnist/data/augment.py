@@ -16,7 +16,13 @@ Translations alone are an exact integer crop (a gather, about a copy of the batc
 Rotations, scaling (`max_scale`: a factor within 1 ± max_scale) and shear (`max_shear`
 degrees) need interpolation: the whole move becomes one affine warp about the centre
 with bilinear sampling (`jax.scipy.ndimage.map_coordinates`), rounded back to uint8.
-Every channel of an image moves with it, by the same offset, matrix and flip.
+Elastic distortion (`elastic_alpha`, `elastic_sigma`: Simard, Steinkraus and Platt,
+"Best practices for convolutional neural networks applied to visual document analysis",
+2003) adds to that warp's sampling positions a smooth random field: each pixel's
+displacement drawn uniform in [-1, 1] along each axis, smoothed by a Gaussian of
+`elastic_sigma` pixels (zero beyond the image, cut at 4 sigma, as
+`scipy.ndimage.gaussian_filter` with mode "constant") and scaled by `elastic_alpha`.
+Every channel of an image moves with it, by the same offset, matrix, field and flip.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.scipy import ndimage
 
@@ -41,9 +48,15 @@ def augment(key: jax.Array, images: jax.Array, cfg) -> jax.Array:
         return images
     if cfg.flip:  # its own draw, so the moves are those of the same key without flips
         images = random_flip(jax.random.fold_in(key, FLIP_STREAM), images)
-    if cfg.max_rotation != 0 or cfg.max_scale != 0 or cfg.max_shear != 0:
+    if cfg.max_rotation != 0 or cfg.max_scale != 0 or cfg.max_shear != 0 or cfg.elastic_alpha:
         images = random_warp(
-            key, images, cfg.max_shift, cfg.max_rotation, cfg.max_scale, cfg.max_shear
+            key,
+            images,
+            cfg.max_shift,
+            cfg.max_rotation,
+            cfg.max_scale,
+            cfg.max_shear,
+            elastic=(cfg.elastic_alpha, cfg.elastic_sigma),
         )
     elif cfg.max_shift != 0:
         images = random_translate(key, images, cfg.max_shift)
@@ -121,12 +134,14 @@ def random_warp(
     max_rotation: float,
     max_scale: float = 0.0,
     max_shear: float = 0.0,
+    elastic: tuple[float, float] = (0.0, 4.0),
 ) -> jax.Array:
     """A random affine move per image: about the centre, a rotation (uniform in
     ±`max_rotation` degrees), a scale factor (uniform in 1 ± `max_scale`, the same along
     both axes) and a horizontal shear (uniform in ±`max_shear` degrees), then an integer
-    shift (uniform in ±`max_shift`); one bilinear warp with zero fill. images uint8
-    (B, H, W) or (B, H, W, C) -> the same shape."""
+    shift (uniform in ±`max_shift`), with `elastic` = (alpha, sigma) an elastic field
+    on top (`elastic_field`; alpha 0: none); one bilinear warp with zero fill. images
+    uint8 (B, H, W) or (B, H, W, C) -> the same shape."""
     b = images.shape[0]
     k_angle, k_shift = jax.random.split(key)  # as with rotations alone: the same draws
     k_scale, k_shear = jax.random.split(jax.random.fold_in(key, AFFINE_STREAM))
@@ -145,24 +160,58 @@ def random_warp(
     rotation_inv = jnp.stack([jnp.stack([cos, sin], -1), jnp.stack([-sin, cos], -1)], -2)
     shear_inv = jnp.stack([jnp.stack([one, 0 * one], -1), jnp.stack([-shears, one], -1)], -2)
     inverse = (shear_inv @ rotation_inv) / scales[:, None, None]
-    return warp_images(images, inverse, shifts)
+    alpha, sigma = elastic
+    field = None
+    if alpha:
+        k_field = jax.random.fold_in(key, ELASTIC_STREAM)
+        field = elastic_field(k_field, (b, *images.shape[1:3]), alpha, sigma)
+    return warp_images(images, inverse, shifts, field)
 
 
 AFFINE_STREAM = 0x616666  # fold_in data for the scale and shear keys ("aff")
+ELASTIC_STREAM = 0x656C61  # fold_in data for the elastic field's key ("ela")
 
 
-def warp_images(images: jax.Array, inverse: jax.Array, shifts: jax.Array) -> jax.Array:
+def gaussian_matrix(n: int, sigma: float) -> np.ndarray:
+    """(n, n) float32: row i holds the weights that smooth position i of a length-n signal
+    with a Gaussian of `sigma` (cut at 4 sigma, normalised over the whole kernel, zero
+    beyond the ends), so that G @ u is `scipy.ndimage.gaussian_filter1d(u, sigma,
+    mode="constant")`."""
+    radius = int(4.0 * sigma + 0.5)
+    taps = np.exp(-0.5 * (np.arange(-radius, radius + 1) / sigma) ** 2)
+    offsets = np.arange(n)[:, None] - np.arange(n)[None, :]
+    weights = np.exp(-0.5 * (offsets / sigma) ** 2) / taps.sum()
+    return np.where(np.abs(offsets) <= radius, weights, 0.0).astype(np.float32)
+
+
+def elastic_field(key: jax.Array, shape: tuple[int, int, int], alpha: float, sigma: float):
+    """(B, 2, H, W) float32 displacements (rows, cols) for `shape` = (B, H, W): uniform in
+    [-1, 1] per pixel and axis, smoothed by a Gaussian of `sigma` pixels along both axes
+    (`gaussian_matrix`), times `alpha`."""
+    b, h, w = shape
+    noise = rng.flat(jax.random.uniform, key, (b, 2, h, w), minval=-1.0, maxval=1.0)
+    smooth = gaussian_matrix(h, sigma) @ noise @ gaussian_matrix(w, sigma).T
+    return alpha * smooth
+
+
+def warp_images(
+    images: jax.Array, inverse: jax.Array, shifts: jax.Array, field: jax.Array | None = None
+) -> jax.Array:
     """Each image moved by an affine map about the centre: the output pixel at p shows the
-    input at `inverse` (p - centre - shift) + centre, bilinear, zero outside. images uint8
-    (B, H, W) or (B, H, W, C); inverse float (B, 2, 2) over (row, col); shifts (B, 2)."""
+    input at `inverse` (p - centre - shift) + centre (+ field[:, :, p] where a field of
+    displacements is given), bilinear, zero outside. images uint8 (B, H, W) or
+    (B, H, W, C); inverse float (B, 2, 2) over (row, col); shifts (B, 2); field
+    (B, 2, H, W) or None."""
     h, w = images.shape[1:3]
     rows, cols = jnp.meshgrid(jnp.arange(h, dtype=jnp.float32), jnp.arange(w, dtype=jnp.float32))
     rows, cols = rows.T, cols.T  # (H, W) grids of output coordinates
     cy, cx = (h - 1) / 2, (w - 1) / 2
 
-    def warp(image, m, shift):
+    def warp(image, m, shift, moved):
         y, x = rows - cy - shift[0], cols - cx - shift[1]
         src = [m[0, 0] * y + m[0, 1] * x + cy, m[1, 0] * y + m[1, 1] * x + cx]
+        if moved is not None:
+            src = [src[0] + moved[0], src[1] + moved[1]]
 
         def plane(p):
             return ndimage.map_coordinates(p.astype(jnp.float32), src, order=1, cval=0.0)
@@ -170,7 +219,11 @@ def warp_images(images: jax.Array, inverse: jax.Array, shifts: jax.Array) -> jax
         # Several channels: each is warped by the same coordinates.
         return plane(image) if image.ndim == 2 else jax.vmap(plane, -1, -1)(image)
 
-    out = jax.vmap(warp)(images, inverse.astype(jnp.float32), shifts)
+    inverse = inverse.astype(jnp.float32)
+    if field is None:
+        out = jax.vmap(lambda i, m, s: warp(i, m, s, None))(images, inverse, shifts)
+    else:
+        out = jax.vmap(warp)(images, inverse, shifts, field)
     return jnp.clip(jnp.round(out), 0, 255).astype(jnp.uint8)
 
 
@@ -181,8 +234,6 @@ def examples(images, labels, cfg, seed: int, moves: int = 2):
     """For the report: the first training image of each class as stored, then `moves`
     rows of the same images as augmentation moves them (keys drawn from `seed`).
     images uint8 (N, H, W[, C]), labels (N,) -> (uint8 ((1 + moves) * K, ...), labels)."""
-    import numpy as np
-
     labels = np.asarray(labels)
     first = [int(np.argmax(labels == c)) for c in np.unique(labels)]  # in class order
     picked = jnp.asarray(np.asarray(images)[first])
