@@ -367,3 +367,32 @@ def test_bench_profile_steps_puts_the_table_in_bench_html(tmp_path):
     assert cli.main([*argv, "--profile-steps", "2", "--out", str(out)]) == 0
     assert json.loads((out / "bench.json").read_text())["profile"]["steps"] == 2
     assert "time goes" in (out / "bench.html").read_text()
+
+
+def test_a_tpus_operations_are_read_by_the_instruction_they_write_out():
+    # A TPU's "XLA Ops" line names each event by its whole HLO instruction and gives no
+    # `hlo_op` stat; read by the bare name, a v5e's CNN profile found only copies.
+    from types import SimpleNamespace as NS
+
+    from jaxmnist.profiling.trace import read_ops
+
+    def event(name, start, stats=()):
+        return NS(name=name, start_ns=start, end_ns=start + 10, stats=list(stats))
+
+    ops = [
+        event("%fusion.179 = f32[256,28,28,16]{0,3,2,1} fusion(bf16[256,28,28,1] %copy.98)", 0),
+        event("%convolution.4 = f32[8,8] convolution(f32[8,8] %p0, f32[8,8] %p1), dim_labels=", 20),
+        event("%unknown.1 = f32[] add(f32[] %a, f32[] %b)", 40),
+    ]
+    copies = [
+        event("%copy-start.13 = (f32[3]) copy-start(f32[3] %x)", 60, [("hlo_op", "copy-done.13")])
+    ]
+    tpu = NS(name="/device:TPU:0", lines=[NS(name="XLA Ops", events=ops), NS(events=copies)])
+    host = NS(name="/host:CPU", lines=[NS(name="main", events=[event("fusion.179", 5)])])
+    known = {"fusion.179", "convolution.4", "copy-done.13"}
+    read = read_ops(NS(planes=[host, tpu]), known)
+    assert [(e.name, e.start_ns) for e in read] == [
+        ("fusion.179", 0),
+        ("convolution.4", 20),
+        ("copy-done.13", 60),
+    ]

@@ -9,7 +9,8 @@ and `perfetto_trace.json.gz` (for ui.perfetto.dev) under the folder given.
 
 `read_ops` opens the XSpace with JAX's own reader (`jax.profiler.ProfileData`)
 and keeps the events of operations: those named by an instruction of the step's
-HLO (a GPU kernel by its `hlo_op`) and a device's memory copies. Where a device
+HLO (a GPU kernel by its `hlo_op`, a TPU's by the instruction it writes out whole) and a
+device's memory copies. Where a device
 plane holds operations (GPU, TPU) only device planes count, so that a host's
 launch of a kernel is not taken for the kernel; on the CPU the operations are
 the host threads' events.
@@ -102,11 +103,16 @@ def window(profile) -> tuple[int, int]:
 
 
 def _hlo_op(event) -> str:
-    """The HLO instruction an event ran: a GPU kernel's `hlo_op` stat, else its name."""
+    """The HLO instruction an event ran: a GPU kernel's `hlo_op` stat, else its name, or
+    the name of the instruction a TPU's "XLA Ops" line writes out whole
+    (`%fusion.3 = f32[...] fusion(...), ...`)."""
     for key, value in event.stats:
         if key == "hlo_op" and isinstance(value, str):
             return value
-    return event.name
+    name = event.name
+    if name.startswith("%") and " = " in name:
+        return name[1 : name.index(" = ")]
+    return name
 
 
 def read_ops(profile, known: set[str] | dict) -> list[OpEvent]:
