@@ -16,9 +16,11 @@ from jaxmnist import cli, optim
 from jaxmnist import config as config_lib
 from jaxmnist.bench import modes as modes_lib
 from jaxmnist.bench import options as options_lib
+from jaxmnist.bench import peak as peak_lib
 from jaxmnist.bench import schema, timing
 from jaxmnist.bench.table import format_table
 from jaxmnist.cli import main
+from jaxmnist.models.layers import matmul
 from jaxmnist.training.loop import place_train_data
 from jaxmnist.training.step import init_state
 
@@ -448,9 +450,6 @@ def test_the_peaks_product_only_reorders_columns_and_needs_no_factorisation(dtyp
     # The peak once took an orthogonal q from jnp.linalg.qr; a TPU v5e's compiler spent
     # longer over that QR at 8192 x 8192 than over everything else `jaxmnist profile`
     # compiled, and the profile ran out of time there.
-    from jaxmnist.bench import peak as peak_lib
-    from jaxmnist.models.layers import matmul
-
     key = jax.random.key(3)
     x, q = peak_lib.operands(key, 64, dtype)
     assert x.dtype == q.dtype == jnp.dtype(dtype)

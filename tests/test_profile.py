@@ -4,6 +4,7 @@ shares add up to the measured time, the classification of operations, the CLI.""
 import dataclasses
 import gzip
 import json
+from types import SimpleNamespace as NS
 
 import jax
 import pytest
@@ -14,6 +15,7 @@ from jaxmnist.profiling import breakdown as breakdown_lib
 from jaxmnist.profiling import flops as flops_lib
 from jaxmnist.profiling.classify import OpEvent, read_hlo
 from jaxmnist.profiling.run import profile_config
+from jaxmnist.profiling.trace import read_ops
 
 # A cuBLAS GEMM's backend config as a GPU's optimized HLO prints it (abridged).
 GEMM_CONFIG = (
@@ -372,10 +374,6 @@ def test_bench_profile_steps_puts_the_table_in_bench_html(tmp_path):
 def test_a_tpus_operations_are_read_by_the_instruction_they_write_out():
     # A TPU's "XLA Ops" line names each event by its whole HLO instruction and gives no
     # `hlo_op` stat; read by the bare name, a v5e's CNN profile found only copies.
-    from types import SimpleNamespace as NS
-
-    from jaxmnist.profiling.trace import read_ops
-
     def event(name, start, stats=()):
         return NS(name=name, start_ns=start, end_ns=start + 10, stats=list(stats))
 

@@ -219,11 +219,7 @@ def warp_images(
         # Several channels: each is warped by the same coordinates.
         return plane(image) if image.ndim == 2 else jax.vmap(plane, -1, -1)(image)
 
-    inverse = inverse.astype(jnp.float32)
-    if field is None:
-        out = jax.vmap(lambda i, m, s: warp(i, m, s, None))(images, inverse, shifts)
-    else:
-        out = jax.vmap(warp)(images, inverse, shifts, field)
+    out = jax.vmap(warp)(images, inverse.astype(jnp.float32), shifts, field)  # None: no leaves
     return jnp.clip(jnp.round(out), 0, 255).astype(jnp.uint8)
 
 

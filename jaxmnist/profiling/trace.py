@@ -9,11 +9,10 @@ and `perfetto_trace.json.gz` (for ui.perfetto.dev) under the folder given.
 
 `read_ops` opens the XSpace with JAX's own reader (`jax.profiler.ProfileData`)
 and keeps the events of operations: those named by an instruction of the step's
-HLO (a GPU kernel by its `hlo_op`, a TPU's by the instruction it writes out whole) and a
-device's memory copies. Where a device
-plane holds operations (GPU, TPU) only device planes count, so that a host's
-launch of a kernel is not taken for the kernel; on the CPU the operations are
-the host threads' events.
+HLO (a GPU kernel by its `hlo_op`, a TPU's by the instruction it writes out whole) and
+a device's memory copies. Where a device plane holds operations (GPU, TPU) only device
+planes count, so that a host's launch of a kernel is not taken for the kernel; on the
+CPU the operations are the host threads' events.
 """
 
 from __future__ import annotations
