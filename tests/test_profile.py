@@ -385,12 +385,43 @@ def test_a_tpus_operations_are_read_by_the_instruction_they_write_out():
     copies = [
         event("%copy-start.13 = (f32[3]) copy-start(f32[3] %x)", 60, [("hlo_op", "copy-done.13")])
     ]
-    tpu = NS(name="/device:TPU:0", lines=[NS(name="XLA Ops", events=ops), NS(events=copies)])
+    lines = [NS(name="XLA Ops", events=ops), NS(name="Async XLA Ops", events=copies)]
+    tpu = NS(name="/device:TPU:0", lines=lines)
     host = NS(name="/host:CPU", lines=[NS(name="main", events=[event("fusion.179", 5)])])
     known = {"fusion.179", "convolution.4", "copy-done.13"}
     read = read_ops(NS(planes=[host, tpu]), known)
-    assert [(e.name, e.start_ns) for e in read] == [
-        ("fusion.179", 0),
-        ("convolution.4", 20),
-        ("copy-done.13", 60),
+    assert [(e.name, e.start_ns, e.in_flight) for e in read] == [
+        ("fusion.179", 0, False),
+        ("convolution.4", 20, False),
+        ("copy-done.13", 60, True),  # the async line: the copy's time in flight
     ]
+
+
+def test_a_copy_in_flight_counts_only_where_nothing_else_runs():
+    """A copy in flight 0-100 ns beside a dot 0-40 and a convolution 60-80: the copy
+    gets 40-60 and 80-100, the dot and the convolution all of theirs (a v5e's CNN profile
+    gave most of its step to a copy that the device never waited for)."""
+    ops = [
+        OpEvent("copy.1", 0, 100, in_flight=True),
+        OpEvent("dot.1", 0, 40),
+        OpEvent("convolution.1", 60, 80),
+    ]
+    table = breakdown_lib.breakdown(
+        ops,
+        read_hlo(HLO),
+        (0, 100),
+        wall_seconds=100e-9,
+        steps=1,
+        flops_per_step=None,
+        peak_flops_per_second=None,
+    )
+    rows = {r["kind"]: r for r in table["rows"]}
+    assert rows["matmul"]["share"] == pytest.approx(0.4)
+    assert rows["conv_xla"]["share"] == pytest.approx(0.2)
+    assert rows["copies"]["share"] == pytest.approx(0.4)
+    assert rows["host"]["share"] == pytest.approx(0.0)
+    # Two copies in flight alone share their time as any two operations do.
+    both = [OpEvent("a", 0, 10, True), OpEvent("b", 0, 10, True), OpEvent("c", 10, 20)]
+    assert breakdown_lib.attribute(
+        [(e.start_ns, e.end_ns, e.name) for e in both], 0, 20, [e.in_flight for e in both]
+    ) == {"a": 5, "b": 5, "c": 10}

@@ -36,9 +36,14 @@ HOST = "host"
 HOST_LABEL = "host overhead between calls"
 
 
-def attribute(events: list[tuple[int, int, str]], start: int, end: int) -> dict[str, float]:
+def attribute(
+    events: list[tuple[int, int, str]], start: int, end: int, in_flight: list[bool] | None = None
+) -> dict[str, float]:
     """Nanoseconds per key of (start_ns, end_ns, key) intervals clipped to [start, end]:
-    each instant is shared equally among the intervals covering it (a sweep line)."""
+    each instant is shared equally among the intervals covering it (a sweep line). An
+    interval flagged in `in_flight` (an asynchronous operation in flight) shares only
+    the instants that no unflagged interval covers: it overlaps the work it hides behind."""
+    flags = in_flight or [False] * len(events)
     edges = []
     for i, (a, b, _) in enumerate(events):
         a, b = max(a, start), min(b, end)
@@ -51,9 +56,10 @@ def attribute(events: list[tuple[int, int, str]], start: int, end: int) -> dict[
     last = None
     for t, opening, i in edges:
         if active and last is not None and t > last:
-            share = (t - last) / len(active)
-            for key in active.values():
-                out[key] += share
+            running = [k for j, k in active.items() if not flags[j]]
+            sharing = running or list(active.values())
+            for key in sharing:
+                out[key] += (t - last) / len(sharing)
         last = t
         if opening:
             active[i] = events[i][2]
@@ -76,11 +82,15 @@ def breakdown(
     flops_per_step, flops_per_second, fraction_of_peak; None where unknown) in KINDS
     order then host overhead, `arithmetic_together` where several arithmetic kinds ran,
     `top_ops`. `flops_per_step`: the model's analytic count, every member's step."""
-    timed = [(e.start_ns, e.end_ns, index.kind(e.name), e.name) for e in ops]
-    timed = [t for t in timed if t[2] is not None]
-    per_kind = attribute([(a, b, k) for a, b, k, _ in timed], *window)
-    per_op = attribute([(a, b, n) for a, b, _, n in timed], *window)
-    counted = program_flops(timed, index, window)
+    kept = [(e, index.kind(e.name)) for e in ops]
+    kept = [(e, k) for e, k in kept if k is not None]
+    timed = [(e.start_ns, e.end_ns, k, e.name) for e, k in kept]
+    in_flight = [e.in_flight for e, _ in kept]
+    per_kind = attribute([(a, b, k) for a, b, k, _ in timed], *window, in_flight)
+    per_op = attribute([(a, b, n) for a, b, _, n in timed], *window, in_flight)
+    counted = program_flops(
+        [t for t, f in zip(timed, in_flight, strict=True) if not f], index, window
+    )
     wall_ns = wall_seconds * 1e9
     busy = sum(per_kind.values())
     # The annotation's window sits inside the perf_counter window; the rest is host time.

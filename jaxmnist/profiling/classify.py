@@ -111,6 +111,9 @@ class OpEvent(NamedTuple):
     name: str  # the HLO instruction (or the copy) it ran
     start_ns: int
     end_ns: int
+    # An asynchronous operation's time in flight (a TPU's "Async XLA Ops" line): it
+    # overlaps the device's other work, and counts only where none runs.
+    in_flight: bool = False
 
 
 class Instruction(NamedTuple):

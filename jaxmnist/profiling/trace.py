@@ -12,7 +12,10 @@ and keeps the events of operations: those named by an instruction of the step's
 HLO (a GPU kernel by its `hlo_op`, a TPU's by the instruction it writes out whole) and
 a device's memory copies. Where a device plane holds operations (GPU, TPU) only device
 planes count, so that a host's launch of a kernel is not taken for the kernel; on the
-CPU the operations are the host threads' events.
+CPU the operations are the host threads' events. A device's line of asynchronous
+operations (a TPU's "Async XLA Ops") times a copy from its start to its done while the
+device runs other work: its events are flagged `in_flight`, and the table counts them
+only where no other operation runs (`breakdown.attribute`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ import jax
 from jaxmnist.profiling.classify import TRANSFER, OpEvent
 
 WINDOW = "jaxmnist.profile.steps"  # the TraceAnnotation around the timed calls
+# A device's line of asynchronous operations in flight (a TPU's "Async XLA Ops": a copy
+# from its start to its done, beside the line of the operations the device runs).
+ASYNC_LINE = "Async"
 
 
 class Capture(NamedTuple):
@@ -122,10 +128,11 @@ def read_ops(profile, known: set[str] | dict) -> list[OpEvent]:
         device = plane.name.startswith("/device:") and "CUSTOM" not in plane.name
         ops = []
         for line in plane.lines:
+            in_flight = device and line.name.startswith(ASYNC_LINE)
             for event in line.events:
                 name = _hlo_op(event)
                 if name in known or (device and TRANSFER.search(event.name)):
-                    ops.append(OpEvent(name, event.start_ns, event.end_ns))
+                    ops.append(OpEvent(name, event.start_ns, event.end_ns, in_flight))
         by_plane.append((device, ops))
     on_devices = [ops for device, ops in by_plane if device and ops]
     chosen = on_devices or [ops for _, ops in by_plane]
