@@ -64,6 +64,21 @@ def test_each_image_is_its_own_integer_translation_within_max_shift(images):
     assert len(set(offsets)) > 1  # drawn per image, not once per batch
 
 
+@pytest.mark.parametrize("shape", [(64, 28, 28), (16, 9, 13, 3)], ids=["gray", "channels"])
+@pytest.mark.parametrize("max_shift", [1, 2, 3])
+def test_the_accelerators_translation_is_the_cpus_exactly(shape, max_shift):
+    # A TPU runs the CPU's per-image crop (a gather) as a loop over the images; its
+    # selects among shifted copies must move every image by the same offset.
+    full = jnp.asarray(np.random.default_rng(5).integers(0, 256, shape, np.uint8))
+    key = jax.random.key(max_shift)
+    translate = jax.jit(augment_lib.random_translate, static_argnums=(2, 3))
+    cpu = translate(key, full, max_shift, "cpu")
+    tpu = translate(key, full, max_shift, "tpu")
+    assert tpu.dtype == jnp.uint8
+    np.testing.assert_array_equal(tpu, cpu)
+    assert not np.array_equal(cpu, full)
+
+
 def test_off_or_zero_moves_is_the_identity(images):
     for cfg in [
         dataclasses.replace(ON, augment=False),

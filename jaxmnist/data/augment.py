@@ -12,7 +12,8 @@ key, so a run stays reproducible from its seed while each key (each step, epoch 
 member of a population) draws different offsets. With `cfg.augment` off it returns the
 images unchanged, so a caller can always call it.
 
-Translations alone are an exact integer crop (a gather, about a copy of the batch).
+Translations alone are an exact integer crop (about a copy of the batch: a gather on the
+CPU, selects among shifted copies elsewhere; `random_translate`).
 Rotations, scaling (`max_scale`: a factor within 1 ± max_scale) and shear (`max_shear`
 degrees) need interpolation: the whole move becomes one affine warp about the centre
 with bilinear sampling (`jax.scipy.ndimage.map_coordinates`), rounded back to uint8.
@@ -110,16 +111,27 @@ def random_erase(key: jax.Array, images: jax.Array, prob: float) -> jax.Array:
     return jnp.where(inside, noise, images)
 
 
-def random_translate(key: jax.Array, images: jax.Array, max_shift: int) -> jax.Array:
+def random_translate(
+    key: jax.Array, images: jax.Array, max_shift: int, backend: str | None = None
+) -> jax.Array:
     """Pad by `max_shift` zeros, crop each image back at its own random offset.
 
     images (B, H, W) or (B, H, W, C), any dtype -> same; offsets uniform in
-    [-max_shift, max_shift]².
+    [-max_shift, max_shift]². On the CPU each crop is a slice of its own (one gather);
+    elsewhere (`backend`, default JAX's) every image picks its rows, then its columns,
+    among the 2·max_shift + 1 shifted copies of the batch (elementwise selects that
+    fuse), since a TPU runs that gather as a loop over the images. The two are equal
+    exactly.
     """
     b, h, w, *c = images.shape
     s = max_shift
     padded = jnp.pad(images, ((0, 0), (s, s), (s, s), *((0, 0),) * len(c)))
     corners = rng.flat(jax.random.randint, key, (b, 2), minval=0, maxval=2 * s + 1)
+    if (backend or jax.default_backend()) != "cpu":
+        offsets = range(2 * s + 1)
+        top, left = (corners[:, i].reshape(b, *(1,) * (images.ndim - 1)) for i in (0, 1))
+        rows = jnp.select([top == k for k in offsets], [padded[:, k : k + h] for k in offsets])
+        return jnp.select([left == k for k in offsets], [rows[:, :, k : k + w] for k in offsets])
 
     def crop(image, corner):
         return lax.dynamic_slice(image, (corner[0], corner[1], *(0,) * len(c)), (h, w, *c))

@@ -140,10 +140,15 @@ def make_train_steps(
     augmenting, dropping = cfg.data.augment, cfg.model.dropout > 0
 
     def train_steps(state: TrainState, metrics: EpochMetrics, plan: EpochPlan, data, start, stop):
+        # Batches are gathered as rows of the flattened images: a TPU lays (N, H, W) uint8
+        # out with N innermost, where picking examples is a strided gather.
+        n, *shape = data.images.shape
+        rows = data.images.reshape(n, -1)
+
         def body(i, carry):
             state, metrics = carry
             batch_idx = shard(plan.indices[i])
-            images = shard(data.images[batch_idx])
+            images = shard(rows[batch_idx].reshape(-1, *shape))
             key = jax.random.wrap_key_data(plan.keys[i]) if plan.keys is not None else None
             if augmenting:  # each step its own key: each image its own move
                 images = shard(augment(key, images, cfg.data))
