@@ -151,6 +151,15 @@ def test_unknown_events_are_not_operations_but_device_copies_are():
     assert index.kind("MemcpyH2D") == "copies"
 
 
+def _rows_of_100ns(ops: list[OpEvent], steps: int) -> dict:
+    """The table's rows by kind for `ops` in a window of 100 ns, all of it measured."""
+    table = breakdown_lib.breakdown(
+        ops, read_hlo(HLO), (0, 100), wall_seconds=100e-9, steps=steps,
+        flops_per_step=None, peak_flops_per_second=None,
+    )  # fmt: skip
+    return {r["kind"]: r for r in table["rows"]}
+
+
 def test_busy_time_is_shared_and_the_rest_is_host_overhead():
     """A dot alone 0-20 ns, a dot and a convolution at once 20-40 (half each), the
     convolution alone 40-60; a copy outside the window; 100 ns measured."""
@@ -161,22 +170,13 @@ def test_busy_time_is_shared_and_the_rest_is_host_overhead():
         OpEvent("while.1", 0, 100),
         OpEvent("ThunkExecutor::Execute", 0, 100),
     ]
-    table = breakdown_lib.breakdown(
-        ops,
-        read_hlo(HLO),
-        (0, 100),
-        wall_seconds=100e-9,
-        steps=2,
-        flops_per_step=None,
-        peak_flops_per_second=None,
-    )
-    rows = {r["kind"]: r for r in table["rows"]}
+    rows = _rows_of_100ns(ops, steps=2)
     assert rows["matmul"]["share"] == pytest.approx(0.3)
     assert rows["conv_xla"]["share"] == pytest.approx(0.3)
     assert rows["copies"]["share"] == 0
     assert rows["host"]["share"] == pytest.approx(0.4)
     assert rows["host"]["seconds_per_step"] == pytest.approx(20e-9)
-    assert sum(r["share"] for r in table["rows"]) == pytest.approx(1.0)
+    assert sum(r["share"] for r in rows.values()) == pytest.approx(1.0)
 
 
 # FLOPs of the module's arithmetic, by hand: a 4x4 @ 4x4 dot is 2*16*4; the 3x3
@@ -406,16 +406,7 @@ def test_a_copy_in_flight_counts_only_where_nothing_else_runs():
         OpEvent("dot.1", 0, 40),
         OpEvent("convolution.1", 60, 80),
     ]
-    table = breakdown_lib.breakdown(
-        ops,
-        read_hlo(HLO),
-        (0, 100),
-        wall_seconds=100e-9,
-        steps=1,
-        flops_per_step=None,
-        peak_flops_per_second=None,
-    )
-    rows = {r["kind"]: r for r in table["rows"]}
+    rows = _rows_of_100ns(ops, steps=1)
     assert rows["matmul"]["share"] == pytest.approx(0.4)
     assert rows["conv_xla"]["share"] == pytest.approx(0.2)
     assert rows["copies"]["share"] == pytest.approx(0.4)

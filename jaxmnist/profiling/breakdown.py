@@ -82,15 +82,12 @@ def breakdown(
     flops_per_step, flops_per_second, fraction_of_peak; None where unknown) in KINDS
     order then host overhead, `arithmetic_together` where several arithmetic kinds ran,
     `top_ops`. `flops_per_step`: the model's analytic count, every member's step."""
-    kept = [(e, index.kind(e.name)) for e in ops]
-    kept = [(e, k) for e, k in kept if k is not None]
-    timed = [(e.start_ns, e.end_ns, k, e.name) for e, k in kept]
-    in_flight = [e.in_flight for e, _ in kept]
-    per_kind = attribute([(a, b, k) for a, b, k, _ in timed], *window, in_flight)
-    per_op = attribute([(a, b, n) for a, b, _, n in timed], *window, in_flight)
-    counted = program_flops(
-        [t for t, f in zip(timed, in_flight, strict=True) if not f], index, window
-    )
+    timed = [(e.start_ns, e.end_ns, k, e.name, e.in_flight) for e in ops
+             if (k := index.kind(e.name)) is not None]  # fmt: skip
+    in_flight = [f for *_, f in timed]
+    per_kind = attribute([(a, b, k) for a, b, k, _, _ in timed], *window, in_flight)
+    per_op = attribute([(a, b, n) for a, b, _, n, _ in timed], *window, in_flight)
+    counted = program_flops([t[:4] for t in timed if not t[4]], index, window)  # done work
     wall_ns = wall_seconds * 1e9
     busy = sum(per_kind.values())
     # The annotation's window sits inside the perf_counter window; the rest is host time.
@@ -117,7 +114,7 @@ def breakdown(
                         program or flops_per_step, peak_flops_per_second)  # fmt: skip
         together["flops_from"] = "program" if program else "model"
     top = sorted(per_op.items(), key=lambda kv: -kv[1])[:10]
-    kinds = {n: k for _, _, k, n in timed}
+    kinds = {n: k for _, _, k, n, _ in timed}
     return {
         "steps": steps,
         "wall_seconds": wall_seconds,
