@@ -6,13 +6,17 @@ Two operations of every augmented CNN step move data rather than compute:
   slice of its own (a `vmap` of `dynamic_slice`, one gather); on other backends each
   image selects its rows, then its columns, among the 2·max_shift + 1 shifted copies of
   the batch, because a TPU runs that gather as a loop over the images;
+- the affine warp (`augment.warp_images`, as `record` draws it): on the CPU bilinear
+  sampling gathers each output pixel's four neighbours (`map_coordinates`); elsewhere the
+  same weighted sums are written dense (`bilinear_dense`), for the same reason;
 - the batch gather (`step.make_train_steps`): the batch's examples taken from the
   training images on the device, as (N, H, W) uint8 or as rows of the flattened (N, H·W)
   images, which a TPU lays out with N outermost.
 
 Each is timed on this machine's default backend, both ways side by side, inside a
 `lax.scan` of `--steps` steps as in the epoch (random keys and batch indices per step), so
-that a call's launch does not count; the two translations are checked to agree exactly.
+that a call's launch does not count; the two translations are checked to agree exactly,
+the two warps to within one grey level (float rounding before the uint8 round).
 Figures are microseconds per step, medians of `--repeats` calls.
 
 Usage: python benchmarks/augment_gathers.py [--batch 256] [--steps 50] [--repeats 7] [--smoke]
@@ -32,11 +36,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmnist.data.augment import random_translate
+from jaxmnist.data.augment import random_translate, random_warp
 
 from benchlib.results import SMOKE_HELP, default_out, save_benchmark
 
 FORMULATIONS = {"gather": "cpu", "selects": "tpu"}  # random_translate's `backend` argument
+WARPS = {"gather": "cpu", "dense": "tpu"}  # and random_warp's
+RECORD_WARP = {"max_shift": 2, "max_rotation": 10.0, "max_scale": 0.1, "max_shear": 10.0}
 
 
 def per_step_us(fn, args, steps: int, repeats: int) -> float:
@@ -56,6 +62,19 @@ def translation(batch: np.ndarray, max_shift: int, backend: str, steps: int):
     def run(key, images):
         def body(total, k):
             moved = random_translate(k, images, max_shift, backend)
+            return total + moved.astype(jnp.int32).sum(), None
+
+        return jax.lax.scan(body, 0, jax.random.split(key, steps))[0]
+
+    return jax.jit(run)
+
+
+def warp(batch: np.ndarray, backend: str, steps: int):
+    """A compiled scan of `steps` affine warps of `batch` as `record` draws them."""
+
+    def run(key, images):
+        def body(total, k):
+            moved = random_warp(k, images, **RECORD_WARP, backend=backend)
             return total + moved.astype(jnp.int32).sum(), None
 
         return jax.lax.scan(body, 0, jax.random.split(key, steps))[0]
@@ -113,6 +132,17 @@ def main(argv=None) -> None:
             f"  translation, max_shift {max_shift}: gather {row['gather']:9.1f}, "
             f"selects {row['selects']:9.1f} (equal: {row['equal']})"
         )
+
+    row = {label: per_step_us(warp(images, f, steps), (key, images), steps, repeats)
+           for label, f in WARPS.items()}  # fmt: skip
+    a, b = (np.asarray(random_warp(key, images, **RECORD_WARP, backend=f), np.int32)
+            for f in WARPS.values())  # fmt: skip
+    row["max_difference"] = int(np.abs(a - b).max())
+    figures["warp"] = row
+    print(
+        f"  affine warp as record draws it: gather {row['gather']:9.1f}, dense "
+        f"{row['dense']:9.1f} (largest difference: {row['max_difference']} grey levels)"
+    )
 
     data = jnp.asarray(rng.integers(0, 256, (examples, *image), np.uint8))
     indices = jax.random.randint(jax.random.key(1), (steps, batch), 0, examples)

@@ -147,13 +147,15 @@ def random_warp(
     max_scale: float = 0.0,
     max_shear: float = 0.0,
     elastic: tuple[float, float] = (0.0, 4.0),
+    backend: str | None = None,
 ) -> jax.Array:
     """A random affine move per image: about the centre, a rotation (uniform in
     ±`max_rotation` degrees), a scale factor (uniform in 1 ± `max_scale`, the same along
     both axes) and a horizontal shear (uniform in ±`max_shear` degrees), then an integer
     shift (uniform in ±`max_shift`), with `elastic` = (alpha, sigma) an elastic field
-    on top (`elastic_field`; alpha 0: none); one bilinear warp with zero fill. images
-    uint8 (B, H, W) or (B, H, W, C) -> the same shape."""
+    on top (`elastic_field`; alpha 0: none); one bilinear warp with zero fill
+    (`warp_images`, which `backend` is passed to). images uint8 (B, H, W) or
+    (B, H, W, C) -> the same shape."""
     b = images.shape[0]
     k_angle, k_shift = jax.random.split(key)  # as with rotations alone: the same draws
     k_scale, k_shear = jax.random.split(jax.random.fold_in(key, AFFINE_STREAM))
@@ -177,7 +179,7 @@ def random_warp(
     if alpha:
         k_field = jax.random.fold_in(key, ELASTIC_STREAM)
         field = elastic_field(k_field, (b, *images.shape[1:3]), alpha, sigma)
-    return warp_images(images, inverse, shifts, field)
+    return warp_images(images, inverse, shifts, field, backend)
 
 
 AFFINE_STREAM = 0x616666  # fold_in data for the scale and shear keys ("aff")
@@ -207,13 +209,22 @@ def elastic_field(key: jax.Array, shape: tuple[int, int, int], alpha: float, sig
 
 
 def warp_images(
-    images: jax.Array, inverse: jax.Array, shifts: jax.Array, field: jax.Array | None = None
+    images: jax.Array,
+    inverse: jax.Array,
+    shifts: jax.Array,
+    field: jax.Array | None = None,
+    backend: str | None = None,
 ) -> jax.Array:
     """Each image moved by an affine map about the centre: the output pixel at p shows the
     input at `inverse` (p - centre - shift) + centre (+ field[:, :, p] where a field of
     displacements is given), bilinear, zero outside. images uint8 (B, H, W) or
     (B, H, W, C); inverse float (B, 2, 2) over (row, col); shifts (B, 2); field
-    (B, 2, H, W) or None."""
+    (B, 2, H, W) or None.
+
+    On the CPU each output pixel gathers its four neighbours
+    (`jax.scipy.ndimage.map_coordinates`); elsewhere (`backend`, default JAX's) the same
+    sums are written dense (`bilinear_dense`), since a TPU runs that gather as a loop.
+    """
     h, w = images.shape[1:3]
     rows, cols = jnp.meshgrid(jnp.arange(h, dtype=jnp.float32), jnp.arange(w, dtype=jnp.float32))
     rows, cols = rows.T, cols.T  # (H, W) grids of output coordinates
@@ -225,14 +236,37 @@ def warp_images(
         if moved is not None:
             src = [src[0] + moved[0], src[1] + moved[1]]
 
+        if dense:
+            return bilinear_dense(image.astype(jnp.float32), *src)
+
         def plane(p):
             return ndimage.map_coordinates(p.astype(jnp.float32), src, order=1, cval=0.0)
 
         # Several channels: each is warped by the same coordinates.
         return plane(image) if image.ndim == 2 else jax.vmap(plane, -1, -1)(image)
 
+    dense = (backend or jax.default_backend()) != "cpu"
+
     out = jax.vmap(warp)(images, inverse.astype(jnp.float32), shifts, field)  # None: no leaves
     return jnp.clip(jnp.round(out), 0, 255).astype(jnp.uint8)
+
+
+def bilinear_dense(image: jax.Array, rows: jax.Array, cols: jax.Array) -> jax.Array:
+    """Bilinear sampling with zero fill as dense arithmetic: image float (H, W) or
+    (H, W, C), sampled at (rows, cols), each (P, Q) -> (P, Q) or (P, Q, C).
+
+    Pixel (i, j) weighs hat(row - i) · hat(col - j) in the sample at (row, col), where
+    hat(d) = max(0, 1 - |d|): the four neighbours' bilinear weights, and zero for every
+    other pixel and beyond the image. Summed over j (a matmul) and then over i, in float32
+    throughout (`Precision.HIGHEST`: an accelerator's default would round the weights to
+    bfloat16); `map_coordinates(order=1, cval=0)` gives the same up to rounding.
+    """
+    h, w = image.shape[:2]
+    hat_rows = jnp.maximum(0.0, 1.0 - jnp.abs(rows[..., None] - jnp.arange(h, dtype=rows.dtype)))
+    hat_cols = jnp.maximum(0.0, 1.0 - jnp.abs(cols[..., None] - jnp.arange(w, dtype=cols.dtype)))
+    exact = lax.Precision.HIGHEST
+    along_rows = jnp.einsum("pqj,ij...->pqi...", hat_cols, image, precision=exact)
+    return jnp.einsum("pqi,pqi...->pq...", hat_rows, along_rows, precision=exact)
 
 
 EXAMPLE_STREAM = 0x657861  # fold_in data for the report's examples ("exa")
