@@ -15,7 +15,7 @@ from jaxmnist.profiling import breakdown as breakdown_lib
 from jaxmnist.profiling import flops as flops_lib
 from jaxmnist.profiling.classify import OpEvent, read_hlo
 from jaxmnist.profiling.run import profile_config
-from jaxmnist.profiling.trace import read_ops
+from jaxmnist.profiling.trace import call_steps, read_ops
 
 # A cuBLAS GEMM's backend config as a GPU's optimized HLO prints it (abridged).
 GEMM_CONFIG = (
@@ -339,6 +339,27 @@ def test_the_cli_profiles_end_to_end(tiny_data_dir, tmp_path, capsys):
     assert set(seconds) == {"trace", "read", "peak"} and min(seconds.values()) >= 0
     assert "tensorboard --logdir" in printed and "ui.perfetto.dev" in printed
     assert json.loads((out / "profile.json").read_text())["steps"] == 3
+
+
+def test_without_a_step_count_it_traces_one_of_a_runs_calls(
+    tiny_data_dir, tiny_arrays, tmp_path, capsys
+):
+    # Half a second of steps (the run loop's calls), at most an epoch, at least 20: on
+    # an accelerator 20 steps in one call would be mostly its launch and wait.
+    assert call_steps(0.001, 1000) == 500
+    assert call_steps(0.001, 235) == 235
+    assert call_steps(0.1, 1000) == 20
+    assert call_steps(0.001, 5) == 20  # several calls, as a run makes for short epochs
+    out = tmp_path / "p"
+    argv = ["profile", "--dataset", "tiny", "--data-dir", str(tiny_data_dir), "--batch-size"]
+    argv += ["4", "--peak-size", "128", "--no-compile-cache", "--out", str(out)]
+    assert cli.main(argv) == 0
+    err = capsys.readouterr().err
+    assert "profile: a run's call of steps of tpu101" in err and "after 20 to" in err
+    table = json.loads((out / "profile.json").read_text())
+    epoch = len(tiny_arrays["train_labels"]) // 4  # a tiny MLP's epoch: far below 0.5 s
+    assert table["steps"] == epoch > 20 and table["calls"] == 1
+    assert table["steps_chosen"] == "one of a run's calls"
 
 
 @pytest.mark.parametrize("value", ["0", "-2"])

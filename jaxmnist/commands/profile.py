@@ -4,6 +4,8 @@ step's time goes.
 The config is resolved as `train` resolves it; its population is compiled and warmed
 up by the run loop (N steps), then N more steps are traced into the output folder
 (`profiling.run.profile_config`), which TensorBoard's profile plugin and Perfetto open.
+Without `--profile-steps` it warms up 20 steps and traces as many as one of a run's
+calls holds (`profiling.trace.call_steps`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 from jaxmnist.commands import options
 from jaxmnist.errors import ConfigError
 
-DEFAULT_STEPS = 20
+DEFAULT_STEPS = "as many as one of a run's calls holds (at most an epoch), and at least 20"
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -43,13 +45,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def add_profile_steps(p: argparse.ArgumentParser, default: int | None = None) -> None:
-    """--profile-steps N, shared by profile, train and bench."""
-    what = f"(default {default})" if default else "(default: no profile)"
+def add_profile_steps(p: argparse.ArgumentParser, default: str | None = None) -> None:
+    """--profile-steps N, shared by profile, train and bench; `default` says in the help
+    what no N means (None: no profile)."""
+    what = f"(default: {default})" if default else "(default: no profile)"
     p.add_argument(
         "--profile-steps",
         type=int,
-        default=default,
+        default=None,
         metavar="N",
         help=f"trace N steady training steps (after compilation and warm-up) {what}",
     )
@@ -99,10 +102,11 @@ def run(args: argparse.Namespace) -> int:
         runtime.enable_compilation_cache()
     dataset = load_dataset(cfg.data.dataset, cfg.data.data_dir, download=cfg.data.download)
     if not args.json:
+        steps = f"{args.profile_steps} steps" if args.profile_steps else "a run's call of steps"
+        warm = "as many" if args.profile_steps else "20"
         progress(
-            f"profile: {args.profile_steps} steps of {preset} ({cfg.model.name}, batch "
-            f"{t.batch_size}) on {layout.describe().get('devices', ['?'])[0]}, after as many "
-            "to compile and warm up"
+            f"profile: {steps} of {preset} ({cfg.model.name}, batch {t.batch_size}) on "
+            f"{layout.describe().get('devices', ['?'])[0]}, after {warm} to compile and warm up"
         )
     table = profile_config(
         cfg,

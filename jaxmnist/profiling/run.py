@@ -53,7 +53,7 @@ def profile_population(
     states,
     dataset,
     *,
-    steps: int,
+    steps: int | None,
     steps_per_epoch: int,
     out_dir: str | os.PathLike,
     peak_flops: float | None = None,
@@ -62,8 +62,9 @@ def profile_population(
     log: Callable[[str], None] | None = None,
 ) -> dict:
     """Traces `steps` steady steps of `population` (its programs compiled) from `states`
-    (donated) into `out_dir` and returns the table (`breakdown.breakdown`'s dict, plus
-    where the trace is and `phase_seconds`: what each phase of this took). `peak_flops`:
+    (donated) into `out_dir` (None: as many as one of a run's calls holds,
+    `trace.call_steps`) and returns the table (`breakdown.breakdown`'s dict, plus where
+    the trace is, `steps_chosen` and `phase_seconds`: what each phase of this took). `peak_flops`:
     a peak already measured (else measured here, a `peak_size` matmul). With `write`,
     the table goes to `out_dir`/profile.json. `log` gets a line as each phase ends, so
     that a slow one (reading a large trace, the peak's compile on an accelerator) shows
@@ -72,7 +73,7 @@ def profile_population(
     phases = Phases(log)
     data = place_train_data(dataset.train_images, dataset.train_labels, population.layout)
     cap = trace.capture(population, states, data, steps, steps_per_epoch, out_dir)
-    phases.done("trace", f"traced {steps} steps into {cap.xplane.relative_to(out_dir)}")
+    phases.done("trace", f"traced {cap.steps} steps into {cap.xplane.relative_to(out_dir)}")
     index = read_hlo(*(program.as_text() for program in population.steps_fns.values()))
     profile = trace.load(cap.xplane)
     ops = trace.read_ops(profile, index.instructions)
@@ -88,12 +89,13 @@ def profile_population(
         index,
         trace.window(profile),
         wall_seconds=cap.wall_seconds,
-        steps=steps,
+        steps=cap.steps,
         flops_per_step=float(flops * cfg.train.batch_size * len(population)),
         peak_flops_per_second=peak_flops,
     )
     table.update(
         calls=cap.calls,
+        steps_chosen="given" if steps else "one of a run's calls",
         backend=jax.default_backend(),
         device=str(population.layout.mesh.devices.flat[0]),
         dtype=cfg.model.dtype,
@@ -127,7 +129,7 @@ def profile_config(
     cfg,
     dataset,
     *,
-    steps: int,
+    steps: int | None,
     out_dir: str | os.PathLike,
     layout=None,
     peak_flops: float | None = None,
@@ -136,16 +138,18 @@ def profile_config(
     log: Callable[[str], None] | None = None,
 ) -> dict:
     """`jaxmnist profile`: the config's population trained for `steps` steps by the run
-    loop (compiling it and warming up, no evaluation of the training set, no target),
-    then `steps` more traced (`profile_population`; `log` as there, with a first line
-    when the warm-up is over). `cfg` arrives validated."""
-    t = dataclasses.replace(cfg.train, steps=steps, target_accuracy=None, eval_train=False)
+    loop (compiling it and warming up, no evaluation of the training set, no target;
+    `trace.MIN_STEPS` when `steps` is None), then `steps` more traced
+    (`profile_population`, which chooses them when None; `log` as there, with a first
+    line when the warm-up is over). `cfg` arrives validated."""
+    warm_steps = steps or trace.MIN_STEPS
+    t = dataclasses.replace(cfg.train, steps=warm_steps, target_accuracy=None, eval_train=False)
     warm = dataclasses.replace(cfg, train=t)
     start = time.perf_counter()
     result = train_population(warm, seed_members(warm), dataset, callbacks, layout=layout)
     if log:
         log(
-            f"profile: compiled (in {result.compile_seconds:.1f} s) and ran {steps} steps "
+            f"profile: compiled (in {result.compile_seconds:.1f} s) and ran {warm_steps} steps "
             f"in {time.perf_counter() - start:.1f} s"
         )
     return profile_population(

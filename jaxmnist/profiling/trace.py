@@ -3,7 +3,9 @@
 `capture` runs a population's compiled `train_steps` for N steps once untraced
 (the warm-up: the programs are compiled already, this warms caches and thread
 pools) and once under `jax.profiler.trace`, inside a `TraceAnnotation` that marks
-the timed window, with one `block_until_ready` at its end. JAX writes
+the timed window, with one `block_until_ready` at its end. Without a given N it
+warms up `MIN_STEPS` and traces as many steps as one of a run loop's calls holds
+(`call_steps`). JAX writes
 `plugins/profile/<time>/<host>.xplane.pb` (TensorBoard's profile plugin reads it)
 and `perfetto_trace.json.gz` (for ui.perfetto.dev) under the folder given.
 
@@ -20,6 +22,7 @@ only where no other operation runs (`breakdown.attribute`).
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import NamedTuple
@@ -27,6 +30,7 @@ from typing import NamedTuple
 import jax
 
 from jaxmnist.profiling.classify import TRANSFER, OpEvent
+from jaxmnist.training import pacing
 
 WINDOW = "jaxmnist.profile.steps"  # the TraceAnnotation around the timed calls
 # A device's line of asynchronous operations in flight (a TPU's "Async XLA Ops": a copy
@@ -45,6 +49,19 @@ class Capture(NamedTuple):
     perfetto: Path | None  # perfetto_trace.json.gz
 
 
+MIN_STEPS = 20  # the fewest steps a profile traces unless told otherwise, and its warm-up
+
+
+def call_steps(seconds_per_step: float, steps_per_epoch: int) -> int:
+    """The steps to trace when none are given: those of one of a run loop's calls (as
+    many as fill `pacing.TARGET_SECONDS`, at most an epoch), and at least `MIN_STEPS`.
+    A run's calls are that long, so a call's launch and wait take the share of a step's
+    time in the profile that they take in a run; on an accelerator a handful of steps
+    in one call would show mostly launch and wait."""
+    fill = math.ceil(pacing.TARGET_SECONDS / max(seconds_per_step, 1e-9))
+    return max(MIN_STEPS, min(steps_per_epoch, fill))
+
+
 def step_ranges(num_steps: int, steps_per_epoch: int) -> list[tuple[int, int]]:
     """The calls that run `num_steps` steps: ranges of one epoch's plan, each as long as
     the epoch allows (a run's loop makes calls of an epoch or less)."""
@@ -56,26 +73,34 @@ def step_ranges(num_steps: int, steps_per_epoch: int) -> list[tuple[int, int]]:
     return ranges
 
 
-def capture(population, states, data, num_steps: int, steps_per_epoch: int, out_dir) -> Capture:
+def capture(
+    population, states, data, num_steps: int | None, steps_per_epoch: int, out_dir
+) -> Capture:
     """Traces `num_steps` steps of `population` (a `training.population.Population`, its
-    programs compiled) from `states` (donated) on `data` (`step.TrainData`) into `out_dir`."""
+    programs compiled) from `states` (donated) on `data` (`step.TrainData`) into `out_dir`,
+    after as many untraced (`MIN_STEPS` when `num_steps` is None: then as many are traced
+    as `call_steps` chooses from the untraced steps' speed)."""
     out_dir = Path(out_dir)
-    ranges = step_ranges(num_steps, steps_per_epoch)
     plans = population.plan_epoch(0)
 
-    def run(states, metrics):
+    def run(states, metrics, ranges):
         for start, stop in ranges:
             states, metrics = population.train_steps(states, metrics, plans, data, start, stop)
         return jax.block_until_ready((states, metrics))
 
-    states, metrics = run(states, population.new_metrics())  # the warm-up, untraced
+    warm = num_steps or MIN_STEPS
+    start = time.perf_counter()
+    states, metrics = run(states, population.new_metrics(), step_ranges(warm, steps_per_epoch))
+    if num_steps is None:
+        num_steps = call_steps((time.perf_counter() - start) / warm, steps_per_epoch)
+    ranges = step_ranges(num_steps, steps_per_epoch)
     root = out_dir / "plugins" / "profile"
     before = set(root.glob("*")) if root.is_dir() else set()
     jax.profiler.start_trace(out_dir, create_perfetto_trace=True)
     try:
         with jax.profiler.TraceAnnotation(WINDOW):
             start = time.perf_counter()
-            run(states, metrics)
+            run(states, metrics, ranges)
             wall = time.perf_counter() - start
     finally:
         jax.profiler.stop_trace()
