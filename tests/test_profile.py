@@ -233,6 +233,8 @@ def test_each_arithmetic_kind_gets_its_own_flops():
     assert together["flops_per_step"] == table["program_flops_per_step"]
     assert table["flops_per_step"] == 999.0  # the model's, kept beside
     assert "counted in the compiled program" in breakdown_lib.format_table(table)
+    assert rows["conv_onednn"]["fraction_of_peak"] > 1  # nanoseconds against 1 GFLOP/s
+    assert "above 100%: faster than that matmul" in breakdown_lib.format_table(table)
 
 
 def test_an_uncountable_kind_falls_back_to_the_models_count_only_when_alone():
@@ -244,6 +246,7 @@ def test_an_uncountable_kind_falls_back_to_the_models_count_only_when_alone():
     assert rows["matmul"]["fraction_of_peak"] == pytest.approx(1.0)
     assert alone["program_flops_per_step"] is None  # the model's count is not the program's
     assert "counted in the compiled program" not in breakdown_lib.format_table(alone)
+    assert "above 100%" not in breakdown_lib.format_table(alone)  # exactly the peak
     both = breakdown_lib.breakdown(
         [OpEvent("gemm.1", 0, 25), OpEvent("convolution.1", 25, 50)], index, window, **kw
     )

@@ -227,6 +227,12 @@ def notes(table: dict) -> list[str]:
             f"measured peak: {table['peak_flops_per_second'] / 1e9:,.1f} GFLOP/s "
             "(a large square matmul in the model's dtype)"
         )
+        fractions = [r["fraction_of_peak"] for r in [*table["rows"], t] if r]
+        if any(f is not None and f > 1 for f in fractions):
+            out.append(
+                "above 100%: faster than that matmul, the machine's own measure of peak here "
+                "(a library's kernel, such as oneDNN's, can beat the compiler's matmul)"
+            )
     top = ", ".join(
         f"{o['name']} {1e3 * o['seconds_per_step']:.3f} ms" for o in table["top_ops"][:5]
     )
