@@ -4,14 +4,16 @@
 # alone), what batch norm costs the CNN step there, bfloat16 against float32, jaxmnist's
 # epoch and whole `tpu101` run against the TPU 101 tutorial's, the memory estimate against
 # the allocator's peak (8 CNN and 8 `speedrun` seeds, with and without batch norm),
-# `jaxmnist bench --quick`, and a profile of the CNN's steps (`jaxmnist profile`). Run from
-# anywhere; results go to $OUT if set, else to benchmarks/results/<backend>/: a log, five
-# benchmark JSONs, bench.json/.png/.html and profile-cnn/ (the trace and profile.json).
+# `jaxmnist bench --quick`, the augmentation's gathers against their dense forms, and
+# profiles of the `cnn` and `record` steps (`jaxmnist profile`, as many steps as one of a
+# run's calls). Run from anywhere; results go to $OUT if set, else to
+# benchmarks/results/<backend>/: a log, six benchmark JSONs, bench.json/.png/.html,
+# profile-cnn/ and profile-record/ (each a trace and its profile.json).
 #
 #   bash benchmarks/accelerator_session.sh
 #   STEPS="speedrun bfloat16" bash benchmarks/accelerator_session.sh   # some steps only
 #
-# Steps: speedrun batch-norm bfloat16 tutorial memory bench profile. Every benchmark runs
+# Steps: speedrun batch-norm bfloat16 tutorial memory bench augment profile. Every benchmark runs
 # its programs one after another, never two at once, so a chip that one program at a time
 # can hold (a TPU) serves them all.
 #
@@ -60,7 +62,7 @@ backend=$("$py" -c 'import jax; print(jax.default_backend())') || exit 1
 out=${OUT:-benchmarks/results/$backend}
 mkdir -p "$out"
 log="$out/log.txt"
-ALL_STEPS="speedrun batch-norm bfloat16 tutorial memory bench profile"
+ALL_STEPS="speedrun batch-norm bfloat16 tutorial memory bench augment profile"
 {
   date -u
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null
@@ -111,5 +113,7 @@ step tutorial "$py" -c "$launch" benchmarks/epoch_vs_tutorial.py --runs 2 --out 
 step memory "$py" -c "$launch" benchmarks/memory_estimate.py --presets cnn,speedrun --seeds 8 --repeats 1 \
   --out "$out/memory_estimate.json"
 step bench "$py" -m jaxmnist bench --preset tpu101 --quick --out "$out/bench-tpu101"
-step profile "$py" -m jaxmnist profile --preset cnn --profile-steps 20 --out "$out/profile-cnn"
+step augment "$py" -c "$launch" benchmarks/augment_gathers.py --out "$out/augment_gathers.json"
+step profile "$py" -m jaxmnist profile --preset cnn --out "$out/profile-cnn"
+step profile "$py" -m jaxmnist profile --preset record --out "$out/profile-record"
 echo "== done: $out" | tee -a "$log"
