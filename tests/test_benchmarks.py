@@ -168,6 +168,19 @@ def test_a_smoke_run_never_writes_into_the_committed_results(on_path):
     assert BENCHMARKS not in default_out("x.json", smoke=True).parents
 
 
+def test_figures_that_cannot_be_written_are_printed_not_lost(on_path, tmp_path, capsys):
+    save_benchmark = importlib.import_module("benchlib.results").save_benchmark
+    blocked = tmp_path / "a file"
+    blocked.write_text("")
+    with pytest.raises(SystemExit) as exit_:
+        save_benchmark(blocked / "x.json", {"figure": 1.25}, (0.5, 0.5, 0.5))
+    assert str(exit_.value).startswith(f"could not write {blocked / 'x.json'}")
+    assert json.loads(capsys.readouterr().out)["figure"] == 1.25
+    assert save_benchmark(tmp_path / "x.json", {"figure": 2}, (0.0,) * 3).endswith("x.json")
+    assert json.loads((tmp_path / "x.json").read_text())["figure"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a file", "x.json"]  # no temporary
+
+
 def test_importing_the_scaling_script_leaves_the_devices_alone(on_path, monkeypatch):
     monkeypatch.delenv("XLA_FLAGS", raising=False)
     load("devices_scaling")  # it asks for 8 fake devices only when run as a script
