@@ -2,8 +2,9 @@
 
 Runs `jaxmnist train --preset tpu101` as fresh processes, each into a temporary run
 directory, with and without `--no-report`, alternating which goes first in each round
-so that a load that comes and goes falls on both alike. Per process: the wall time
-from start to exit, and its peak memory measured two ways:
+so that a load that comes and goes falls on both alike; and, after each pair, once with
+`--no-report --no-checkpoint`, which shows what Orbax's checkpoints add to the peak. Per
+process: the wall time from start to exit, and its peak memory measured two ways:
 
 - `peak_rss_mb`: the kernel's `ru_maxrss` from `wait4`, the largest peak of the process
   and of any child it waited for (a maximum, not a sum);
@@ -36,6 +37,11 @@ from benchlib.results import SMOKE_HELP, default_out, save_benchmark
 
 GOAL_REPORT_SECONDS = 0.5
 GOAL_PEAK_MB = 320
+FLAGS = {
+    "report": [],
+    "no_report": ["--no-report"],
+    "no_checkpoint": ["--no-report", "--no-checkpoint"],
+}
 
 
 def tree_rss_kb(pid: int) -> int:
@@ -95,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     load_before = os.getloadavg()
     codes = code_copies(args)
     rounds = 1 if args.smoke else args.rounds
-    runs: dict = {code: {"report": [], "no_report": []} for code in codes}
+    runs: dict = {code: {kind: [] for kind in FLAGS} for code in codes}
     with tempfile.TemporaryDirectory(prefix="run-overhead-") as work:
         prefix, tiny = jaxmnist_command(args.smoke, Path(work))
         base = ["train", "--preset", "tpu101", "--quiet", *tiny]
@@ -105,14 +111,14 @@ def main(argv: list[str] | None = None) -> None:
             for code, path in codes.items():
                 env = {**os.environ, "PYTHONPATH": path}
                 order = ["no_report", "report"] if i % 2 == 0 else ["report", "no_report"]
-                for kind in order:
+                for kind in [*order, "no_checkpoint"]:
                     run_dir = Path(work) / f"run{len(list(Path(work).glob('run*')))}"
-                    flags = ["--no-report"] if kind == "no_report" else []
-                    cmd = [*prefix, *base, "--run-dir", str(run_dir), *flags]
+                    cmd = [*prefix, *base, "--run-dir", str(run_dir), *FLAGS[kind]]
                     runs[code][kind].append(one_run(cmd, env, cwd=work))
     figures: dict = {
         "what": "jaxmnist train --preset tpu101 in fresh processes, with and without "
-        "--no-report, alternated: wall seconds and peak memory",
+        "--no-report, alternated, then with --no-report --no-checkpoint: wall seconds and "
+        "peak memory",
         "rounds": rounds,
         "goal_report_seconds": GOAL_REPORT_SECONDS,
         "goal_peak_mb": GOAL_PEAK_MB,
@@ -144,7 +150,8 @@ def main(argv: list[str] | None = None) -> None:
             f"peak RSS {med['no_report']['peak_rss_mb']:.0f} / "
             f"{med['report']['peak_rss_mb']:.0f} MB (process), whole job with the report "
             f"{med['report']['tree_rss_mb']:.0f} MB (goal <= {GOAL_PEAK_MB} MB: "
-            f"{'met' if peak <= GOAL_PEAK_MB else 'not met'})"
+            f"{'met' if peak <= GOAL_PEAK_MB else 'not met'}); without checkpoints "
+            f"{med['no_checkpoint']['peak_rss_mb']:.0f} MB (process)"
         )
     print("\n".join(lines))
     print(save_benchmark(out, figures, load_before))
