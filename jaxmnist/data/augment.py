@@ -229,6 +229,7 @@ def warp_images(
     rows, cols = jnp.meshgrid(jnp.arange(h, dtype=jnp.float32), jnp.arange(w, dtype=jnp.float32))
     rows, cols = rows.T, cols.T  # (H, W) grids of output coordinates
     cy, cx = (h - 1) / 2, (w - 1) / 2
+    dense = (backend or jax.default_backend()) != "cpu"
 
     def warp(image, m, shift, moved):
         y, x = rows - cy - shift[0], cols - cx - shift[1]
@@ -244,8 +245,6 @@ def warp_images(
 
         # Several channels: each is warped by the same coordinates.
         return plane(image) if image.ndim == 2 else jax.vmap(plane, -1, -1)(image)
-
-    dense = (backend or jax.default_backend()) != "cpu"
 
     out = jax.vmap(warp)(images, inverse.astype(jnp.float32), shifts, field)  # None: no leaves
     return jnp.clip(jnp.round(out), 0, 255).astype(jnp.uint8)
