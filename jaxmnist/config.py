@@ -159,10 +159,11 @@ def _own_model_fields(section: dict) -> dict:
 # about that much, so it evaluates no training set (train accuracy: the batches'); tpu101
 # keeps the full set, as the tutorial does.
 CNN_EVAL_TRAIN_EXAMPLES = 1000
-# ... and in batches of this many examples: faster per example than batches of 500 or
-# more on a CPU (the activations stay in cache), with an eighth of the working memory of
-# 2,000 (benchmarks/eval_overhead.py side by side, memory_estimate.py).
-CNN_EVAL_BATCH_SIZE = 250
+# ... and in batches of this many examples: as fast as larger ones per example, with a
+# quarter of the working memory, and the steps program stays the largest, which the
+# memory estimate is calibrated on (250 evaluates faster, but then the estimate falls
+# below the measured peak: benchmarks/eval_overhead.py, memory_estimate.py).
+CNN_EVAL_BATCH_SIZE = 500
 
 
 def _cnn_training(**fields) -> TrainConfig:
