@@ -561,7 +561,7 @@ class SignalAt(Callback):
 
 
 def test_members_in_memory_chunks_resume_bit_for_bit_or_regrouped(
-    tiny_dataset, tmp_path, monkeypatch
+    tiny_dataset, tmp_path, monkeypatch, paced_by_steps
 ):
     """Checkpoints hold the members concatenated, whatever chunks trained them: resumed in
     the same chunks the result is identical; in one chunk, equal to float tolerance.
