@@ -260,9 +260,14 @@ def bilinear_dense(image: jax.Array, rows: jax.Array, cols: jax.Array) -> jax.Ar
     throughout (`Precision.HIGHEST`: an accelerator's default would round the weights to
     bfloat16); `map_coordinates(order=1, cval=0)` gives the same up to rounding.
     """
+
+    def hat(coords, n):  # (P, Q) positions -> (P, Q, n) weights of pixels 0 .. n - 1
+        return jnp.maximum(
+            0.0, 1.0 - jnp.abs(coords[..., None] - jnp.arange(n, dtype=coords.dtype))
+        )
+
     h, w = image.shape[:2]
-    hat_rows = jnp.maximum(0.0, 1.0 - jnp.abs(rows[..., None] - jnp.arange(h, dtype=rows.dtype)))
-    hat_cols = jnp.maximum(0.0, 1.0 - jnp.abs(cols[..., None] - jnp.arange(w, dtype=cols.dtype)))
+    hat_rows, hat_cols = hat(rows, h), hat(cols, w)
     exact = lax.Precision.HIGHEST
     along_rows = jnp.einsum("pqj,ij...->pqi...", hat_cols, image, precision=exact)
     return jnp.einsum("pqi,pqi...->pq...", hat_rows, along_rows, precision=exact)

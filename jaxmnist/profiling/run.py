@@ -64,8 +64,8 @@ def profile_population(
     """Traces `steps` steady steps of `population` (its programs compiled) from `states`
     (donated) into `out_dir` (None: as many as one of a run's calls holds,
     `trace.call_steps`) and returns the table (`breakdown.breakdown`'s dict, plus where
-    the trace is, `steps_chosen` and `phase_seconds`: what each phase of this took). `peak_flops`:
-    a peak already measured (else measured here, a `peak_size` matmul). With `write`,
+    the trace is, `steps_chosen` and `phase_seconds`: what each phase of this took).
+    `peak_flops`: a peak already measured (else measured here, a `peak_size` matmul). With `write`,
     the table goes to `out_dir`/profile.json. `log` gets a line as each phase ends, so
     that a slow one (reading a large trace, the peak's compile on an accelerator) shows
     where the time goes."""
