@@ -223,6 +223,51 @@ def _windows_with_ties(x, size) -> int:
     return int(((v == v.max(axis=(2, 4), keepdims=True)).sum(axis=(2, 4)) > 1).sum())
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("impl", POOL_IMPLS)
+def test_pool_bias_relu_is_the_pooled_activation_under_vmap_and_differentiated(impl, dtype):
+    """A block's pooling, bias and ReLU: exactly relu(max + b), with odd edges dropped,
+    for a population (per-member maps and biases, shared maps, shared biases); beside
+    oneDNN's convolution one call computes it without a gradient, and its gradient is the
+    parts' (then without that call)."""
+    if impl == "onednn" and not onednn.supports(dtype):
+        pytest.skip(f"oneDNN has no {dtype} kernels for this CPU")
+    rng = np.random.default_rng(3)
+    x = jnp.asarray(rng.normal(size=(4, 2, 7, 6, 3)), dtype)  # 4 members
+    b = jnp.asarray(rng.normal(size=(4, 3)), dtype)  # negative ones: the ReLU has work
+
+    def want(x, b):
+        return jax.nn.relu(_reduce_window_max(x, 2) + b)
+
+    def block(x, b):
+        return conv.max_pool_bias_relu(x, b, impl=impl)
+
+    for axes in [(0, 0), (None, 0), (0, None)]:
+        xs, bs = (x[0] if axes[0] is None else x), (b[0] if axes[1] is None else b)
+        fused = jax.jit(jax.vmap(block, axes))
+        got = fused(xs, bs)
+        assert got.shape == (4, 2, 3, 3, 3) and got.dtype == x.dtype
+        np.testing.assert_array_equal(got, jax.vmap(want, axes)(xs, bs))
+        assert 0 < int((got == 0).sum()) < got.size
+    assert ("jaxmnist_onednn_pool_bias_relu" in fused.lower(xs, bs).as_text()) == (impl == "onednn")
+
+    def loss(fn):
+        return jax.jit(jax.grad(lambda x, b: jnp.tanh(fn(x, b).astype(jnp.float32)).sum(), (0, 1)))
+
+    grads = loss(block)
+    for got, expected in zip(grads(x[0], b[0]), loss(want)(x[0], b[0]), strict=True):
+        np.testing.assert_array_equal(got, expected)
+    assert "jaxmnist_onednn_pool_bias_relu" not in grads.lower(x[0], b[0]).as_text()
+
+
+def test_onednn_pool_bias_relu_refuses_a_bias_that_is_not_one_per_channel():
+    x = jnp.zeros((2, 4, 4, 3), jnp.float32)
+    with pytest.raises(ValueError, match="a bias"):
+        onednn.max_pool_bias_relu(x, jnp.zeros((4,), jnp.float32))
+    with pytest.raises(ValueError, match="a bias"):
+        onednn.max_pool_bias_relu(x, jnp.zeros((3,), jnp.bfloat16))
+
+
 @pytest.mark.parametrize("padding", conv.PADDINGS)
 def test_written_out_backward_pass_equals_autodiff_under_vmap(padding):
     # A population vmaps the model: the hand-written VJP of im2col must give autodiff's

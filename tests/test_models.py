@@ -13,7 +13,7 @@ from jax import lax
 from jaxmnist import config as config_lib
 from jaxmnist import models, optim
 from jaxmnist.errors import ConfigError
-from jaxmnist.models import cnn, conv, mlp
+from jaxmnist.models import cnn, conv, mlp, onednn
 from jaxmnist.models.family import ModelConfig
 from jaxmnist.models.layers import ACTIVATIONS, matmul
 
@@ -214,12 +214,16 @@ def _reference_forward(params, images, cfg):
     return x
 
 
+@pytest.mark.parametrize("impl", ["im2col", "onednn"])
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
 @pytest.mark.parametrize("cfg", [REFERENCE, VALID], ids=["same", "valid-5-3"])
-def test_cnn_equals_the_textbook_order_of_its_operations(cfg, activation):
+def test_cnn_equals_the_textbook_order_of_its_operations(cfg, activation, impl):
     # With ReLU the block pools before the bias and activation (they commute); with GELU,
     # which dips below zero, it must not. Either way the function is the textbook one.
-    cfg = dataclasses.replace(cfg, activation=activation, conv_impl="im2col")
+    # Beside oneDNN's convolution, inference with ReLU pools, adds and rectifies in one call.
+    if impl == "onednn" and not onednn.available():
+        pytest.skip(onednn.unavailable_reason())
+    cfg = dataclasses.replace(cfg, activation=activation, conv_impl=impl)
     params = _init(cfg)
     params = jax.tree.map(  # nonzero biases, so their place in the block matters
         lambda x: np.asarray(x) + 0.05 * np.arange(x.size, dtype=x.dtype).reshape(x.shape) % 0.3,
@@ -231,6 +235,13 @@ def test_cnn_equals_the_textbook_order_of_its_operations(cfg, activation):
         jax.jit(_reference_forward, static_argnums=2)(params, images, cfg),
     )
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(jnp.abs(want).max()))
+    text = jax.jit(cnn.apply, static_argnums=2).lower(params, images, cfg).as_text()
+    fused = impl == "onednn" and activation == "relu"
+    assert text.count("jaxmnist_onednn_pool_bias_relu") == 2 * fused  # one per conv block
+    if impl == "onednn":
+        # Its forward pass rounds differently: a near-tie in a pooling window can go the
+        # other way and send a gradient elsewhere (test_conv checks its gradients).
+        return
     grad = jax.jit(jax.grad(lambda p: _apply(p, images, cfg).sum()))(params)
     want_grad = jax.jit(jax.grad(lambda p: _reference_forward(p, images, cfg).sum()))(params)
     for g, w in zip(jax.tree.leaves(grad), jax.tree.leaves(want_grad), strict=True):

@@ -205,6 +205,9 @@ def check_refusals() -> list[str]:
         ("jaxmnist_onednn_pool_forward", (f32(2, 4, 3, 3), u8(2, 3, 3, 3)), (x,)),
         ("jaxmnist_onednn_pool_backward", jax.typeof(x), (jnp.ones((2, 3, 3, 3)), ws[:, :2])),
         ("jaxmnist_onednn_pool_backward", jax.typeof(x), (jnp.ones((2, 3, 3, 4)), ws)),
+        # Inference's pooling, bias and ReLU: a bias or a pooled map of another size.
+        ("jaxmnist_onednn_pool_bias_relu", f32(2, 3, 3, 3), (x, jnp.ones((4,)))),
+        ("jaxmnist_onednn_pool_bias_relu", f32(2, 3, 2, 3), (x, jnp.ones((3,)))),
     ]
     for target, result, operands in calls:
         attributes = {"size": 2} if "_pool_" in target else {"pad": 2}

@@ -212,8 +212,8 @@ def apply(params: dict, images: jax.Array, cfg, key: jax.Array | None = None, tr
                 x = activation(conv.max_pool(x, impl=impl))
             else:
                 x = conv.max_pool(activation(x), impl=impl)
-        elif pool_first:
-            x = activation(conv.max_pool(x, impl=impl) + layer["b"].astype(dtype))
+        elif pool_first:  # ReLU
+            x = conv.max_pool_bias_relu(x, layer["b"].astype(dtype), impl=impl)
         else:
             x = conv.max_pool(activation(x + layer["b"].astype(dtype)), impl=impl)
     x = x.reshape(x.shape[0], -1)

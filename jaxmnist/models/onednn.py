@@ -16,6 +16,8 @@ with a ValueError before the call (`_check_shapes`); the CNN's config never prod
 Max-pooling's forward pass (which also writes oneDNN's workspace, a byte per output naming
 its window's maximum) and its backward pass are two more calls (`max_pool_forward`,
 `max_pool_backward`), which `conv.max_pool` differentiates with beside this convolution.
+Inference has a call of its own, `max_pool_bias_relu`: the pooling with the block's bias
+and ReLU applied as the kernel writes each output (oneDNN's post-ops), no workspace.
 
 The library is not a runtime dependency: the `onednn` extra installs Intel's oneDNN
 wheels (the OpenMP CPU build, headers included) into the environment, and the first use
@@ -61,6 +63,7 @@ TARGETS = {
     "jaxmnist_onednn_conv_backward_weights": "JaxmnistOnednnConvBackwardWeights",
     "jaxmnist_onednn_pool_forward": "JaxmnistOnednnPoolForward",
     "jaxmnist_onednn_pool_backward": "JaxmnistOnednnPoolBackward",
+    "jaxmnist_onednn_pool_bias_relu": "JaxmnistOnednnPoolBiasRelu",
 }
 DTYPES = (jnp.float32, jnp.bfloat16)
 VERSION_PARTS = ("MAJOR", "MINOR", "PATCH")
@@ -330,3 +333,14 @@ def max_pool_backward(g: jax.Array, workspace: jax.Array, x_shape, size: int = 2
     cotangent `g` at its window's maximum, zero elsewhere."""
     dx = jax.ShapeDtypeStruct(tuple(x_shape), g.dtype)
     return _call("jaxmnist_onednn_pool_backward", dx, g, workspace, size=size)
+
+
+def max_pool_bias_relu(x: jax.Array, b: jax.Array, size: int = 2) -> jax.Array:
+    """relu(max-pooling of x + b), as `max_pool_forward` pools, in one call that writes
+    nothing else: x (B, H, W, C), b (C,) of x's dtype -> (B, H // size, W // size, C). Not
+    differentiable (`conv.max_pool_bias_relu` gives it a gradient)."""
+    if b.dtype != x.dtype or b.shape != x.shape[-1:]:
+        raise ValueError(
+            f"oneDNN max-pooling: a bias {x.shape[-1:]} {x.dtype}, not {b.shape} {b.dtype}"
+        )
+    return _call("jaxmnist_onednn_pool_bias_relu", _pooled(x, size), x, b, size=size)

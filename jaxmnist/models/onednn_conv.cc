@@ -304,24 +304,42 @@ struct PoolShape {
   memory::desc workspace() const {
     return {{n, c, h / size, w / size}, memory::data_type::u8, Tag::nhwc};
   }
+  memory::desc bias() const { return {{1, c, 1, 1}, dtype, Tag::nhwc}; }
   std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int> key() const {
     return {n, h, w, c, size, static_cast<int>(dtype)};
   }
 };
 
-dnnl::pooling_forward::primitive_desc PoolForwardDesc(const PoolShape& s) {
-  return {Engine(), dnnl::prop_kind::forward_training, dnnl::algorithm::pooling_max,
-          s.src(),  s.dst(), s.window(), s.window(), {0, 0}, {0, 0}, s.pad_r(),
-          UserScratchpad()};
+dnnl::pooling_forward::primitive_desc PoolForwardDesc(
+    const PoolShape& s, dnnl::prop_kind kind = dnnl::prop_kind::forward_training,
+    dnnl::primitive_attr attr = UserScratchpad()) {
+  return {Engine(), kind,     dnnl::algorithm::pooling_max,
+          s.src(),  s.dst(),  s.window(), s.window(), {0, 0}, {0, 0}, s.pad_r(),
+          attr};
 }
 
-Plan& GetPoolPlan(bool backward, const PoolShape& s) {
-  return Cached(std::pair{backward, s.key()}, [&](Plan& plan) {
+// What a pooling plan computes: the forward pass of training (with the workspace),
+// its backward pass, or inference's relu(max + bias) (no workspace; the bias and
+// the ReLU are post-ops, applied to each output as the kernel writes it).
+enum PoolKind { kPoolForward = 0, kPoolBackward = 1, kPoolBiasRelu = 2 };
+
+Plan& GetPoolPlan(PoolKind kind, const PoolShape& s) {
+  return Cached(std::pair{static_cast<int>(kind), s.key()}, [&](Plan& plan) {
+    if (kind == kPoolBiasRelu) {
+      dnnl::post_ops ops;
+      ops.append_binary(dnnl::algorithm::binary_add, s.bias());
+      ops.append_eltwise(dnnl::algorithm::eltwise_relu, 0.f, 0.f);
+      dnnl::primitive_attr attr = UserScratchpad();
+      attr.set_post_ops(ops);
+      auto pd = PoolForwardDesc(s, dnnl::prop_kind::forward_inference, attr);
+      SetPrimitive(plan, dnnl::pooling_forward(pd), pd.scratchpad_desc());
+      return;
+    }
     auto forward = PoolForwardDesc(s);
     if (forward.workspace_desc() != s.workspace()) {
       throw dnnl::error(dnnl_unimplemented, "max-pooling workspace is not one byte per output");
     }
-    if (backward) {
+    if (kind == kPoolBackward) {
       dnnl::pooling_backward::primitive_desc pd(
           Engine(), dnnl::algorithm::pooling_max, s.src(), s.dst(), s.window(), s.window(),
           {0, 0}, {0, 0}, s.pad_r(), forward, UserScratchpad());
@@ -362,7 +380,7 @@ ffi::Error HandlePool(bool backward, ffi::AnyBuffer a, ffi::AnyBuffer ws, ffi::A
   if (so.inner() == 0) return ffi::Error::Success();
   size_t bytes = type == ffi::DataType::BF16 ? 2 : 4;
   try {
-    Plan& plan = GetPoolPlan(backward, s);
+    Plan& plan = GetPoolPlan(backward ? kPoolBackward : kPoolForward, s);
     std::lock_guard<std::mutex> lock(plan.mu);
     dnnl::stream stream(Engine());
     auto* pa = static_cast<char*>(a.untyped_data());
@@ -383,6 +401,61 @@ ffi::Error HandlePool(bool backward, ffi::AnyBuffer a, ffi::AnyBuffer ws, ffi::A
                                         {DNNL_ARG_WORKSPACE, workspace},
                                         {DNNL_ARG_SCRATCHPAD, plan.scratchpad}});
       }
+    }
+    stream.wait();
+  } catch (const dnnl::error& e) {
+    return ffi::Error::Internal(std::string("onednn pool: ") + e.what());
+  }
+  return ffi::Error::Success();
+}
+
+// Inference: y, bias (c) -> relu(pooled + bias), the order `cnn.apply` computes
+// them in; both commute with the maximum, so this equals the activation pooled.
+ffi::Error PoolBiasRelu(ffi::AnyBuffer y, ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> result,
+                        int64_t size) {
+  ffi::AnyBuffer out = *result;
+  ffi::DataType type = y.element_type();
+  if (bias.element_type() != type || out.element_type() != type ||
+      (type != ffi::DataType::F32 && type != ffi::DataType::BF16)) {
+    return ffi::Error::InvalidArgument("onednn pool: float32 or bfloat16 operands of one dtype");
+  }
+  size_t rank = y.dimensions().size();
+  if (rank < 4 || out.dimensions().size() != rank || bias.dimensions().size() != rank - 3) {
+    return ffi::Error::InvalidArgument("onednn pool: maps of one rank >= 4, a bias per channel");
+  }
+  Split sy = SplitDims(y.dimensions()), so = SplitDims(out.dimensions());
+  auto bias_dims = bias.dimensions();
+  Split sb;  // the bias as a (1, 1, 1, c) map under the same vmap dimensions
+  sb.lead.assign(bias_dims.begin(), bias_dims.end() - 1);
+  sb.d[0] = sb.d[1] = sb.d[2] = 1;
+  sb.d[3] = bias_dims.back();
+  PoolShape s{sy.d[0], sy.d[1], sy.d[2], sy.d[3], size,
+              type == ffi::DataType::BF16 ? memory::data_type::bf16 : memory::data_type::f32};
+  if (size < 1 || s.h < size || s.w < size || so.d[0] != s.n || so.d[1] != s.h / size ||
+      so.d[2] != s.w / size || so.d[3] != s.c || sb.d[3] != s.c) {
+    return ffi::Error::InvalidArgument("onednn pool: operand shapes do not agree");
+  }
+  VmapLoop loop({&sy, &sb}, so);
+  if (!loop.ok) {
+    return ffi::Error::InvalidArgument("onednn pool: vmap dimensions do not broadcast");
+  }
+  if (so.inner() == 0) return ffi::Error::Success();
+  size_t bytes = type == ffi::DataType::BF16 ? 2 : 4;
+  try {
+    Plan& plan = GetPoolPlan(kPoolBiasRelu, s);
+    std::lock_guard<std::mutex> lock(plan.mu);
+    dnnl::stream stream(Engine());
+    auto* py = static_cast<char*>(y.untyped_data());
+    auto* pb = static_cast<char*>(bias.untyped_data());
+    auto* po = static_cast<char*>(out.untyped_data());
+    for (int64_t i = 0; i < loop.count; ++i) {
+      memory src(s.src(), Engine(), py + loop.Slice(0, i) * sy.inner() * bytes);
+      memory b(s.bias(), Engine(), pb + loop.Slice(1, i) * s.c * bytes);
+      memory dst(s.dst(), Engine(), po + i * so.inner() * bytes);
+      plan.primitive.execute(stream, {{DNNL_ARG_SRC, src},
+                                      {DNNL_ARG_DST, dst},
+                                      {DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, b},
+                                      {DNNL_ARG_SCRATCHPAD, plan.scratchpad}});
     }
     stream.wait();
   } catch (const dnnl::error& e) {
@@ -433,6 +506,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxmnistOnednnPoolForward, PoolForward,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("size"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxmnistOnednnPoolBiasRelu, PoolBiasRelu,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<int64_t>("size"));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxmnistOnednnPoolBackward, PoolBackward,
