@@ -35,6 +35,7 @@ SMOKE = {
     "conv_backward": ([], {"speedrun", "environment"}),
     "data_loading": ([], {"loads", "median", "environment"}),
     "devices_scaling": ([], {"scaling", "tpu101_test_accuracy", "environment"}),
+    "epoch_versions": ([], {"runs", "median", "ratio_to_this", "environment"}),
     "epoch_vs_tutorial": ([], {"epoch_seconds", "epoch_ratio", "peak_fraction"}),
     "eval_overhead": (["--seeds", "2", "--rounds", "1"], {"cases", "side_by_side"}),
     "onednn_pool": ([], {"speedrun+bn", "environment"}),

@@ -228,8 +228,8 @@ def _windows_with_ties(x, size) -> int:
 def test_pool_bias_relu_is_the_pooled_activation_under_vmap_and_differentiated(impl, dtype):
     """A block's pooling, bias and ReLU: exactly relu(max + b), with odd edges dropped,
     for a population (per-member maps and biases, shared maps, shared biases); beside
-    oneDNN's convolution one call computes it without a gradient, and its gradient is the
-    parts' (then without that call)."""
+    oneDNN's convolution one call computes it (in training with the pooling's workspace),
+    and its gradients, with respect to the maps and the biases, are the parts'."""
     if impl == "onednn" and not onednn.supports(dtype):
         pytest.skip(f"oneDNN has no {dtype} kernels for this CPU")
     rng = np.random.default_rng(3)
@@ -242,6 +242,12 @@ def test_pool_bias_relu_is_the_pooled_activation_under_vmap_and_differentiated(i
     def block(x, b):
         return conv.max_pool_bias_relu(x, b, impl=impl)
 
+    def grads(fn, axes):
+        def loss(x, b):
+            return jnp.tanh(fn(x, b).astype(jnp.float32)).sum()
+
+        return jax.jit(jax.vmap(jax.grad(loss, (0, 1)), axes))
+
     for axes in [(0, 0), (None, 0), (0, None)]:
         xs, bs = (x[0] if axes[0] is None else x), (b[0] if axes[1] is None else b)
         fused = jax.jit(jax.vmap(block, axes))
@@ -249,15 +255,14 @@ def test_pool_bias_relu_is_the_pooled_activation_under_vmap_and_differentiated(i
         assert got.shape == (4, 2, 3, 3, 3) and got.dtype == x.dtype
         np.testing.assert_array_equal(got, jax.vmap(want, axes)(xs, bs))
         assert 0 < int((got == 0).sum()) < got.size
-    assert ("jaxmnist_onednn_pool_bias_relu" in fused.lower(xs, bs).as_text()) == (impl == "onednn")
-
-    def loss(fn):
-        return jax.jit(jax.grad(lambda x, b: jnp.tanh(fn(x, b).astype(jnp.float32)).sum(), (0, 1)))
-
-    grads = loss(block)
-    for got, expected in zip(grads(x[0], b[0]), loss(want)(x[0], b[0]), strict=True):
-        np.testing.assert_array_equal(got, expected)
-    assert "jaxmnist_onednn_pool_bias_relu" not in grads.lower(x[0], b[0]).as_text()
+        for g, expected in zip(grads(block, axes)(xs, bs), grads(want, axes)(xs, bs), strict=True):
+            np.testing.assert_array_equal(g, expected)
+    inference = fused.lower(xs, bs).as_text()
+    training = grads(block, (0, 0)).lower(x, b).as_text()
+    assert ("jaxmnist_onednn_pool_bias_relu(" in inference) == (impl == "onednn")
+    for call in ("jaxmnist_onednn_pool_bias_relu_forward", "jaxmnist_onednn_pool_backward"):
+        assert (call in training) == (impl == "onednn")
+    assert "jaxmnist_onednn_pool_bias_relu(" not in training
 
 
 def test_onednn_pool_bias_relu_refuses_a_bias_that_is_not_one_per_channel():

@@ -208,6 +208,12 @@ def check_refusals() -> list[str]:
         # Inference's pooling, bias and ReLU: a bias or a pooled map of another size.
         ("jaxmnist_onednn_pool_bias_relu", f32(2, 3, 3, 3), (x, jnp.ones((4,)))),
         ("jaxmnist_onednn_pool_bias_relu", f32(2, 3, 2, 3), (x, jnp.ones((3,)))),
+        # ... and in training, a workspace of another size.
+        (
+            "jaxmnist_onednn_pool_bias_relu_forward",
+            (f32(2, 3, 3, 3), u8(2, 3, 2, 3)),
+            (x, x[0, 0, 0]),
+        ),
     ]
     for target, result, operands in calls:
         attributes = {"size": 2} if "_pool_" in target else {"pad": 2}

@@ -203,31 +203,35 @@ def max_pool(x: jax.Array, size: int = 2, impl: str = "xla") -> jax.Array:
 
 def max_pool_bias_relu(x: jax.Array, b: jax.Array, size: int = 2, impl: str = "xla"):
     """relu(max_pool(x) + b): a conv block's pooling, then its bias and ReLU (both commute
-    with the maximum, so this is the activation pooled). Beside oneDNN's convolution and
-    without a gradient (evaluation, prediction), one oneDNN call does all three as it
-    pools (`onednn.max_pool_bias_relu`), where XLA would read and write the pooled map
-    once more for the bias and ReLU; differentiated, it is `max_pool` and XLA's bias and
-    ReLU. Either gives the same values."""
+    with the maximum, so this is the activation pooled). Beside oneDNN's convolution one
+    oneDNN call does all three as it pools (`onednn.max_pool_bias_relu`), where XLA would
+    read and write the pooled map once more for the bias and ReLU; differentiated, the
+    call also writes the pooling's workspace, and the gradient is the ReLU's mask, the
+    bias's sum and oneDNN's pooling gradient. Either gives the same values as the parts."""
     if impl == "onednn":
-        return _onednn_pool_bias_relu(x, b, size)
-    return _pool_bias_relu(x, b, size, impl)
-
-
-def _pool_bias_relu(x: jax.Array, b: jax.Array, size: int, impl: str) -> jax.Array:
+        return _onednn_pool_bias_relu(x, b, size, x.shape[1:3])
     return jax.nn.relu(max_pool(x, size, impl) + b)
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _onednn_pool_bias_relu(x: jax.Array, b: jax.Array, size: int) -> jax.Array:
+@partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _onednn_pool_bias_relu(x: jax.Array, b: jax.Array, size: int, edges: tuple[int, int]):
     return onednn.max_pool_bias_relu(x, b, size)
 
 
-def _onednn_pool_bias_relu_fwd(x: jax.Array, b: jax.Array, size: int):
-    return jax.vjp(partial(_pool_bias_relu, size=size, impl="onednn"), x, b)
+def _onednn_pool_bias_relu_fwd(x: jax.Array, b: jax.Array, size: int, edges: tuple[int, int]):
+    out, workspace = onednn.max_pool_bias_relu_forward(x, b, size)
+    return out, (out, workspace)
 
 
-def _onednn_pool_bias_relu_bwd(size: int, pullback, g: jax.Array):
-    return pullback(g)
+def _onednn_pool_bias_relu_bwd(size: int, edges: tuple[int, int], residuals, g: jax.Array):
+    out, workspace = residuals
+    g = jnp.where(out > 0, g, jnp.zeros((), g.dtype))  # the ReLU's gradient, as jax.nn.relu's
+    # The bias's gradient as autodiff makes it (the transpose of its broadcast: a sum in
+    # the bias's dtype, where jnp.sum would accumulate bfloat16 in float32).
+    bias = jax.ShapeDtypeStruct(g.shape[-1:], g.dtype)
+    (db,) = jax.linear_transpose(lambda b: jnp.broadcast_to(b, g.shape), bias)(g)
+    shape = (g.shape[0], *edges, g.shape[3])
+    return onednn.max_pool_backward(g, workspace, shape, size), db
 
 
 _onednn_pool_bias_relu.defvjp(_onednn_pool_bias_relu_fwd, _onednn_pool_bias_relu_bwd)

@@ -16,8 +16,9 @@ with a ValueError before the call (`_check_shapes`); the CNN's config never prod
 Max-pooling's forward pass (which also writes oneDNN's workspace, a byte per output naming
 its window's maximum) and its backward pass are two more calls (`max_pool_forward`,
 `max_pool_backward`), which `conv.max_pool` differentiates with beside this convolution.
-Inference has a call of its own, `max_pool_bias_relu`: the pooling with the block's bias
-and ReLU applied as the kernel writes each output (oneDNN's post-ops), no workspace.
+With ReLU a block's pooling, bias and activation are one call (`max_pool_bias_relu`): the
+bias and ReLU applied as the kernel writes each output (oneDNN's post-ops), in training
+with the workspace (`max_pool_bias_relu_forward`), in inference without.
 
 The library is not a runtime dependency: the `onednn` extra installs Intel's oneDNN
 wheels (the OpenMP CPU build, headers included) into the environment, and the first use
@@ -64,6 +65,7 @@ TARGETS = {
     "jaxmnist_onednn_pool_forward": "JaxmnistOnednnPoolForward",
     "jaxmnist_onednn_pool_backward": "JaxmnistOnednnPoolBackward",
     "jaxmnist_onednn_pool_bias_relu": "JaxmnistOnednnPoolBiasRelu",
+    "jaxmnist_onednn_pool_bias_relu_forward": "JaxmnistOnednnPoolBiasReluForward",
 }
 DTYPES = (jnp.float32, jnp.bfloat16)
 VERSION_PARTS = ("MAJOR", "MINOR", "PATCH")
@@ -335,12 +337,27 @@ def max_pool_backward(g: jax.Array, workspace: jax.Array, x_shape, size: int = 2
     return _call("jaxmnist_onednn_pool_backward", dx, g, workspace, size=size)
 
 
-def max_pool_bias_relu(x: jax.Array, b: jax.Array, size: int = 2) -> jax.Array:
-    """relu(max-pooling of x + b), as `max_pool_forward` pools, in one call that writes
-    nothing else: x (B, H, W, C), b (C,) of x's dtype -> (B, H // size, W // size, C). Not
-    differentiable (`conv.max_pool_bias_relu` gives it a gradient)."""
+def _bias_checked(x: jax.Array, b: jax.Array) -> None:
     if b.dtype != x.dtype or b.shape != x.shape[-1:]:
         raise ValueError(
             f"oneDNN max-pooling: a bias {x.shape[-1:]} {x.dtype}, not {b.shape} {b.dtype}"
         )
+
+
+def max_pool_bias_relu(x: jax.Array, b: jax.Array, size: int = 2) -> jax.Array:
+    """relu(max-pooling of x + b), as `max_pool_forward` pools, in one call that writes
+    nothing else: x (B, H, W, C), b (C,) of x's dtype -> (B, H // size, W // size, C). Not
+    differentiable (`conv.max_pool_bias_relu` gives it a gradient)."""
+    _bias_checked(x, b)
     return _call("jaxmnist_onednn_pool_bias_relu", _pooled(x, size), x, b, size=size)
+
+
+def max_pool_bias_relu_forward(
+    x: jax.Array, b: jax.Array, size: int = 2
+) -> tuple[jax.Array, jax.Array]:
+    """`max_pool_bias_relu` and the pooling's workspace, as `max_pool_forward` writes it
+    (for `max_pool_backward`): the forward pass of training."""
+    _bias_checked(x, b)
+    out = _pooled(x, size)
+    workspace = jax.ShapeDtypeStruct(out.shape, jnp.uint8)
+    return _call("jaxmnist_onednn_pool_bias_relu_forward", (out, workspace), x, b, size=size)

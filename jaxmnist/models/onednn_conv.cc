@@ -27,6 +27,7 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -319,30 +320,33 @@ dnnl::pooling_forward::primitive_desc PoolForwardDesc(
 }
 
 // What a pooling plan computes: the forward pass of training (with the workspace),
-// its backward pass, or inference's relu(max + bias) (no workspace; the bias and
-// the ReLU are post-ops, applied to each output as the kernel writes it).
-enum PoolKind { kPoolForward = 0, kPoolBackward = 1, kPoolBiasRelu = 2 };
+// its backward pass, or relu(max + bias), in training (with the workspace) or in
+// inference (without): the bias and the ReLU are post-ops, applied to each output
+// as the kernel writes it.
+enum PoolKind { kPoolForward = 0, kPoolBackward = 1, kPoolBiasRelu = 2, kPoolBiasReluTraining = 3 };
 
 Plan& GetPoolPlan(PoolKind kind, const PoolShape& s) {
   return Cached(std::pair{static_cast<int>(kind), s.key()}, [&](Plan& plan) {
-    if (kind == kPoolBiasRelu) {
+    dnnl::primitive_attr attr = UserScratchpad();
+    if (kind == kPoolBiasRelu || kind == kPoolBiasReluTraining) {
       dnnl::post_ops ops;
       ops.append_binary(dnnl::algorithm::binary_add, s.bias());
       ops.append_eltwise(dnnl::algorithm::eltwise_relu, 0.f, 0.f);
-      dnnl::primitive_attr attr = UserScratchpad();
       attr.set_post_ops(ops);
+    }
+    if (kind == kPoolBiasRelu) {
       auto pd = PoolForwardDesc(s, dnnl::prop_kind::forward_inference, attr);
       SetPrimitive(plan, dnnl::pooling_forward(pd), pd.scratchpad_desc());
       return;
     }
-    auto forward = PoolForwardDesc(s);
+    auto forward = PoolForwardDesc(s, dnnl::prop_kind::forward_training, attr);
     if (forward.workspace_desc() != s.workspace()) {
       throw dnnl::error(dnnl_unimplemented, "max-pooling workspace is not one byte per output");
     }
     if (kind == kPoolBackward) {
       dnnl::pooling_backward::primitive_desc pd(
           Engine(), dnnl::algorithm::pooling_max, s.src(), s.dst(), s.window(), s.window(),
-          {0, 0}, {0, 0}, s.pad_r(), forward, UserScratchpad());
+          {0, 0}, {0, 0}, s.pad_r(), PoolForwardDesc(s), UserScratchpad());
       SetPrimitive(plan, dnnl::pooling_backward(pd), pd.scratchpad_desc());
     } else {
       SetPrimitive(plan, dnnl::pooling_forward(forward), forward.scratchpad_desc());
@@ -409,11 +413,11 @@ ffi::Error HandlePool(bool backward, ffi::AnyBuffer a, ffi::AnyBuffer ws, ffi::A
   return ffi::Error::Success();
 }
 
-// Inference: y, bias (c) -> relu(pooled + bias), the order `cnn.apply` computes
-// them in; both commute with the maximum, so this equals the activation pooled.
-ffi::Error PoolBiasRelu(ffi::AnyBuffer y, ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> result,
-                        int64_t size) {
-  ffi::AnyBuffer out = *result;
+// y, bias (c) -> relu(pooled + bias), the order `cnn.apply` computes them in (both
+// commute with the maximum, so this equals the activation pooled), and in training
+// (`ws` given) the workspace of the pooling, as `PoolForward` writes it.
+ffi::Error HandlePoolBiasRelu(ffi::AnyBuffer y, ffi::AnyBuffer bias, ffi::AnyBuffer out,
+                              ffi::AnyBuffer* ws, int64_t size) {
   ffi::DataType type = y.element_type();
   if (bias.element_type() != type || out.element_type() != type ||
       (type != ffi::DataType::F32 && type != ffi::DataType::BF16)) {
@@ -432,7 +436,10 @@ ffi::Error PoolBiasRelu(ffi::AnyBuffer y, ffi::AnyBuffer bias, ffi::Result<ffi::
   PoolShape s{sy.d[0], sy.d[1], sy.d[2], sy.d[3], size,
               type == ffi::DataType::BF16 ? memory::data_type::bf16 : memory::data_type::f32};
   if (size < 1 || s.h < size || s.w < size || so.d[0] != s.n || so.d[1] != s.h / size ||
-      so.d[2] != s.w / size || so.d[3] != s.c || sb.d[3] != s.c) {
+      so.d[2] != s.w / size || so.d[3] != s.c || sb.d[3] != s.c ||
+      (ws != nullptr && (ws->element_type() != ffi::DataType::U8 ||
+                         ws->dimensions().size() != rank ||
+                         ws->size_bytes() != out.element_count()))) {
     return ffi::Error::InvalidArgument("onednn pool: operand shapes do not agree");
   }
   VmapLoop loop({&sy, &sb}, so);
@@ -442,7 +449,7 @@ ffi::Error PoolBiasRelu(ffi::AnyBuffer y, ffi::AnyBuffer bias, ffi::Result<ffi::
   if (so.inner() == 0) return ffi::Error::Success();
   size_t bytes = type == ffi::DataType::BF16 ? 2 : 4;
   try {
-    Plan& plan = GetPoolPlan(kPoolBiasRelu, s);
+    Plan& plan = GetPoolPlan(ws == nullptr ? kPoolBiasRelu : kPoolBiasReluTraining, s);
     std::lock_guard<std::mutex> lock(plan.mu);
     dnnl::stream stream(Engine());
     auto* py = static_cast<char*>(y.untyped_data());
@@ -452,16 +459,34 @@ ffi::Error PoolBiasRelu(ffi::AnyBuffer y, ffi::AnyBuffer bias, ffi::Result<ffi::
       memory src(s.src(), Engine(), py + loop.Slice(0, i) * sy.inner() * bytes);
       memory b(s.bias(), Engine(), pb + loop.Slice(1, i) * s.c * bytes);
       memory dst(s.dst(), Engine(), po + i * so.inner() * bytes);
-      plan.primitive.execute(stream, {{DNNL_ARG_SRC, src},
-                                      {DNNL_ARG_DST, dst},
-                                      {DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, b},
-                                      {DNNL_ARG_SCRATCHPAD, plan.scratchpad}});
+      std::unordered_map<int, memory> args{
+          {DNNL_ARG_SRC, src},
+          {DNNL_ARG_DST, dst},
+          {DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, b},
+          {DNNL_ARG_SCRATCHPAD, plan.scratchpad}};
+      if (ws != nullptr) {
+        auto* pw = static_cast<char*>(ws->untyped_data()) + i * so.inner();
+        args.emplace(DNNL_ARG_WORKSPACE, memory(s.workspace(), Engine(), pw));
+      }
+      plan.primitive.execute(stream, args);
     }
     stream.wait();
   } catch (const dnnl::error& e) {
     return ffi::Error::Internal(std::string("onednn pool: ") + e.what());
   }
   return ffi::Error::Success();
+}
+
+ffi::Error PoolBiasRelu(ffi::AnyBuffer y, ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> out,
+                        int64_t size) {
+  return HandlePoolBiasRelu(y, bias, *out, nullptr, size);
+}
+
+ffi::Error PoolBiasReluForward(ffi::AnyBuffer y, ffi::AnyBuffer bias,
+                               ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> ws,
+                               int64_t size) {
+  ffi::AnyBuffer workspace = *ws;
+  return HandlePoolBiasRelu(y, bias, *out, &workspace, size);
 }
 
 ffi::Error PoolForward(ffi::AnyBuffer y, ffi::Result<ffi::AnyBuffer> pooled,
@@ -512,6 +537,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxmnistOnednnPoolBiasRelu, PoolBiasRelu,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("size"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxmnistOnednnPoolBiasReluForward, PoolBiasReluForward,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<int64_t>("size"));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxmnistOnednnPoolBackward, PoolBackward,
