@@ -1,6 +1,7 @@
 // Stride-1 2-D convolution and the max-pooling after it through oneDNN, as XLA
 // FFI handlers for the CPU (jaxmnist/models/onednn.py builds, loads and calls
-// this file).
+// this file); the pooling also with a block's bias and ReLU applied as it writes
+// (post-ops), in training and in inference.
 //
 // Activations are NHWC and weights HWIO, as everywhere in jaxmnist.models.conv.
 // oneDNN reads and writes the activations in place; the weights go into the
