@@ -20,6 +20,7 @@
 // wrong numbers), for kernels large enough that oneDNN picks the gemm weight
 // gradient with its large im2col scratchpad. The plan's mutex makes its own
 // buffer safe to reuse; the cost is one buffer per plan instead of one shared.
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
@@ -355,92 +356,46 @@ Plan& GetPoolPlan(PoolKind kind, const PoolShape& s) {
   });
 }
 
-// Forward: y -> (pooled, workspace); backward: (g, workspace) -> dy.
-ffi::Error HandlePool(bool backward, ffi::AnyBuffer a, ffi::AnyBuffer ws, ffi::AnyBuffer out,
-                      int64_t size) {
-  ffi::DataType type = a.element_type();
-  if (out.element_type() != type || ws.element_type() != ffi::DataType::U8 ||
+memory::data_type DnnlType(ffi::DataType type) {
+  return type == ffi::DataType::BF16 ? memory::data_type::bf16 : memory::data_type::f32;
+}
+
+bool SameDims(ffi::AnyBuffer a, ffi::AnyBuffer b) {
+  auto da = a.dimensions(), db = b.dimensions();
+  return da.size() == db.size() && std::equal(da.begin(), da.end(), db.begin());
+}
+
+// Forward: y -> pooled; with a bias (c) relu(pooled + bias), the order `cnn.apply`
+// computes them in (both commute with the maximum, so this equals the activation
+// pooled); in training (`ws` given) also the workspace, a byte per output.
+ffi::Error HandlePoolForward(ffi::AnyBuffer y, ffi::AnyBuffer* bias, ffi::AnyBuffer out,
+                             ffi::AnyBuffer* ws, int64_t size) {
+  ffi::DataType type = y.element_type();
+  if (out.element_type() != type || (bias != nullptr && bias->element_type() != type) ||
+      (ws != nullptr && ws->element_type() != ffi::DataType::U8) ||
       (type != ffi::DataType::F32 && type != ffi::DataType::BF16)) {
     return ffi::Error::InvalidArgument(
         "onednn pool: float32 or bfloat16 values of one dtype, a uint8 workspace");
   }
-  size_t rank = a.dimensions().size();
-  if (rank < 4 || ws.dimensions().size() != rank || out.dimensions().size() != rank) {
-    return ffi::Error::InvalidArgument("onednn pool: operands of one rank >= 4");
-  }
-  Split sa = SplitDims(a.dimensions()), sw = SplitDims(ws.dimensions());
-  Split so = SplitDims(out.dimensions());
-  const Split& y = backward ? so : sa;  // the full-size map
-  const Split& p = backward ? sa : so;  // the pooled one
-  PoolShape s{y.d[0], y.d[1], y.d[2], y.d[3], size,
-              type == ffi::DataType::BF16 ? memory::data_type::bf16 : memory::data_type::f32};
-  if (size < 1 || s.h < size || s.w < size || p.d[0] != s.n || p.d[1] != s.h / size ||
-      p.d[2] != s.w / size || p.d[3] != s.c || std::memcmp(sw.d, p.d, sizeof p.d) != 0) {
-    return ffi::Error::InvalidArgument("onednn pool: operand shapes do not agree");
-  }
-  VmapLoop loop({&sa, &sw}, so);
-  if (!loop.ok) {
-    return ffi::Error::InvalidArgument("onednn pool: vmap dimensions do not broadcast");
-  }
-  if (so.inner() == 0) return ffi::Error::Success();
-  size_t bytes = type == ffi::DataType::BF16 ? 2 : 4;
-  try {
-    Plan& plan = GetPoolPlan(backward ? kPoolBackward : kPoolForward, s);
-    std::lock_guard<std::mutex> lock(plan.mu);
-    dnnl::stream stream(Engine());
-    auto* pa = static_cast<char*>(a.untyped_data());
-    auto* pw = static_cast<char*>(ws.untyped_data());
-    auto* po = static_cast<char*>(out.untyped_data());
-    for (int64_t i = 0; i < loop.count; ++i) {
-      char* in = pa + loop.Slice(0, i) * sa.inner() * bytes;
-      char* result = po + i * so.inner() * bytes;
-      memory workspace(s.workspace(), Engine(), pw + loop.Slice(1, i) * p.inner());
-      if (backward) {
-        plan.primitive.execute(stream, {{DNNL_ARG_DIFF_DST, memory(s.dst(), Engine(), in)},
-                                        {DNNL_ARG_WORKSPACE, workspace},
-                                        {DNNL_ARG_DIFF_SRC, memory(s.src(), Engine(), result)},
-                                        {DNNL_ARG_SCRATCHPAD, plan.scratchpad}});
-      } else {
-        plan.primitive.execute(stream, {{DNNL_ARG_SRC, memory(s.src(), Engine(), in)},
-                                        {DNNL_ARG_DST, memory(s.dst(), Engine(), result)},
-                                        {DNNL_ARG_WORKSPACE, workspace},
-                                        {DNNL_ARG_SCRATCHPAD, plan.scratchpad}});
-      }
-    }
-    stream.wait();
-  } catch (const dnnl::error& e) {
-    return ffi::Error::Internal(std::string("onednn pool: ") + e.what());
-  }
-  return ffi::Error::Success();
-}
-
-// y, bias (c) -> relu(pooled + bias), the order `cnn.apply` computes them in (both
-// commute with the maximum, so this equals the activation pooled), and in training
-// (`ws` given) the workspace of the pooling, as `PoolForward` writes it.
-ffi::Error HandlePoolBiasRelu(ffi::AnyBuffer y, ffi::AnyBuffer bias, ffi::AnyBuffer out,
-                              ffi::AnyBuffer* ws, int64_t size) {
-  ffi::DataType type = y.element_type();
-  if (bias.element_type() != type || out.element_type() != type ||
-      (type != ffi::DataType::F32 && type != ffi::DataType::BF16)) {
-    return ffi::Error::InvalidArgument("onednn pool: float32 or bfloat16 operands of one dtype");
-  }
   size_t rank = y.dimensions().size();
-  if (rank < 4 || out.dimensions().size() != rank || bias.dimensions().size() != rank - 3) {
+  if (rank < 4 || out.dimensions().size() != rank ||
+      (bias != nullptr && bias->dimensions().size() != rank - 3)) {
     return ffi::Error::InvalidArgument("onednn pool: maps of one rank >= 4, a bias per channel");
   }
   Split sy = SplitDims(y.dimensions()), so = SplitDims(out.dimensions());
-  auto bias_dims = bias.dimensions();
   Split sb;  // the bias as a (1, 1, 1, c) map under the same vmap dimensions
-  sb.lead.assign(bias_dims.begin(), bias_dims.end() - 1);
-  sb.d[0] = sb.d[1] = sb.d[2] = 1;
-  sb.d[3] = bias_dims.back();
-  PoolShape s{sy.d[0], sy.d[1], sy.d[2], sy.d[3], size,
-              type == ffi::DataType::BF16 ? memory::data_type::bf16 : memory::data_type::f32};
+  if (bias != nullptr) {
+    auto dims = bias->dimensions();
+    sb.lead.assign(dims.begin(), dims.end() - 1);
+    sb.d[0] = sb.d[1] = sb.d[2] = 1;
+    sb.d[3] = dims.back();
+  } else {
+    sb.lead.assign(so.lead.size(), 1);  // none: broadcast everywhere, never read
+  }
+  PoolShape s{sy.d[0], sy.d[1], sy.d[2], sy.d[3], size, DnnlType(type)};
   if (size < 1 || s.h < size || s.w < size || so.d[0] != s.n || so.d[1] != s.h / size ||
-      so.d[2] != s.w / size || so.d[3] != s.c || sb.d[3] != s.c ||
-      (ws != nullptr && (ws->element_type() != ffi::DataType::U8 ||
-                         ws->dimensions().size() != rank ||
-                         ws->size_bytes() != out.element_count()))) {
+      so.d[2] != s.w / size || so.d[3] != s.c || (bias != nullptr && sb.d[3] != s.c) ||
+      (ws != nullptr && !SameDims(*ws, out))) {
     return ffi::Error::InvalidArgument("onednn pool: operand shapes do not agree");
   }
   VmapLoop loop({&sy, &sb}, so);
@@ -449,22 +404,25 @@ ffi::Error HandlePoolBiasRelu(ffi::AnyBuffer y, ffi::AnyBuffer bias, ffi::AnyBuf
   }
   if (so.inner() == 0) return ffi::Error::Success();
   size_t bytes = type == ffi::DataType::BF16 ? 2 : 4;
+  PoolKind kind = bias == nullptr ? kPoolForward
+                  : ws == nullptr ? kPoolBiasRelu
+                                  : kPoolBiasReluTraining;
   try {
-    Plan& plan = GetPoolPlan(ws == nullptr ? kPoolBiasRelu : kPoolBiasReluTraining, s);
+    Plan& plan = GetPoolPlan(kind, s);
     std::lock_guard<std::mutex> lock(plan.mu);
     dnnl::stream stream(Engine());
     auto* py = static_cast<char*>(y.untyped_data());
-    auto* pb = static_cast<char*>(bias.untyped_data());
     auto* po = static_cast<char*>(out.untyped_data());
     for (int64_t i = 0; i < loop.count; ++i) {
-      memory src(s.src(), Engine(), py + loop.Slice(0, i) * sy.inner() * bytes);
-      memory b(s.bias(), Engine(), pb + loop.Slice(1, i) * s.c * bytes);
-      memory dst(s.dst(), Engine(), po + i * so.inner() * bytes);
       std::unordered_map<int, memory> args{
-          {DNNL_ARG_SRC, src},
-          {DNNL_ARG_DST, dst},
-          {DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, b},
+          {DNNL_ARG_SRC, memory(s.src(), Engine(), py + loop.Slice(0, i) * sy.inner() * bytes)},
+          {DNNL_ARG_DST, memory(s.dst(), Engine(), po + i * so.inner() * bytes)},
           {DNNL_ARG_SCRATCHPAD, plan.scratchpad}};
+      if (bias != nullptr) {
+        auto* pb = static_cast<char*>(bias->untyped_data()) + loop.Slice(1, i) * s.c * bytes;
+        args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1,
+                     memory(s.bias(), Engine(), pb));
+      }
       if (ws != nullptr) {
         auto* pw = static_cast<char*>(ws->untyped_data()) + i * so.inner();
         args.emplace(DNNL_ARG_WORKSPACE, memory(s.workspace(), Engine(), pw));
@@ -478,26 +436,72 @@ ffi::Error HandlePoolBiasRelu(ffi::AnyBuffer y, ffi::AnyBuffer bias, ffi::AnyBuf
   return ffi::Error::Success();
 }
 
+// Backward: (g, workspace) -> dy.
+ffi::Error PoolBackward(ffi::AnyBuffer g, ffi::AnyBuffer ws, ffi::Result<ffi::AnyBuffer> result,
+                        int64_t size) {
+  ffi::AnyBuffer dy = *result;
+  ffi::DataType type = g.element_type();
+  if (dy.element_type() != type || ws.element_type() != ffi::DataType::U8 ||
+      (type != ffi::DataType::F32 && type != ffi::DataType::BF16)) {
+    return ffi::Error::InvalidArgument(
+        "onednn pool: float32 or bfloat16 values of one dtype, a uint8 workspace");
+  }
+  size_t rank = g.dimensions().size();
+  if (rank < 4 || ws.dimensions().size() != rank || dy.dimensions().size() != rank) {
+    return ffi::Error::InvalidArgument("onednn pool: operands of one rank >= 4");
+  }
+  Split sg = SplitDims(g.dimensions()), sw = SplitDims(ws.dimensions());
+  Split sy = SplitDims(dy.dimensions());
+  PoolShape s{sy.d[0], sy.d[1], sy.d[2], sy.d[3], size, DnnlType(type)};
+  if (size < 1 || s.h < size || s.w < size || sg.d[0] != s.n || sg.d[1] != s.h / size ||
+      sg.d[2] != s.w / size || sg.d[3] != s.c || std::memcmp(sw.d, sg.d, sizeof sg.d) != 0) {
+    return ffi::Error::InvalidArgument("onednn pool: operand shapes do not agree");
+  }
+  VmapLoop loop({&sg, &sw}, sy);
+  if (!loop.ok) {
+    return ffi::Error::InvalidArgument("onednn pool: vmap dimensions do not broadcast");
+  }
+  if (sy.inner() == 0) return ffi::Error::Success();
+  size_t bytes = type == ffi::DataType::BF16 ? 2 : 4;
+  try {
+    Plan& plan = GetPoolPlan(kPoolBackward, s);
+    std::lock_guard<std::mutex> lock(plan.mu);
+    dnnl::stream stream(Engine());
+    auto* pg = static_cast<char*>(g.untyped_data());
+    auto* pw = static_cast<char*>(ws.untyped_data());
+    auto* py = static_cast<char*>(dy.untyped_data());
+    for (int64_t i = 0; i < loop.count; ++i) {
+      memory diff_dst(s.dst(), Engine(), pg + loop.Slice(0, i) * sg.inner() * bytes);
+      memory workspace(s.workspace(), Engine(), pw + loop.Slice(1, i) * sg.inner());
+      memory diff_src(s.src(), Engine(), py + i * sy.inner() * bytes);
+      plan.primitive.execute(stream, {{DNNL_ARG_DIFF_DST, diff_dst},
+                                      {DNNL_ARG_WORKSPACE, workspace},
+                                      {DNNL_ARG_DIFF_SRC, diff_src},
+                                      {DNNL_ARG_SCRATCHPAD, plan.scratchpad}});
+    }
+    stream.wait();
+  } catch (const dnnl::error& e) {
+    return ffi::Error::Internal(std::string("onednn pool: ") + e.what());
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error PoolForward(ffi::AnyBuffer y, ffi::Result<ffi::AnyBuffer> pooled,
+                       ffi::Result<ffi::AnyBuffer> ws, int64_t size) {
+  ffi::AnyBuffer workspace = *ws;
+  return HandlePoolForward(y, nullptr, *pooled, &workspace, size);
+}
+
 ffi::Error PoolBiasRelu(ffi::AnyBuffer y, ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> out,
                         int64_t size) {
-  return HandlePoolBiasRelu(y, bias, *out, nullptr, size);
+  return HandlePoolForward(y, &bias, *out, nullptr, size);
 }
 
 ffi::Error PoolBiasReluForward(ffi::AnyBuffer y, ffi::AnyBuffer bias,
                                ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> ws,
                                int64_t size) {
   ffi::AnyBuffer workspace = *ws;
-  return HandlePoolBiasRelu(y, bias, *out, &workspace, size);
-}
-
-ffi::Error PoolForward(ffi::AnyBuffer y, ffi::Result<ffi::AnyBuffer> pooled,
-                       ffi::Result<ffi::AnyBuffer> ws, int64_t size) {
-  return HandlePool(false, y, *ws, *pooled, size);
-}
-
-ffi::Error PoolBackward(ffi::AnyBuffer g, ffi::AnyBuffer ws, ffi::Result<ffi::AnyBuffer> dy,
-                        int64_t size) {
-  return HandlePool(true, g, ws, *dy, size);
+  return HandlePoolForward(y, &bias, *out, &workspace, size);
 }
 
 ffi::Error Forward(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> y,
