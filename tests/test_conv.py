@@ -265,6 +265,82 @@ def test_pool_bias_relu_is_the_pooled_activation_under_vmap_and_differentiated(i
     assert "jaxmnist_onednn_pool_bias_relu(" not in training
 
 
+# (H, W, k, O, padding): the presets' first blocks, odd maps, every channel count.
+FIRST_BLOCKS = [
+    (28, 28, 3, 16, "same"),
+    (28, 28, 5, 24, "valid"),
+    (13, 14, 3, 32, "same"),
+    (9, 8, 5, 8, "valid"),
+    (7, 7, 3, 48, "same"),
+    (11, 10, 3, 64, "valid"),
+]
+
+
+@pytest.mark.parametrize("shape", FIRST_BLOCKS, ids=str)
+def test_first_block_is_its_parts_under_vmap_and_differentiated(shape):
+    """A one-channel ReLU block whole (convolution, pooling with odd edges dropped, bias,
+    ReLU) in one call of jaxmnist's kernel: the values of the parts, for a population
+    (per-member weights and biases over shared images, per-member images, both), and the
+    parts' gradients exactly (its VJP is theirs)."""
+    if not onednn.available():
+        pytest.skip(onednn.unavailable_reason())
+    h, wd, k, o, padding = shape
+    rng = np.random.default_rng(h * o)
+    x = jnp.asarray(rng.uniform(size=(3, 5, h, wd, 1)), jnp.float32)  # 3 members
+    w = jnp.asarray(rng.normal(size=(3, k, k, 1, o)), jnp.float32)
+    b = jnp.asarray(rng.normal(size=(3, o)), jnp.float32)
+
+    def block(x, w, b):
+        return conv.conv_pool_bias_relu(x, w, b, "onednn", padding)
+
+    def parts(x, w, b):
+        return jax.nn.relu(_reduce_window_max(reference(x, w, padding), 2) + b)
+
+    def unfused(x, w, b):  # oneDNN's convolution, then its pooling with bias and ReLU
+        return conv._block_parts(x, w, b, "onednn", padding)
+
+    def grads(fn, axes):
+        def loss(x, w, b):
+            return jnp.tanh(fn(x, w, b)).sum()
+
+        return jax.jit(jax.vmap(jax.grad(loss, (0, 1, 2)), axes))
+
+    for axes in [(None, 0, 0), (0, None, None), (0, 0, 0)]:
+        args = [a[0] if axis is None else a for a, axis in zip((x, w, b), axes, strict=True)]
+        fused = jax.jit(jax.vmap(block, axes))
+        got, want = fused(*args), jax.vmap(parts, axes)(*args)
+        assert "jaxmnist_first_block" in fused.lower(*args).as_text()
+        _close(got, want, "float32")
+        assert 0 < int((got == 0).sum()) < got.size
+        for g, expected in zip(grads(block, axes)(*args), grads(unfused, axes)(*args), strict=True):
+            np.testing.assert_array_equal(g, expected)
+
+
+@pytest.mark.parametrize(
+    "x_shape, w_shape, dtype",
+    [
+        ((2, 8, 8, 3), (3, 3, 3, 16), "float32"),  # three input channels
+        ((2, 8, 8, 1), (3, 3, 1, 16), "bfloat16"),
+        ((2, 8, 8, 1), (7, 7, 1, 16), "float32"),  # a kernel size it has no kernel for
+        ((2, 8, 8, 1), (3, 3, 1, 20), "float32"),  # a channel count it has no kernel for
+    ],
+)
+def test_blocks_without_a_first_block_kernel_are_computed_by_their_parts(x_shape, w_shape, dtype):
+    if not onednn.supports(dtype):
+        pytest.skip(f"oneDNN has no {dtype} kernels for this CPU")
+    x, w = jnp.ones(x_shape, dtype), jnp.ones(w_shape, dtype)
+    b = jnp.ones(w_shape[3:], dtype)
+    assert not onednn.first_block_supported(x_shape, w_shape, dtype, "valid")
+    text = (
+        jax.jit(conv.conv_pool_bias_relu, static_argnums=(3, 4))
+        .lower(x, w, b, "onednn", "valid")
+        .as_text()
+    )
+    assert "jaxmnist_first_block" not in text and "jaxmnist_onednn_conv_forward" in text
+    with pytest.raises(ValueError, match="first block: no kernel"):
+        onednn.first_block(x, w, b, "valid")
+
+
 def test_onednn_pool_bias_relu_refuses_a_bias_that_is_not_one_per_channel():
     x = jnp.zeros((2, 4, 4, 3), jnp.float32)
     with pytest.raises(ValueError, match="a bias"):

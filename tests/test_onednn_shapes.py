@@ -11,6 +11,7 @@ child's signal, or the cases whose numbers disagree, as one failure per section.
 """
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -215,8 +216,18 @@ def check_refusals() -> list[str]:
             (x, x[0, 0, 0]),
         ),
     ]
+    # The first block: images of two channels, weights of another size than the result's,
+    # a bias of another length, a pooled map of another size.
+    x1, w1, b1 = jnp.ones((2, 7, 7, 1)), jnp.ones((3, 3, 1, 8)), jnp.ones((8,))
+    calls += [
+        ("jaxmnist_first_block", f32(2, 3, 3, 8), (jnp.ones((2, 7, 7, 2)), w1, b1)),
+        ("jaxmnist_first_block", f32(2, 3, 3, 8), (x1, jnp.ones((5, 5, 1, 8)), b1)),
+        ("jaxmnist_first_block", f32(2, 3, 3, 8), (x1, w1, jnp.ones((16,)))),
+        ("jaxmnist_first_block", f32(2, 3, 4, 8), (x1, w1, b1)),
+    ]
     for target, result, operands in calls:
         attributes = {"size": 2} if "_pool_" in target else {"pad": 2}
+        attributes = {"pad": 1} if "first_block" in target else attributes
         try:
             jax.block_until_ready(onednn._call(target, result, *operands, **attributes))
             failures.append(f"{target} ran on mismatched shapes {[a.shape for a in operands]}")
@@ -226,7 +237,34 @@ def check_refusals() -> list[str]:
     return failures
 
 
+def _pooled_block(x, w, bias, padding):
+    y = reference(x, w, padding)
+    y = lax.reduce_window(y, -jnp.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+    return jax.nn.relu(y + bias)
+
+
+def check_first_block() -> list[str]:
+    """The first block's kernel (convolution, pooling, bias and ReLU in one call) against
+    lax for every channel count and kernel size it has, both paddings, odd maps, fewer
+    images than threads, and a population's weights; run once per instruction set."""
+    failures = []
+    rng = np.random.default_rng(5)
+    for o in onednn.FIRST_BLOCK_CHANNELS:
+        for k in onednn.FIRST_BLOCK_KERNELS:
+            for padding, b, h, wd in [("same", 1, 28, 28), ("valid", 3, 11, 14), ("same", 7, 9, 6)]:
+                x = jnp.asarray(rng.uniform(size=(b, h, wd, 1)), jnp.float32)
+                w = jnp.asarray(rng.normal(size=(2, k, k, 1, o)), jnp.float32)
+                bias = jnp.asarray(rng.normal(size=(2, o)), jnp.float32)
+                block = jax.jit(jax.vmap(onednn.first_block, (None, 0, 0, None)), static_argnums=3)
+                got = block(x, w, bias, padding)
+                want = jax.vmap(_pooled_block, (None, 0, 0, None))(x, w, bias, padding)
+                case = f"first block {o} channels, k={k}, {padding}, x {x.shape}"
+                failures += _mismatches(case, got, want, "float32")
+    return failures
+
+
 SECTIONS = {
+    "first_block": check_first_block,
     "threads": check_threads,
     "grid": check_grid,
     "vmap": check_vmap,
@@ -236,6 +274,17 @@ SECTIONS = {
 
 @pytest.mark.parametrize("section", sorted(SECTIONS))
 def test_onednn_matches_lax_in_a_child_process(section):
+    _run_section(section)
+
+
+@pytest.mark.parametrize("isa", ["AVX2", "SSE41"])
+def test_first_block_matches_lax_on_narrower_instruction_sets(isa):
+    """The first block's kernel is compiled for AVX-512, AVX2 and plain x86-64; capped as
+    oneDNN is ($ONEDNN_MAX_CPU_ISA), a CPU with more runs the narrower ones too."""
+    _run_section("first_block", {"ONEDNN_MAX_CPU_ISA": isa})
+
+
+def _run_section(section: str, env: dict | None = None) -> None:
     assert onednn.available(), onednn.unavailable_reason()
     done = subprocess.run(
         [sys.executable, __file__, section],
@@ -243,6 +292,7 @@ def test_onednn_matches_lax_in_a_child_process(section):
         capture_output=True,
         text=True,
         timeout=600,
+        env=None if env is None else os.environ | env,
     )
     if done.returncode < 0:
         name = signal.Signals(-done.returncode).name

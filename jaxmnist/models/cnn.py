@@ -204,18 +204,22 @@ def apply(params: dict, images: jax.Array, cfg, key: jax.Array | None = None, tr
     new_stats = []
     pool_first = cfg.activation in MONOTONIC
     for i, layer in enumerate(params["conv"]):
-        x = conv.conv2d(x, layer["w"].astype(dtype), impl, cfg.padding)
+        w, b = layer["w"].astype(dtype), layer["b"].astype(dtype)
         if cfg.batch_norm:  # statistics of the whole map, before pooling
-            x, stats = _batch_norm(x, layer, params[STATS][i], train)
+            x, stats = _batch_norm(
+                conv.conv2d(x, w, impl, cfg.padding), layer, params[STATS][i], train
+            )
             new_stats.append(stats)
             if pool_first:
                 x = activation(conv.max_pool(x, impl=impl))
             else:
                 x = conv.max_pool(activation(x), impl=impl)
-        elif pool_first:  # ReLU
-            x = conv.max_pool_bias_relu(x, layer["b"].astype(dtype), impl=impl)
+        elif pool_first and not train:  # ReLU in inference: the block whole
+            x = conv.conv_pool_bias_relu(x, w, b, impl, cfg.padding)
+        elif pool_first:  # ReLU in training
+            x = conv.max_pool_bias_relu(conv.conv2d(x, w, impl, cfg.padding), b, impl=impl)
         else:
-            x = conv.max_pool(activation(x + layer["b"].astype(dtype)), impl=impl)
+            x = conv.max_pool(activation(conv.conv2d(x, w, impl, cfg.padding) + b), impl=impl)
     x = x.reshape(x.shape[0], -1)
     drop_key = key if train else None
     for i, layer in enumerate(params["dense"]):

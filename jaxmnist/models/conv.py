@@ -43,7 +43,11 @@ of their consumers, so its pooling was computed three times from the convolution
 full-size output (for the activation, the activation's gradient and the pooling's own
 gradient), where a custom call is computed once. Without a gradient (evaluation,
 prediction) oneDNN pools too, and with ReLU one call pools, adds the bias and rectifies
-(`max_pool_bias_relu`), writing the block's output once.
+(`max_pool_bias_relu`), writing the block's output once. A first block (one input
+channel, float32) is, without a gradient, one call of jaxmnist's own kernel that
+convolves, pools, adds and rectifies without writing the convolution's full-size map
+(`conv_pool_bias_relu`, `onednn.first_block`): oneDNN's convolution of a single channel,
+and the pooling of its large output, are slow beside it.
 The measured comparisons are in the README ("Results").
 """
 
@@ -211,6 +215,38 @@ def max_pool_bias_relu(x: jax.Array, b: jax.Array, size: int = 2, impl: str = "x
     if impl == "onednn":
         return _onednn_pool_bias_relu(x, b, size, x.shape[1:3])
     return jax.nn.relu(max_pool(x, size, impl) + b)
+
+
+def conv_pool_bias_relu(
+    x: jax.Array, w: jax.Array, b: jax.Array, impl: str, padding: str = "same"
+) -> jax.Array:
+    """A ReLU conv block whole: relu(max_pool(conv2d(x, w)) + b), 2x2 windows. `impl`, the
+    resolved formulation: beside oneDNN, a block `onednn.first_block` has a kernel for
+    (one input channel, float32) is that one call; differentiated, it is the parts, so
+    gradients are theirs. Otherwise the parts (`conv2d`, `max_pool_bias_relu`)."""
+    if impl == "onednn" and onednn.first_block_supported(x.shape, w.shape, x.dtype, padding):
+        return _first_block(x, w, b, padding)
+    return _block_parts(x, w, b, impl, padding)
+
+
+def _block_parts(x, w, b, impl: str, padding: str) -> jax.Array:
+    return max_pool_bias_relu(conv2d(x, w, impl, padding), b, impl=impl)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _first_block(x: jax.Array, w: jax.Array, b: jax.Array, padding: str) -> jax.Array:
+    return onednn.first_block(x, w, b, padding)
+
+
+def _first_block_fwd(x, w, b, padding: str):
+    return jax.vjp(lambda x, w, b: _block_parts(x, w, b, "onednn", padding), x, w, b)
+
+
+def _first_block_bwd(padding: str, vjp, g: jax.Array):
+    return vjp(g)
+
+
+_first_block.defvjp(_first_block_fwd, _first_block_bwd)
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(2, 3))

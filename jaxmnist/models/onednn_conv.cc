@@ -1,7 +1,8 @@
 // Stride-1 2-D convolution and the max-pooling after it through oneDNN, as XLA
 // FFI handlers for the CPU (jaxmnist/models/onednn.py builds, loads and calls
 // this file); the pooling also with a block's bias and ReLU applied as it writes
-// (post-ops), in training and in inference.
+// (post-ops), in training and in inference. Last, one handler of jaxmnist's own,
+// without oneDNN: a one-channel first block, convolution to ReLU, in inference.
 //
 // Activations are NHWC and weights HWIO, as everywhere in jaxmnist.models.conv.
 // oneDNN reads and writes the activations in place; the weights go into the
@@ -21,7 +22,9 @@
 // gradient with its large im2col scratchpad. The plan's mutex makes its own
 // buffer safe to reuse; the cost is one buffer per plan instead of one shared.
 #include <algorithm>
+#include <cctype>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <initializer_list>
 #include <map>
@@ -32,6 +35,8 @@
 #include <unordered_map>
 #include <utility>
 #include <vector>
+
+#include <omp.h>
 
 #include "oneapi/dnnl/dnnl.hpp"
 #include "xla/ffi/api/ffi.h"
@@ -519,6 +524,222 @@ ffi::Error BackwardWeights(ffi::AnyBuffer x, ffi::AnyBuffer g, ffi::Result<ffi::
   return Handle(kBackwardWeights, x, g, *dw, pad);
 }
 
+// A whole first block in inference without oneDNN: relu(max-pool 2x2(conv(x, w))
+// + b) for a one-channel image, float32, in one pass that writes only the pooled
+// map. oneDNN has no convolution fused with pooling, and for one input channel its
+// convolution and pooling take several times what this does, writing and reading
+// the full-size map in between (benchmarks/first_block.py measures both). Each
+// step computes a 2 x 4 (or 2 x 2) patch of the convolution's outputs with every
+// channel in vector registers (GCC's vector extension), pools it, adds the bias
+// and rectifies. It is compiled three times, for AVX-512, AVX2 and plain x86-64,
+// each with vectors of its own width, and the CPU picks one when the block runs.
+// Images are split over OpenMP's threads, the runtime oneDNN's own calls use.
+struct BlockShape {
+  int64_t n, h, w, k, o, pad;
+  int64_t ho() const { return h + 2 * pad - k + 1; }
+  int64_t wo() const { return w + 2 * pad - k + 1; }
+};
+
+#define JAXMNIST_VMAX(a, b) ((a) > (b) ? (a) : (b))
+
+// Images [begin, end): kParts vectors of kWidth lanes hold the o channels (the
+// last one's spare lanes zero and never stored); kCols pooled columns per step
+// (2 * kCols columns of the convolution, on two of its rows). Inlined into each
+// instruction set's entry below, which compiles it for that set.
+template <int kWidth, int kParts, int kK, int kCols>
+inline __attribute__((always_inline)) void FirstBlockImages(
+    const float* x, const float* wt, const float* bias, float* out, const BlockShape& s,
+    int64_t begin, int64_t end) {
+  typedef float V __attribute__((vector_size(4 * kWidth)));
+  const int64_t o = s.o, hp = s.ho() / 2, wp = s.wo() / 2;
+  const int64_t rows = s.h + 2 * s.pad, cols = s.w + 2 * s.pad + 2 * kCols;  // overrun room
+  std::vector<float> padded(rows * cols, 0.f);
+  V weights[kK * kK][kParts] = {}, b[kParts] = {}, zero = {};
+  size_t lanes[kParts];  // the channels each vector holds
+  for (int u = 0; u < kParts; ++u) {
+    lanes[u] = std::min<int64_t>(kWidth, o - u * kWidth) * sizeof(float);
+    for (int t = 0; t < kK * kK; ++t) std::memcpy(&weights[t][u], wt + t * o + u * kWidth, lanes[u]);
+    std::memcpy(&b[u], bias + u * kWidth, lanes[u]);
+  }
+  for (int64_t i = begin; i < end; ++i) {
+    for (int64_t r = 0; r < s.h; ++r) {
+      std::memcpy(&padded[(r + s.pad) * cols + s.pad], x + (i * s.h + r) * s.w,
+                  s.w * sizeof(float));
+    }
+    float* image_out = out + i * hp * wp * o;
+    for (int64_t r = 0; r < hp; ++r) {
+      for (int64_t q = 0; q < wp; q += kCols) {
+        V acc[2][2 * kCols][kParts] = {};
+#pragma GCC unroll 8
+        for (int di = 0; di < kK; ++di) {
+#pragma GCC unroll 2
+          for (int a = 0; a < 2; ++a) {
+            const float* row = &padded[(2 * r + a + di) * cols + 2 * q];
+#pragma GCC unroll 8
+            for (int dj = 0; dj < kK; ++dj) {
+#pragma GCC unroll 4
+              for (int c = 0; c < 2 * kCols; ++c) {
+                const float v = row[c + dj];
+#pragma GCC unroll 8
+                for (int u = 0; u < kParts; ++u) acc[a][c][u] += v * weights[di * kK + dj][u];
+              }
+            }
+          }
+        }
+        for (int j = 0; j < kCols && q + j < wp; ++j) {
+          for (int u = 0; u < kParts; ++u) {
+            V m = JAXMNIST_VMAX(JAXMNIST_VMAX(acc[0][2 * j][u], acc[0][2 * j + 1][u]),
+                                JAXMNIST_VMAX(acc[1][2 * j][u], acc[1][2 * j + 1][u]));
+            m += b[u];
+            m = JAXMNIST_VMAX(m, zero);
+            std::memcpy(image_out + (r * wp + q + j) * o + u * kWidth, &m, lanes[u]);
+          }
+        }
+      }
+    }
+  }
+}
+
+using FirstBlockFn = void (*)(const float*, const float*, const float*, float*,
+                              const BlockShape&, int64_t, int64_t);
+
+// The accumulators of a step fill at most kRegisters / 2 vector registers.
+template <int kParts, int kRegisters>
+constexpr int kBlockCols = 8 * kParts <= kRegisters / 2 ? 2 : 1;
+
+#define JAXMNIST_FIRST_BLOCK_ENTRY(Name, target, kRegisters)                              \
+  template <int kWidth, int kParts, int kK>                                               \
+  target void Name(const float* x, const float* wt, const float* bias, float* out,        \
+                   const BlockShape& s, int64_t begin, int64_t end) {                     \
+    FirstBlockImages<kWidth, kParts, kK, kBlockCols<kParts, kRegisters>>(         \
+        x, wt, bias, out, s, begin, end);                                                 \
+  }
+JAXMNIST_FIRST_BLOCK_ENTRY(FirstBlockAvx512, __attribute__((target("arch=x86-64-v4"))), 32)
+JAXMNIST_FIRST_BLOCK_ENTRY(FirstBlockAvx2, __attribute__((target("arch=x86-64-v3"))), 16)
+JAXMNIST_FIRST_BLOCK_ENTRY(FirstBlockPlain, , 16)
+
+// The entry for o channels in vectors of kWidth lanes (as many as o needs).
+template <int kWidth, int kK>
+FirstBlockFn FirstBlockWidth(int64_t o, bool avx512) {
+  switch ((o + kWidth - 1) / kWidth) {
+    case 1: return avx512 ? FirstBlockAvx512<kWidth, 1, kK> : FirstBlockAvx2<kWidth, 1, kK>;
+    case 2: return avx512 ? FirstBlockAvx512<kWidth, 2, kK> : FirstBlockAvx2<kWidth, 2, kK>;
+    case 3: return avx512 ? FirstBlockAvx512<kWidth, 3, kK> : FirstBlockAvx2<kWidth, 3, kK>;
+    case 4: return avx512 ? FirstBlockAvx512<kWidth, 4, kK> : FirstBlockAvx2<kWidth, 4, kK>;
+    case 6: return avx512 ? nullptr : FirstBlockAvx2<kWidth, 6, kK>;
+    case 8: return avx512 ? nullptr : FirstBlockAvx2<kWidth, 8, kK>;
+    default: return nullptr;
+  }
+}
+
+template <int kK>
+FirstBlockFn FirstBlockPlainFor(int64_t o) {
+  switch (o / 4) {
+    case 2: return FirstBlockPlain<4, 2, kK>;
+    case 4: return FirstBlockPlain<4, 4, kK>;
+    case 6: return FirstBlockPlain<4, 6, kK>;
+    case 8: return FirstBlockPlain<4, 8, kK>;
+    case 12: return FirstBlockPlain<4, 12, kK>;
+    case 16: return FirstBlockPlain<4, 16, kK>;
+    default: return nullptr;
+  }
+}
+
+enum Isa { kPlain = 0, kAvx2 = 1, kAvx512 = 2 };
+
+// The widest set this CPU has, capped as oneDNN caps its own kernels: by
+// $ONEDNN_MAX_CPU_ISA (SSE41 or AVX: plain; AVX2...: AVX2), read once.
+Isa FirstBlockIsa() {
+  static const Isa isa = [] {
+    const char* env = std::getenv("ONEDNN_MAX_CPU_ISA");
+    std::string cap = env == nullptr ? "" : env;
+    std::transform(cap.begin(), cap.end(), cap.begin(), ::toupper);
+    Isa most = cap.rfind("SSE", 0) == 0 || cap == "AVX" ? kPlain
+               : cap.rfind("AVX2", 0) == 0            ? kAvx2
+                                                      : kAvx512;
+    if (most >= kAvx512 && __builtin_cpu_supports("avx512f") &&
+        __builtin_cpu_supports("avx512vl")) {
+      return kAvx512;
+    }
+    if (most >= kAvx2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+      return kAvx2;
+    }
+    return kPlain;
+  }();
+  return isa;
+}
+
+template <int kK>
+FirstBlockFn FirstBlockSet(int64_t o) {
+  Isa isa = FirstBlockIsa();
+  if (isa == kAvx512) return FirstBlockWidth<16, kK>(o, true);
+  if (isa == kAvx2) {
+    return FirstBlockWidth<8, kK>(o, false);
+  }
+  return FirstBlockPlainFor<kK>(o);
+}
+
+// The kernel for k x k weights and o channels on this CPU; null where there is none
+// (Python's `onednn.first_block_supported` asks for the same channels and sizes).
+FirstBlockFn FirstBlockKernelFor(int64_t k, int64_t o) {
+  if (o != 8 && o != 16 && o != 24 && o != 32 && o != 48 && o != 64) return nullptr;
+  if (k == 3) return FirstBlockSet<3>(o);
+  if (k == 5) return FirstBlockSet<5>(o);
+  return nullptr;
+}
+
+// x (n, h, w, 1), w (k, k, 1, o), b (o) -> (n, ho / 2, wo / 2, o), float32, zero
+// padding `pad`, vmap dimensions before them as everywhere here.
+ffi::Error FirstBlock(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer bias,
+                      ffi::Result<ffi::AnyBuffer> result, int64_t pad) {
+  ffi::AnyBuffer out = *result;
+  for (ffi::AnyBuffer buffer : {x, w, bias, out}) {
+    if (buffer.element_type() != ffi::DataType::F32) {
+      return ffi::Error::InvalidArgument("first block: float32 operands");
+    }
+  }
+  size_t rank = x.dimensions().size();
+  if (rank < 4 || w.dimensions().size() != rank || out.dimensions().size() != rank ||
+      bias.dimensions().size() != rank - 3) {
+    return ffi::Error::InvalidArgument("first block: maps of one rank >= 4, a bias per channel");
+  }
+  Split sx = SplitDims(x.dimensions()), sw = SplitDims(w.dimensions());
+  Split so = SplitDims(out.dimensions()), sb;
+  auto bias_dims = bias.dimensions();
+  sb.lead.assign(bias_dims.begin(), bias_dims.end() - 1);
+  sb.d[0] = sb.d[1] = sb.d[2] = 1;
+  sb.d[3] = bias_dims.back();
+  BlockShape s{sx.d[0], sx.d[1], sx.d[2], sw.d[0], sw.d[3], pad};
+  FirstBlockFn kernel = FirstBlockKernelFor(s.k, s.o);
+  if (sx.d[3] != 1 || sw.d[1] != s.k || sw.d[2] != 1 || sb.d[3] != s.o || pad < 0 ||
+      2 * pad > s.k - 1 || s.ho() < 2 || s.wo() < 2 || so.d[0] != s.n ||
+      so.d[1] != s.ho() / 2 || so.d[2] != s.wo() / 2 || so.d[3] != s.o) {
+    return ffi::Error::InvalidArgument("first block: operand shapes do not agree");
+  }
+  if (kernel == nullptr) {
+    return ffi::Error::InvalidArgument("first block: no kernel for these weights");
+  }
+  VmapLoop loop({&sx, &sw, &sb}, so);
+  if (!loop.ok) {
+    return ffi::Error::InvalidArgument("first block: vmap dimensions do not broadcast");
+  }
+  auto* px = static_cast<const float*>(x.untyped_data());
+  auto* pw = static_cast<const float*>(w.untyped_data());
+  auto* pb = static_cast<const float*>(bias.untyped_data());
+  auto* po = static_cast<float*>(out.untyped_data());
+  for (int64_t i = 0; i < loop.count && so.inner() > 0; ++i) {
+    const float *xi = px + loop.Slice(0, i) * sx.inner(), *wi = pw + loop.Slice(1, i) * sw.inner();
+    const float* bi = pb + loop.Slice(2, i) * s.o;
+    float* oi = po + i * so.inner();
+#pragma omp parallel
+    {
+      int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+      kernel(xi, wi, bi, oi, s, s.n * t / threads, s.n * (t + 1) / threads);
+    }
+  }
+  return ffi::Error::Success();
+}
+
 auto Binding() {
   return ffi::Ffi::Bind()
       .Arg<ffi::AnyBuffer>()
@@ -557,3 +778,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxmnistOnednnPoolBackward, PoolBackward,
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<int64_t>("size"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxmnistFirstBlock, FirstBlock,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("pad"));
