@@ -103,16 +103,29 @@ def test_hand_back_keeps_a_block_cut_from_a_freed_one_from_being_held_twice():
     assert _split_probe(hand_back=True) < 64  # the freed block's pages went back first
 
 
-def test_the_loop_hands_back_before_each_phase(tiny_dataset, monkeypatch):
-    """Every epoch's steps and every evaluation (test and validation, each with the
-    ensemble, and the training subset) start right after `hand_back`."""
+@pytest.mark.parametrize(
+    "working, handed_back",
+    [
+        ({"test": 100, "val": 100, "train": 50}, ["test"]),
+        ({"test": 100, "val": 200, "train": 100}, ["test", "val"]),
+        ({"test": 100, "val": 50, "train": 101}, ["test", "train"]),
+        ({"test": 100, "val": 50, "train": 80}, ["test"]),  # the test set's block still fits
+    ],
+)
+def test_the_loop_hands_back_before_each_phase(tiny_dataset, monkeypatch, working, handed_back):
+    """Every epoch's steps and its first evaluation (the test set, with the ensemble) start
+    right after `hand_back`; the validation split's and the training subset's that follow
+    it too, unless their program needs no more working memory than the test set's, whose
+    freed block they reuse."""
     calls: list[str] = []
     monkeypatch.setattr(hostmem, "hand_back", lambda: calls.append("hand_back"))
+    monkeypatch.setattr(loop, "eval_working_bytes", lambda pop: working)
     for name in ("plan_epoch", "evaluate"):
         original = getattr(population.Population, name)
 
         def record(self, *args, _name=name, _original=original, **kwargs):
-            calls.append(_name)
+            what = args[1] if _name == "evaluate" else _name  # evaluate(states, set name, ...)
+            calls.append(what)
             return _original(self, *args, **kwargs)
 
         monkeypatch.setattr(population.Population, name, record)
@@ -120,9 +133,10 @@ def test_the_loop_hands_back_before_each_phase(tiny_dataset, monkeypatch):
     loop.train_population(cfg, population.seed_members(cfg), tiny_dataset)
     phases = [i for i, c in enumerate(calls) if c != "hand_back"]
     # per epoch: its plan, then the test set, the validation split and the training subset
-    assert [calls[i] for i in phases[:4]] == ["plan_epoch", *["evaluate"] * 3]
+    assert [calls[i] for i in phases[:4]] == ["plan_epoch", "test", "val", "train"]
     assert len(phases) == 8
-    assert all(calls[i - 1] == "hand_back" for i in phases)
+    after = {calls[i] for i in phases if calls[i - 1] == "hand_back"}
+    assert after == {"plan_epoch", *handed_back}
 
 
 class _Heap:

@@ -11,6 +11,7 @@ import pytest
 from jaxmnist import config as config_lib
 from jaxmnist import optim
 from jaxmnist.errors import ConfigError
+from jaxmnist.models import onednn
 from jaxmnist.training import memory, parallel, population
 from jaxmnist.training.loop import train_population
 
@@ -191,6 +192,29 @@ def test_the_estimate_is_the_compilers(monkeypatch):
     _, bigger = memory.chunks_for(cfg, pop, steps, data)
     grown = bigger["memory_estimate_mb"] - about["memory_estimate_mb"]
     assert grown == pytest.approx(factor * 100, abs=1)
+
+
+def test_native_kernels_add_what_they_hold_outside_the_programs(monkeypatch):
+    """Programs that call jaxmnist's native kernels (oneDNN's) are estimated with what
+    those hold beside them, once per process; other programs are not."""
+    cfg, pop, steps = make_pop(tiny_cfg(), 640, seeds=2)
+    data = shapes_only(640, 150)
+    plain = memory.estimate_for(cfg, pop, steps, data, (2,))
+    assert not memory.calls_native_kernels(pop.programs[2])  # an MLP: XLA's own code
+    monkeypatch.setattr(memory, "calls_native_kernels", lambda programs: True)
+    native = memory.estimate_for(cfg, pop, steps, data, (2,))
+    assert native.total(2, 2) - plain.total(2, 2) == memory.NATIVE_KERNEL_BYTES
+    assert native.total(8, 1) - plain.total(8, 1) == memory.NATIVE_KERNEL_BYTES
+
+
+def test_a_call_to_a_native_kernel_is_seen_in_the_compiled_program():
+    if not onednn.available():
+        pytest.skip(onednn.unavailable_reason())
+    x, w = jax.numpy.ones((1, 4, 4, 1)), jax.numpy.ones((3, 3, 1, 2))
+    conv = jax.jit(onednn.conv_onednn).lower(x, w).compile()
+    xla = jax.jit(lambda x, w: x.sum() * w.sum()).lower(x, w).compile()
+    assert memory.calls_native_kernels({"steps": xla, "eval/test": conv})
+    assert not memory.calls_native_kernels({"steps": xla})
 
 
 def test_eight_batch_norm_speedrun_seeds_plan_as_one_chunk():

@@ -260,6 +260,8 @@ class _Loop:
         self.pacer = pacing.Pacer(every)
         self.estimated = False
         self.growth = hostmem.GrowthCheck(_working_bytes(run.population.steps_fns.values()))
+        self.eval_working = eval_working_bytes(run.population)
+        self.eval_block = 0  # the working memory of the evaluations since the last hand-back
 
     def run_steps(self, states, metrics, plans, done: int, num_steps: int, step: int):
         """One call, from step `done` of the epoch; returns (states, metrics, steps run,
@@ -352,11 +354,11 @@ class _Loop:
             test, together = self.evaluate(states, "test")
             val = together_val = None
             if "val" in run.eval_sets:  # the validation split (data.validation)
-                val, together_val = self.evaluate(states, "val")
+                val, together_val = self.evaluate(states, "val", follows=True)
             t1 = time.perf_counter()
             train_eval = None
             if cfg.train.eval_train:
-                train_eval, _ = self.evaluate(states, "train")
+                train_eval, _ = self.evaluate(states, "train", follows=True)
             t2 = time.perf_counter()
             eval_seconds += t2 - t0
             record = epoch_record(
@@ -397,12 +399,20 @@ class _Loop:
             together,
         )
 
-    def evaluate(self, states, name: str) -> tuple[Evaluation, evaluate_lib.EvalResult | None]:
+    def evaluate(
+        self, states, name: str, follows: bool = False
+    ) -> tuple[Evaluation, evaluate_lib.EvalResult | None]:
         """Every member on eval set `name`, and the ensemble of them where the population
         evaluates it (`Population.evaluate`). Each evaluation is a program of its own size:
         the heap's free pages go back first (`hostmem.hand_back`), so that a block the
-        last program freed, and a small request then cut, is not held twice."""
-        hostmem.hand_back()
+        last program freed, and a small request then cut, is not held twice; except when
+        it `follows` other evaluations whose programs needed at least its working memory
+        (the sets share a batch size): it reuses their block, which, handed back, would
+        only be faulted in again."""
+        need = self.eval_working.get(name, 0)
+        if not follows or need > self.eval_block:
+            hostmem.hand_back()
+            self.eval_block = need
         return self.setup.population.evaluate(states, name, self.setup.eval_sets[name])
 
     def check_finite(self, losses, epoch: int, first_step: int, diverged: list) -> None:
@@ -410,6 +420,13 @@ class _Loop:
         for i in _check_finite(losses, epoch, first_step, members, self.stop_on_nonfinite):
             if i not in diverged:
                 diverged.append(i)
+
+
+def eval_working_bytes(pop) -> dict[str, int]:
+    """Eval set name -> the largest working memory of its compiled evaluations (one per
+    chunk size) in population `pop`."""
+    programs = pop.eval_fns.items()
+    return {name: _working_bytes(f for (_, n), f in programs if n == name) for _, name in programs}
 
 
 def _working_bytes(programs) -> int:

@@ -62,6 +62,13 @@ DEVICE_FRACTION = 0.85  # of an accelerator's free memory
 # how much). An accelerator's allocator holds what XLA plans.
 CPU_RUNTIME_FACTOR = 1.15
 CPU_RUNTIME_BYTES = 10 * MB
+# A process whose programs call jaxmnist's native CPU kernels (oneDNN's, and its own first
+# block: `models.onednn`) also holds what those keep outside every program: oneDNN's
+# threads, the code it generates for each shape, each cached plan's scratchpad. A
+# constant, since they follow the shapes and not the number of models; measured by
+# benchmarks/memory_estimate.py (the README's Results have the figure).
+NATIVE_KERNEL_BYTES = 8 * MB
+NATIVE_CALL = re.compile(r'custom_call_target="jaxmnist_')
 # XLA:CPU hands some fusions to YNNPACK, which makes the arrays inside a fusion itself,
 # outside the buffer assignment `memory_analysis()` reports: batch norm's normalised
 # activations of a whole evaluation batch, for one. While such a program runs, the largest
@@ -296,7 +303,14 @@ def estimate_for(cfg, pop, steps_per_epoch: int, dataset, sizes: tuple[int, ...]
     # budget is read: only what the programs add counts there.
     shared = 0 if cpu else _placed_bytes((train, evals))
     factor, runtime = (CPU_RUNTIME_FACTOR, CPU_RUNTIME_BYTES) if cpu else (1.0, 0)
+    if cpu and any(calls_native_kernels(programs) for programs in compiled):
+        runtime += NATIVE_KERNEL_BYTES
     return estimate_memory(shared, *measured, factor=factor, runtime_bytes=runtime)
+
+
+def calls_native_kernels(programs: dict) -> bool:
+    """Whether any of these compiled programs calls one of jaxmnist's native kernels."""
+    return any(NATIVE_CALL.search(p.as_text()) for p in programs.values())
 
 
 def chunks_for(cfg, pop, steps_per_epoch: int, dataset) -> tuple[tuple[int, ...], dict]:
