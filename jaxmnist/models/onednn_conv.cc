@@ -611,12 +611,27 @@ constexpr int kBlockCols = 8 * kParts <= kRegisters / 2 ? 2 : 1;
   template <int kWidth, int kParts, int kK>                                               \
   target void Name(const float* x, const float* wt, const float* bias, float* out,        \
                    const BlockShape& s, int64_t begin, int64_t end) {                     \
-    FirstBlockImages<kWidth, kParts, kK, kBlockCols<kParts, kRegisters>>(         \
+    FirstBlockImages<kWidth, kParts, kK, kBlockCols<kParts, kRegisters>>(                 \
         x, wt, bias, out, s, begin, end);                                                 \
   }
+JAXMNIST_FIRST_BLOCK_ENTRY(FirstBlockPlain, , 16)
+
+template <int kK>
+FirstBlockFn FirstBlockPlainFor(int64_t o) {
+  switch (o / 4) {
+    case 2: return FirstBlockPlain<4, 2, kK>;
+    case 4: return FirstBlockPlain<4, 4, kK>;
+    case 6: return FirstBlockPlain<4, 6, kK>;
+    case 8: return FirstBlockPlain<4, 8, kK>;
+    case 12: return FirstBlockPlain<4, 12, kK>;
+    case 16: return FirstBlockPlain<4, 16, kK>;
+    default: return nullptr;
+  }
+}
+
+#if defined(__x86_64__)  // elsewhere the plain entry alone, for the compiler's own target
 JAXMNIST_FIRST_BLOCK_ENTRY(FirstBlockAvx512, __attribute__((target("arch=x86-64-v4"))), 32)
 JAXMNIST_FIRST_BLOCK_ENTRY(FirstBlockAvx2, __attribute__((target("arch=x86-64-v3"))), 16)
-JAXMNIST_FIRST_BLOCK_ENTRY(FirstBlockPlain, , 16)
 
 // The entry for o channels in vectors of kWidth lanes (as many as o needs).
 template <int kWidth, int kK>
@@ -628,19 +643,6 @@ FirstBlockFn FirstBlockWidth(int64_t o, bool avx512) {
     case 4: return avx512 ? FirstBlockAvx512<kWidth, 4, kK> : FirstBlockAvx2<kWidth, 4, kK>;
     case 6: return avx512 ? nullptr : FirstBlockAvx2<kWidth, 6, kK>;
     case 8: return avx512 ? nullptr : FirstBlockAvx2<kWidth, 8, kK>;
-    default: return nullptr;
-  }
-}
-
-template <int kK>
-FirstBlockFn FirstBlockPlainFor(int64_t o) {
-  switch (o / 4) {
-    case 2: return FirstBlockPlain<4, 2, kK>;
-    case 4: return FirstBlockPlain<4, 4, kK>;
-    case 6: return FirstBlockPlain<4, 6, kK>;
-    case 8: return FirstBlockPlain<4, 8, kK>;
-    case 12: return FirstBlockPlain<4, 12, kK>;
-    case 16: return FirstBlockPlain<4, 16, kK>;
     default: return nullptr;
   }
 }
@@ -668,14 +670,15 @@ Isa FirstBlockIsa() {
   }();
   return isa;
 }
+#endif  // __x86_64__
 
 template <int kK>
 FirstBlockFn FirstBlockSet(int64_t o) {
+#if defined(__x86_64__)
   Isa isa = FirstBlockIsa();
   if (isa == kAvx512) return FirstBlockWidth<16, kK>(o, true);
-  if (isa == kAvx2) {
-    return FirstBlockWidth<8, kK>(o, false);
-  }
+  if (isa == kAvx2) return FirstBlockWidth<8, kK>(o, false);
+#endif
   return FirstBlockPlainFor<kK>(o);
 }
 

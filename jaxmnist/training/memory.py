@@ -17,6 +17,8 @@ device:
                 array a YNNPACK fusion makes inside itself; the largest over the chunk's
                 programs (the chunks run one after another; on CPU the run loop
                 keeps the calls of one program to one block, `hostmem.GrowthCheck`)
+    native      on CPU, where a program calls jaxmnist's native kernels (oneDNN's), what
+                those hold outside every program, once per process
 
 The whole population is compiled first: when it fits, that is the plan, and its programs
 are the run's (nothing compiles twice). When it does not, one model per device is
