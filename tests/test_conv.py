@@ -159,6 +159,24 @@ def test_onednn_builds_once_per_cache_and_reuses_the_library(tmp_path, monkeypat
     assert [p.name for p in first.parent.iterdir() if p.suffix == ".tmp"] == []
 
 
+def test_a_compiler_without_openmp_still_builds_the_library(tmp_path, monkeypatch):
+    """OpenMP only spreads the first block over threads: a compiler that lacks it (clang
+    without libomp) builds the library without it, the first block then serial."""
+    log = tmp_path / "compiles"
+    cxx = tmp_path / "cxx"
+    cxx.write_text(
+        f'#!/bin/sh\necho "$*" >> {log}\n'
+        'case "$*" in *-fopenmp*) echo "error: unsupported option -fopenmp" >&2; exit 1;; esac\n'
+        'exec c++ "$@"\n'
+    )
+    cxx.chmod(0o755)
+    monkeypatch.setenv("CXX", str(cxx))
+    library = onednn.build(onednn.find_onednn(), tmp_path / "cache")
+    assert library.is_file()
+    tries = log.read_text().splitlines()
+    assert len(tries) == 2 and "-fopenmp" in tries[0] and "-fopenmp" not in tries[1]
+
+
 def test_without_onednn_its_explicit_choice_is_a_one_line_config_error(monkeypatch):
     monkeypatch.setattr(onednn, "unavailable_reason", lambda: "no oneDNN 3 here")
     cfg = config.get_preset("cnn").model

@@ -141,12 +141,18 @@ def build(root: Path, cache: Path | None = None) -> Path:
         os.close(fd)
         lib_dir = root / "lib"
         command = [
-            cxx, "-O2", "-std=c++17", "-fopenmp", "-shared", "-fPIC", str(SOURCE), "-o", tmp,
+            cxx, "-O2", "-std=c++17", "-shared", "-fPIC", str(SOURCE), "-o", tmp,
             "-isystem", jax.ffi.include_dir(), "-isystem", str(root / "include"),
             f"-L{lib_dir}", "-ldnnl", f"-Wl,-rpath,{lib_dir}",
         ]  # fmt: skip
         try:
-            done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=300)
+            # With OpenMP (the first block's threads) where the compiler has it, else without.
+            for flags in (["-fopenmp"], []):
+                done = subprocess.run(
+                    [*command, *flags], check=False, capture_output=True, text=True, timeout=300
+                )
+                if done.returncode == 0:
+                    break
             if done.returncode != 0:
                 lines = done.stderr.splitlines() or [f"{cxx} exited {done.returncode}"]
                 first = next((ln for ln in lines if "error" in ln), lines[0])

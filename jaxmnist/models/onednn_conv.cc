@@ -36,7 +36,9 @@
 #include <utility>
 #include <vector>
 
+#ifdef _OPENMP  // built without OpenMP (a compiler lacking it), the first block runs serially
 #include <omp.h>
+#endif
 
 #include "oneapi/dnnl/dnnl.hpp"
 #include "xla/ffi/api/ffi.h"
@@ -734,11 +736,15 @@ ffi::Error FirstBlock(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer bias,
     const float *xi = px + loop.Slice(0, i) * sx.inner(), *wi = pw + loop.Slice(1, i) * sw.inner();
     const float* bi = pb + loop.Slice(2, i) * s.o;
     float* oi = po + i * so.inner();
+#ifdef _OPENMP
 #pragma omp parallel
     {
       int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
       kernel(xi, wi, bi, oi, s, s.n * t / threads, s.n * (t + 1) / threads);
     }
+#else
+    kernel(xi, wi, bi, oi, s, 0, s.n);
+#endif
   }
   return ffi::Error::Success();
 }
