@@ -211,6 +211,15 @@ Split SplitDims(ffi::Span<const int64_t> dims) {
   return s;
 }
 
+// A bias (c) as a (1, 1, 1, c) map under the same vmap dimensions as the maps.
+Split BiasDims(ffi::Span<const int64_t> dims) {
+  Split s;
+  s.lead.assign(dims.begin(), dims.end() - 1);
+  s.d[0] = s.d[1] = s.d[2] = 1;
+  s.d[3] = dims.back();
+  return s;
+}
+
 // Where each operand's slice lies at each vmap position of a result: row-major
 // strides over the result's vmap dimensions, 0 where an operand broadcasts
 // (its size there is 1). `ok` is false where an operand's do not broadcast.
@@ -390,12 +399,9 @@ ffi::Error HandlePoolForward(ffi::AnyBuffer y, ffi::AnyBuffer* bias, ffi::AnyBuf
     return ffi::Error::InvalidArgument("onednn pool: maps of one rank >= 4, a bias per channel");
   }
   Split sy = SplitDims(y.dimensions()), so = SplitDims(out.dimensions());
-  Split sb;  // the bias as a (1, 1, 1, c) map under the same vmap dimensions
+  Split sb;
   if (bias != nullptr) {
-    auto dims = bias->dimensions();
-    sb.lead.assign(dims.begin(), dims.end() - 1);
-    sb.d[0] = sb.d[1] = sb.d[2] = 1;
-    sb.d[3] = dims.back();
+    sb = BiasDims(bias->dimensions());
   } else {
     sb.lead.assign(so.lead.size(), 1);  // none: broadcast everywhere, never read
   }
@@ -709,11 +715,7 @@ ffi::Error FirstBlock(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer bias,
     return ffi::Error::InvalidArgument("first block: maps of one rank >= 4, a bias per channel");
   }
   Split sx = SplitDims(x.dimensions()), sw = SplitDims(w.dimensions());
-  Split so = SplitDims(out.dimensions()), sb;
-  auto bias_dims = bias.dimensions();
-  sb.lead.assign(bias_dims.begin(), bias_dims.end() - 1);
-  sb.d[0] = sb.d[1] = sb.d[2] = 1;
-  sb.d[3] = bias_dims.back();
+  Split so = SplitDims(out.dimensions()), sb = BiasDims(bias.dimensions());
   BlockShape s{sx.d[0], sx.d[1], sx.d[2], sw.d[0], sw.d[3], pad};
   FirstBlockFn kernel = FirstBlockKernelFor(s.k, s.o);
   if (sx.d[3] != 1 || sw.d[1] != s.k || sw.d[2] != 1 || sb.d[3] != s.o || pad < 0 ||

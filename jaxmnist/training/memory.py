@@ -110,6 +110,7 @@ class ChunkMemory(NamedTuple):
     resident: int  # their states, plans, accumulators and keys
     transient: int  # the largest program's working memory
     code: int  # the generated code of all the chunk's programs
+    native: bool = False  # whether any of them calls a native kernel (`calls_native_kernels`)
 
 
 def ynn_fusion_bytes(hlo: str) -> int:
@@ -136,7 +137,8 @@ def chunk_memory(programs: dict, models: int, num_epochs: int = 1) -> ChunkMemor
     chunk's compiled programs (`Population.chunk_programs`: name -> `jax.stages.Compiled`)
     for `models` models per device."""
     stats = {name: p.memory_analysis() for name, p in programs.items()}
-    fusions = {name: ynn_fusion_bytes(p.as_text()) for name, p in programs.items()}
+    texts = {name: p.as_text() for name, p in programs.items()}
+    fusions = {name: ynn_fusion_bytes(text) for name, text in texts.items()}
 
     def working(name, s) -> int:
         new_outputs = s.output_size_in_bytes - s.alias_size_in_bytes  # donated ones reused
@@ -156,6 +158,7 @@ def chunk_memory(programs: dict, models: int, num_epochs: int = 1) -> ChunkMemor
         resident,
         max(working(n, s) for n, s in stats.items()),
         sum(s.generated_code_size_in_bytes for s in stats.values()),
+        any(calls_native_kernels(text) for text in texts.values()),
     )
 
 
@@ -305,14 +308,15 @@ def estimate_for(cfg, pop, steps_per_epoch: int, dataset, sizes: tuple[int, ...]
     # budget is read: only what the programs add counts there.
     shared = 0 if cpu else _placed_bytes((train, evals))
     factor, runtime = (CPU_RUNTIME_FACTOR, CPU_RUNTIME_BYTES) if cpu else (1.0, 0)
-    if cpu and any(calls_native_kernels(programs) for programs in compiled):
+    if cpu and any(m.native for m in measured):
         runtime += NATIVE_KERNEL_BYTES
     return estimate_memory(shared, *measured, factor=factor, runtime_bytes=runtime)
 
 
-def calls_native_kernels(programs: dict) -> bool:
-    """Whether any of these compiled programs calls one of jaxmnist's native kernels."""
-    return any(NATIVE_CALL.search(p.as_text()) for p in programs.values())
+def calls_native_kernels(hlo_text: str) -> bool:
+    """Whether a compiled program (its optimised HLO's text) calls one of jaxmnist's
+    native kernels."""
+    return NATIVE_CALL.search(hlo_text) is not None
 
 
 def chunks_for(cfg, pop, steps_per_epoch: int, dataset) -> tuple[tuple[int, ...], dict]:
