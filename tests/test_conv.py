@@ -2,6 +2,7 @@
 
 import dataclasses
 import logging
+from functools import partial
 from importlib import metadata
 
 import jax
@@ -9,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
+from jax.custom_derivatives import SymbolicZero
 
 from jaxmnist import config
 from jaxmnist.errors import ConfigError
@@ -332,6 +334,67 @@ def test_first_block_is_its_parts_under_vmap_and_differentiated(shape):
         assert 0 < int((got == 0).sum()) < got.size
         for g, expected in zip(grads(block, axes)(*args), grads(unfused, axes)(*args), strict=True):
             np.testing.assert_array_equal(g, expected)
+
+
+@pytest.mark.parametrize("shape", FIRST_BLOCKS, ids=str)
+def test_first_block_in_training_is_two_calls_with_the_parts_gradients(shape):
+    """Differentiated for its weights and bias only (the input is the data), the block is
+    its kernel's training forward pass and gradient, no oneDNN convolution: the parts'
+    values and, summed in another order, their gradients, for a population's members."""
+    if not onednn.available():
+        pytest.skip(onednn.unavailable_reason())
+    h, wd, k, o, padding = shape
+    rng = np.random.default_rng(h + o)
+    x = jnp.asarray(rng.uniform(size=(6, h, wd, 1)) * (rng.uniform(size=(6, h, wd, 1)) > 0.3))
+    w = jnp.asarray(rng.normal(size=(3, k, k, 1, o)), jnp.float32)  # 3 members
+    b = jnp.asarray(rng.normal(size=(3, o)), jnp.float32)
+
+    def step(block):
+        def loss(w, b):
+            return jnp.tanh(block(x.astype(jnp.float32), w, b, "onednn", padding)).sum()
+
+        return jax.jit(jax.vmap(jax.value_and_grad(loss, (0, 1))))
+
+    fused, parts = step(conv.conv_pool_bias_relu), step(conv._block_parts)
+    text = fused.lower(w, b).as_text()
+    assert "jaxmnist_first_block_forward" in text and "jaxmnist_first_block_backward" in text
+    assert "jaxmnist_onednn" not in text
+    (value, grads), (want_value, want_grads) = fused(w, b), parts(w, b)
+    _close(value, want_value, "float32")
+    for g, want in zip(grads, want_grads, strict=True):
+        _close(g, want, "float32")
+        assert float(jnp.abs(want).max()) > 0
+
+
+def test_first_block_differentiated_for_its_input_uses_the_parts():
+    """An input that is differentiated (an image asked for its gradient) gets the parts'
+    gradient, which the kernel's pass does not compute."""
+    if not onednn.available():
+        pytest.skip(onednn.unavailable_reason())
+    rng = np.random.default_rng(1)
+    x = jnp.asarray(rng.uniform(size=(4, 28, 28, 1)), jnp.float32)
+    w = jnp.asarray(rng.normal(size=(3, 3, 1, 16)), jnp.float32)
+    b = jnp.asarray(rng.normal(size=(16,)), jnp.float32)
+
+    def loss(block):
+        return lambda x, w, b: jnp.tanh(block(x, w, b, "onednn", "same")).sum()
+
+    fused = jax.jit(jax.grad(loss(conv.conv_pool_bias_relu), (0, 1, 2)))
+    assert "jaxmnist_first_block_backward" not in fused.lower(x, w, b).as_text()
+    want = jax.jit(jax.grad(loss(conv._block_parts), (0, 1, 2)))(x, w, b)
+    for g, expected in zip(fused(x, w, b), want, strict=True):
+        np.testing.assert_array_equal(g, expected)
+        assert float(jnp.abs(expected).max()) > 0
+
+    # A cotangent JAX knows to be zero (with symbolic zeros, the VJP may be handed one):
+    # zero gradients from either pass.
+    y, first = onednn.first_block_forward(x, w, b)
+    zero = SymbolicZero(jax.typeof(y))
+    kernel = conv._first_block_bwd("same", (None, (x, y, first, w)), zero)
+    _, vjp = jax.vjp(partial(conv._block_parts, impl="onednn", padding="same"), x, w, b)
+    for grads in (kernel[1:], conv._first_block_bwd("same", (vjp, None), zero)):
+        for g in grads:
+            np.testing.assert_array_equal(g, 0.0)
 
 
 @pytest.mark.parametrize(

@@ -241,6 +241,12 @@ def test_cnn_equals_the_textbook_order_of_its_operations(cfg, activation, impl):
     assert text.count("jaxmnist_first_block") == fused
     assert text.count("jaxmnist_onednn_pool_bias_relu") == fused  # the second block's
     assert text.count("jaxmnist_onednn_conv_forward") == (impl == "onednn") * (2 - fused)
+    # Training: the first block's kernel forward and its gradient, one call each.
+    step = jax.jit(jax.grad(lambda p: cnn.apply(p, images, cfg, train=True)[0].sum()))
+    text = step.lower(params).as_text()
+    assert text.count("jaxmnist_first_block_forward") == fused
+    assert text.count("jaxmnist_first_block_backward") == fused
+    assert text.count("jaxmnist_onednn_conv_forward") == (impl == "onednn") * (2 - fused)
     if impl == "onednn":
         # Its forward pass rounds differently: a near-tie in a pooling window can go the
         # other way and send a gradient elsewhere (test_conv checks its gradients).

@@ -20,13 +20,16 @@ With ReLU a block's pooling, bias and activation are one call (`max_pool_bias_re
 bias and ReLU applied as the kernel writes each output (oneDNN's post-ops), in training
 with the workspace (`max_pool_bias_relu_forward`), in inference without.
 
-One handler in the same library is not oneDNN's: a first block in inference (one input
-channel, float32) convolves, pools, adds the bias and rectifies in one pass of jaxmnist's
-own kernel (`first_block`), which never writes the convolution's full-size map. oneDNN
-has no convolution fused with pooling, and its one-channel convolution and the pooling of
-that map take several times as long (`benchmarks/first_block.py`). The kernel is compiled
-for AVX-512, AVX2 and plain x86-64 and picks one by the CPU, capped as oneDNN's kernels
-are by `$ONEDNN_MAX_CPU_ISA`; it runs on OpenMP's threads, as oneDNN's build does.
+Three handlers in the same library are not oneDNN's: a first block (one input channel,
+float32) convolves, pools, adds the bias and rectifies in one pass of jaxmnist's own
+kernel, which never writes the convolution's full-size map: `first_block` in inference,
+`first_block_forward` in training (which also writes each window's maximum), and
+`first_block_backward`, the weights' and bias's gradient from those maxima. oneDNN has no
+convolution fused with pooling, and its one-channel convolution, the pooling of that map
+and their gradients take several times as long (`benchmarks/first_block.py`). The kernels
+are compiled for AVX-512, AVX2 and plain x86-64 and one is picked by the CPU, capped as
+oneDNN's kernels are by `$ONEDNN_MAX_CPU_ISA`; they run on OpenMP's threads, as oneDNN's
+build does.
 
 The library is not a runtime dependency: the `onednn` extra installs Intel's oneDNN
 wheels (the OpenMP CPU build, headers included) into the environment, and the first use
@@ -75,6 +78,8 @@ TARGETS = {
     "jaxmnist_onednn_pool_bias_relu": "JaxmnistOnednnPoolBiasRelu",
     "jaxmnist_onednn_pool_bias_relu_forward": "JaxmnistOnednnPoolBiasReluForward",
     "jaxmnist_first_block": "JaxmnistFirstBlock",
+    "jaxmnist_first_block_forward": "JaxmnistFirstBlockForward",
+    "jaxmnist_first_block_backward": "JaxmnistFirstBlockBackward",
 }
 DTYPES = (jnp.float32, jnp.bfloat16)
 VERSION_PARTS = ("MAJOR", "MINOR", "PATCH")
@@ -400,12 +405,7 @@ def first_block_supported(x_shape, w_shape, dtype, padding: str) -> bool:
     )
 
 
-def first_block(x: jax.Array, w: jax.Array, b: jax.Array, padding: str = "same") -> jax.Array:
-    """relu(max-pool 2x2(conv(x, w)) + b), the pooling's odd edges dropped, in one call of
-    jaxmnist's own kernel (onednn_conv.cc: oneDNN fuses no pooling into a convolution):
-    x (B, H, W, 1), w (k, k, 1, O), b (O,), float32 -> (B, H' // 2, W' // 2, O). For
-    inference: not differentiable (`conv.conv_pool_bias_relu` gives it a gradient).
-    `first_block_supported` says which shapes it takes."""
+def _first_block_out(x, w, b, padding: str) -> jax.ShapeDtypeStruct:
     ok = first_block_supported(x.shape, w.shape, x.dtype, padding)
     if not ok or w.dtype != x.dtype or b.dtype != x.dtype or b.shape != w.shape[3:]:
         raise ValueError(
@@ -415,4 +415,39 @@ def first_block(x: jax.Array, w: jax.Array, b: jax.Array, padding: str = "same")
     k, p = w.shape[0], _pad(w, padding)
     n, h, wd, _ = x.shape
     out = (n, (h + 2 * p - k + 1) // 2, (wd + 2 * p - k + 1) // 2, w.shape[3])
-    return _call("jaxmnist_first_block", jax.ShapeDtypeStruct(out, x.dtype), x, w, b, pad=p)
+    return jax.ShapeDtypeStruct(out, x.dtype)
+
+
+def first_block(x: jax.Array, w: jax.Array, b: jax.Array, padding: str = "same") -> jax.Array:
+    """relu(max-pool 2x2(conv(x, w)) + b), the pooling's odd edges dropped, in one call of
+    jaxmnist's own kernel (onednn_conv.cc: oneDNN fuses no pooling into a convolution):
+    x (B, H, W, 1), w (k, k, 1, O), b (O,), float32 -> (B, H' // 2, W' // 2, O). Not
+    differentiable (`conv.conv_pool_bias_relu` gives it a gradient).
+    `first_block_supported` says which shapes it takes."""
+    out = _first_block_out(x, w, b, padding)
+    return _call("jaxmnist_first_block", out, x, w, b, pad=_pad(w, padding))
+
+
+def first_block_forward(
+    x: jax.Array, w: jax.Array, b: jax.Array, padding: str = "same"
+) -> tuple[jax.Array, jax.Array]:
+    """`first_block` and, for `first_block_backward`, a byte per output naming its window's
+    first maximum in row-major order (0 to 3), as the pooling's workspace does: the
+    forward pass of training."""
+    out = _first_block_out(x, w, b, padding)
+    first = jax.ShapeDtypeStruct(out.shape, jnp.uint8)
+    return _call("jaxmnist_first_block_forward", (out, first), x, w, b, pad=_pad(w, padding))
+
+
+def first_block_backward(
+    x: jax.Array, y: jax.Array, first: jax.Array, g: jax.Array, w_shape, padding: str = "same"
+) -> tuple[jax.Array, jax.Array]:
+    """The gradient of `first_block_forward`'s output `y` (maxima `first`) for its weights
+    (shape `w_shape`) and bias, given the output's cotangent `g`: each output's cotangent,
+    where the ReLU passed it, times the input patch under its window's maximum, summed
+    over the images in order (the same sums on any number of threads)."""
+    k, o = w_shape[0], w_shape[3]
+    dw = jax.ShapeDtypeStruct(tuple(w_shape), g.dtype)
+    db = jax.ShapeDtypeStruct((o,), g.dtype)
+    pad = k // 2 if padding == "same" else 0
+    return _call("jaxmnist_first_block_backward", (dw, db), x, y, first, g, pad=pad)

@@ -1,8 +1,9 @@
 // Stride-1 2-D convolution and the max-pooling after it through oneDNN, as XLA
 // FFI handlers for the CPU (jaxmnist/models/onednn.py builds, loads and calls
 // this file); the pooling also with a block's bias and ReLU applied as it writes
-// (post-ops), in training and in inference. Last, one handler of jaxmnist's own,
-// without oneDNN: a one-channel first block, convolution to ReLU, in inference.
+// (post-ops), in training and in inference. Last, handlers of jaxmnist's own,
+// without oneDNN: a one-channel first block, convolution to ReLU, in inference and
+// in training, and its gradient.
 //
 // Activations are NHWC and weights HWIO, as everywhere in jaxmnist.models.conv.
 // oneDNN reads and writes the activations in place; the weights go into the
@@ -532,16 +533,22 @@ ffi::Error BackwardWeights(ffi::AnyBuffer x, ffi::AnyBuffer g, ffi::Result<ffi::
   return Handle(kBackwardWeights, x, g, *dw, pad);
 }
 
-// A whole first block in inference without oneDNN: relu(max-pool 2x2(conv(x, w))
-// + b) for a one-channel image, float32, in one pass that writes only the pooled
-// map. oneDNN has no convolution fused with pooling, and for one input channel its
-// convolution and pooling take several times what this does, writing and reading
-// the full-size map in between (benchmarks/first_block.py measures both). Each
-// step computes a 2 x 4 (or 2 x 2) patch of the convolution's outputs with every
-// channel in vector registers (GCC's vector extension), pools it, adds the bias
-// and rectifies. It is compiled three times, for AVX-512, AVX2 and plain x86-64,
-// each with vectors of its own width, and the CPU picks one when the block runs.
-// Images are split over OpenMP's threads, the runtime oneDNN's own calls use.
+// A whole first block without oneDNN: relu(max-pool 2x2(conv(x, w)) + b) for a
+// one-channel image, float32, in one pass that writes only the pooled map (and, in
+// training, a byte per output naming its window's maximum). oneDNN has no
+// convolution fused with pooling, and for one input channel its convolution and
+// pooling take several times what this does, writing and reading the full-size
+// map in between (benchmarks/first_block.py measures both). Each step computes a
+// 2 x 4 (or 2 x 2) patch of the convolution's outputs with every channel in
+// vector registers (GCC's vector extension), pools it, adds the bias and
+// rectifies. Its gradient, the weights' and the bias's (a first block's input is
+// the data, never differentiated here), is a second pass over the pooled map:
+// each output's cotangent, where the ReLU let it through, times the input patch
+// under its window's maximum, summed per image and then over the images in order
+// (the same sums whatever the threads). Both are compiled three times, for
+// AVX-512, AVX2 and plain x86-64, each with vectors of its own width, and the CPU
+// picks one when the block runs. Images are split over OpenMP's threads, the
+// runtime oneDNN's own calls use.
 struct BlockShape {
   int64_t n, h, w, k, o, pad;
   int64_t ho() const { return h + 2 * pad - k + 1; }
@@ -554,11 +561,61 @@ struct BlockShape {
 // last one's spare lanes zero and never stored); kCols pooled columns per step
 // (2 * kCols columns of the convolution, on two of its rows). Inlined into each
 // instruction set's entry below, which compiles it for that set.
+// Vectors of kWidth floats, 32-bit integers and bytes, one specialisation per width (a
+// vector type whose size depends on a template argument is not one GCC's
+// __builtin_convertvector, or a subscript, accepts).
+template <int kWidth>
+struct Lanes;
+template <>
+struct Lanes<4> {
+  typedef float F __attribute__((vector_size(16)));
+  typedef int32_t I __attribute__((vector_size(16)));
+  typedef uint8_t B __attribute__((vector_size(4)));
+};
+template <>
+struct Lanes<8> {
+  typedef float F __attribute__((vector_size(32)));
+  typedef int32_t I __attribute__((vector_size(32)));
+  typedef uint8_t B __attribute__((vector_size(8)));
+};
+template <>
+struct Lanes<16> {
+  typedef float F __attribute__((vector_size(64)));
+  typedef int32_t I __attribute__((vector_size(64)));
+  typedef uint8_t B __attribute__((vector_size(16)));
+};
+
+// Moves `count` floats (at most a vector's lanes) between memory and a vector: a
+// whole vector's move where count fills it (the compiler's own load or store, not a
+// call), the rest of the vector zero on a load.
+template <int kWidth, typename V>
+inline __attribute__((always_inline)) V LoadLanes(const float* p, size_t count) {
+  V v = {};
+  if (count == kWidth) {
+    std::memcpy(&v, p, sizeof(V));
+  } else {
+    std::memcpy(&v, p, count * sizeof(float));
+  }
+  return v;
+}
+
+template <int kWidth, typename V>
+inline __attribute__((always_inline)) void StoreLanes(float* p, const V& v, size_t count) {
+  if (count == kWidth) {
+    std::memcpy(p, &v, sizeof(V));
+  } else {
+    std::memcpy(p, &v, count * sizeof(float));
+  }
+}
+
+// Where `first` is not null, each output's byte there names its window's first
+// maximum in row-major order (0 to 3), as the pooling's workspace does.
 template <int kWidth, int kParts, int kK, int kCols>
 inline __attribute__((always_inline)) void FirstBlockImages(
-    const float* x, const float* wt, const float* bias, float* out, const BlockShape& s,
-    int64_t begin, int64_t end) {
-  typedef float V __attribute__((vector_size(4 * kWidth)));
+    const float* x, const float* wt, const float* bias, float* out, uint8_t* first,
+    const BlockShape& s, int64_t begin, int64_t end) {
+  typedef typename Lanes<kWidth>::F V;
+  typedef typename Lanes<kWidth>::B Bytes;
   const int64_t o = s.o, hp = s.ho() / 2, wp = s.wo() / 2;
   const int64_t rows = s.h + 2 * s.pad, cols = s.w + 2 * s.pad + 2 * kCols;  // overrun room
   std::vector<float> padded(rows * cols, 0.f);
@@ -575,6 +632,7 @@ inline __attribute__((always_inline)) void FirstBlockImages(
                   s.w * sizeof(float));
     }
     float* image_out = out + i * hp * wp * o;
+    uint8_t* image_first = first == nullptr ? nullptr : first + i * hp * wp * o;
     for (int64_t r = 0; r < hp; ++r) {
       for (int64_t q = 0; q < wp; q += kCols) {
         V acc[2][2 * kCols][kParts] = {};
@@ -596,11 +654,21 @@ inline __attribute__((always_inline)) void FirstBlockImages(
         }
         for (int j = 0; j < kCols && q + j < wp; ++j) {
           for (int u = 0; u < kParts; ++u) {
-            V m = JAXMNIST_VMAX(JAXMNIST_VMAX(acc[0][2 * j][u], acc[0][2 * j + 1][u]),
-                                JAXMNIST_VMAX(acc[1][2 * j][u], acc[1][2 * j + 1][u]));
+            const V& a00 = acc[0][2 * j][u], &a01 = acc[0][2 * j + 1][u];
+            const V& a10 = acc[1][2 * j][u], &a11 = acc[1][2 * j + 1][u];
+            V m = JAXMNIST_VMAX(JAXMNIST_VMAX(a00, a01), JAXMNIST_VMAX(a10, a11));
+            const int64_t at = (r * wp + q + j) * o + u * kWidth;
+            if (image_first != nullptr) {
+              typedef typename Lanes<kWidth>::I I;
+              I where = a10 == m ? I{} + 2 : I{} + 3;
+              where = a01 == m ? I{} + 1 : where;
+              where = a00 == m ? I{} : where;
+              const Bytes bytes = __builtin_convertvector(where, Bytes);
+              std::memcpy(image_first + at, &bytes, lanes[u] / sizeof(float));
+            }
             m += b[u];
             m = JAXMNIST_VMAX(m, zero);
-            std::memcpy(image_out + (r * wp + q + j) * o + u * kWidth, &m, lanes[u]);
+            StoreLanes<kWidth>(image_out + at, m, lanes[u] / sizeof(float));
           }
         }
       }
@@ -608,8 +676,69 @@ inline __attribute__((always_inline)) void FirstBlockImages(
   }
 }
 
-using FirstBlockFn = void (*)(const float*, const float*, const float*, float*,
+
+// The block's gradient for images [begin, end): each image's weight gradient
+// (k * k * o, HWIO) into dw + i * k * k * o and its bias gradient into db + i * o,
+// from the forward pass's output y and maxima `first` and the output's cotangent
+// g. One vector part of the channels at a time, so that its k * k accumulators
+// stay in registers while the image (in L1) is read again for the next.
+template <int kWidth, int kParts, int kK>
+inline __attribute__((always_inline)) void FirstBlockGradImages(
+    const float* x, const float* y, const uint8_t* first, const float* g, float* dw,
+    float* db, const BlockShape& s, int64_t begin, int64_t end) {
+  typedef typename Lanes<kWidth>::F V;
+  typedef typename Lanes<kWidth>::I I;
+  typedef typename Lanes<kWidth>::B Bytes;
+  const int64_t o = s.o, hp = s.ho() / 2, wp = s.wo() / 2;
+  const int64_t rows = s.h + 2 * s.pad, cols = s.w + 2 * s.pad;
+  std::vector<float> padded(rows * cols, 0.f);
+  const V zero = {};
+  for (int64_t i = begin; i < end; ++i) {
+    for (int64_t r = 0; r < s.h; ++r) {
+      std::memcpy(&padded[(r + s.pad) * cols + s.pad], x + (i * s.h + r) * s.w,
+                  s.w * sizeof(float));
+    }
+    const int64_t image = i * hp * wp * o;
+    for (int u = 0; u < kParts; ++u) {
+      const size_t count = std::min<int64_t>(kWidth, o - u * kWidth);
+      V acc[kK * kK] = {}, bias = {};
+      for (int64_t r = 0; r < hp; ++r) {
+        for (int64_t q = 0; q < wp; ++q) {
+          const int64_t at = image + (r * wp + q) * o + u * kWidth;
+          const V gv = LoadLanes<kWidth, V>(g + at, count), yv = LoadLanes<kWidth, V>(y + at, count);
+          Bytes bytes = {};
+          std::memcpy(&bytes, first + at, count == kWidth ? kWidth : count);
+          const I where = __builtin_convertvector(bytes, I);
+          const V gm = yv > zero ? gv : zero;  // the ReLU's gradient
+          bias += gm;
+#pragma GCC unroll 4
+          for (int p = 0; p < 4; ++p) {
+            const V gp = where == p ? gm : zero;
+            const float* patch = &padded[(2 * r + p / 2) * cols + 2 * q + p % 2];
+#pragma GCC unroll 8
+            for (int di = 0; di < kK; ++di) {
+#pragma GCC unroll 8
+              for (int dj = 0; dj < kK; ++dj) acc[di * kK + dj] += gp * patch[di * cols + dj];
+            }
+          }
+        }
+      }
+      for (int t = 0; t < kK * kK; ++t) StoreLanes<kWidth>(dw + (i * kK * kK + t) * o + u * kWidth, acc[t], count);
+      StoreLanes<kWidth>(db + i * o + u * kWidth, bias, count);
+    }
+  }
+}
+
+using FirstBlockFn = void (*)(const float*, const float*, const float*, float*, uint8_t*,
                               const BlockShape&, int64_t, int64_t);
+using FirstBlockGradFn = void (*)(const float*, const float*, const uint8_t*, const float*,
+                                  float*, float*, const BlockShape&, int64_t, int64_t);
+
+// One kernel's forward pass and gradient; null where there is none.
+struct FirstBlockKernels {
+  FirstBlockFn forward = nullptr;
+  FirstBlockGradFn grad = nullptr;
+};
 
 // The accumulators of a step fill at most kRegisters / 2 vector registers.
 template <int kParts, int kRegisters>
@@ -617,23 +746,34 @@ constexpr int kBlockCols = 8 * kParts <= kRegisters / 2 ? 2 : 1;
 
 #define JAXMNIST_FIRST_BLOCK_ENTRY(Name, target, kRegisters)                              \
   template <int kWidth, int kParts, int kK>                                               \
-  target void Name(const float* x, const float* wt, const float* bias, float* out,        \
-                   const BlockShape& s, int64_t begin, int64_t end) {                     \
+  target void Name##Forward(const float* x, const float* wt, const float* bias, float* out, \
+                            uint8_t* first, const BlockShape& s, int64_t begin,           \
+                            int64_t end) {                                                \
     FirstBlockImages<kWidth, kParts, kK, kBlockCols<kParts, kRegisters>>(                 \
-        x, wt, bias, out, s, begin, end);                                                 \
+        x, wt, bias, out, first, s, begin, end);                                          \
+  }                                                                                       \
+  template <int kWidth, int kParts, int kK>                                               \
+  target void Name##Grad(const float* x, const float* y, const uint8_t* first,            \
+                         const float* g, float* dw, float* db, const BlockShape& s,       \
+                         int64_t begin, int64_t end) {                                    \
+    FirstBlockGradImages<kWidth, kParts, kK>(x, y, first, g, dw, db, s, begin, end);      \
+  }                                                                                       \
+  template <int kWidth, int kParts, int kK>                                               \
+  FirstBlockKernels Name() {                                                              \
+    return {Name##Forward<kWidth, kParts, kK>, Name##Grad<kWidth, kParts, kK>};           \
   }
 JAXMNIST_FIRST_BLOCK_ENTRY(FirstBlockPlain, , 16)
 
 template <int kK>
-FirstBlockFn FirstBlockPlainFor(int64_t o) {
+FirstBlockKernels FirstBlockPlainFor(int64_t o) {
   switch (o / 4) {
-    case 2: return FirstBlockPlain<4, 2, kK>;
-    case 4: return FirstBlockPlain<4, 4, kK>;
-    case 6: return FirstBlockPlain<4, 6, kK>;
-    case 8: return FirstBlockPlain<4, 8, kK>;
-    case 12: return FirstBlockPlain<4, 12, kK>;
-    case 16: return FirstBlockPlain<4, 16, kK>;
-    default: return nullptr;
+    case 2: return FirstBlockPlain<4, 2, kK>();
+    case 4: return FirstBlockPlain<4, 4, kK>();
+    case 6: return FirstBlockPlain<4, 6, kK>();
+    case 8: return FirstBlockPlain<4, 8, kK>();
+    case 12: return FirstBlockPlain<4, 12, kK>();
+    case 16: return FirstBlockPlain<4, 16, kK>();
+    default: return {};
   }
 }
 
@@ -643,15 +783,15 @@ JAXMNIST_FIRST_BLOCK_ENTRY(FirstBlockAvx2, __attribute__((target("arch=x86-64-v3
 
 // The entry for o channels in vectors of kWidth lanes (as many as o needs).
 template <int kWidth, int kK>
-FirstBlockFn FirstBlockWidth(int64_t o, bool avx512) {
+FirstBlockKernels FirstBlockWidth(int64_t o, bool avx512) {
   switch ((o + kWidth - 1) / kWidth) {
-    case 1: return avx512 ? FirstBlockAvx512<kWidth, 1, kK> : FirstBlockAvx2<kWidth, 1, kK>;
-    case 2: return avx512 ? FirstBlockAvx512<kWidth, 2, kK> : FirstBlockAvx2<kWidth, 2, kK>;
-    case 3: return avx512 ? FirstBlockAvx512<kWidth, 3, kK> : FirstBlockAvx2<kWidth, 3, kK>;
-    case 4: return avx512 ? FirstBlockAvx512<kWidth, 4, kK> : FirstBlockAvx2<kWidth, 4, kK>;
-    case 6: return avx512 ? nullptr : FirstBlockAvx2<kWidth, 6, kK>;
-    case 8: return avx512 ? nullptr : FirstBlockAvx2<kWidth, 8, kK>;
-    default: return nullptr;
+    case 1: return avx512 ? FirstBlockAvx512<kWidth, 1, kK>() : FirstBlockAvx2<kWidth, 1, kK>();
+    case 2: return avx512 ? FirstBlockAvx512<kWidth, 2, kK>() : FirstBlockAvx2<kWidth, 2, kK>();
+    case 3: return avx512 ? FirstBlockAvx512<kWidth, 3, kK>() : FirstBlockAvx2<kWidth, 3, kK>();
+    case 4: return avx512 ? FirstBlockAvx512<kWidth, 4, kK>() : FirstBlockAvx2<kWidth, 4, kK>();
+    case 6: return avx512 ? FirstBlockKernels{} : FirstBlockAvx2<kWidth, 6, kK>();
+    case 8: return avx512 ? FirstBlockKernels{} : FirstBlockAvx2<kWidth, 8, kK>();
+    default: return {};
   }
 }
 
@@ -681,7 +821,7 @@ Isa FirstBlockIsa() {
 #endif  // __x86_64__
 
 template <int kK>
-FirstBlockFn FirstBlockSet(int64_t o) {
+FirstBlockKernels FirstBlockSet(int64_t o) {
 #if defined(__x86_64__)
   Isa isa = FirstBlockIsa();
   if (isa == kAvx512) return FirstBlockWidth<16, kK>(o, true);
@@ -692,61 +832,150 @@ FirstBlockFn FirstBlockSet(int64_t o) {
 
 // The kernel for k x k weights and o channels on this CPU; null where there is none
 // (Python's `onednn.first_block_supported` asks for the same channels and sizes).
-FirstBlockFn FirstBlockKernelFor(int64_t k, int64_t o) {
-  if (o != 8 && o != 16 && o != 24 && o != 32 && o != 48 && o != 64) return nullptr;
+FirstBlockKernels FirstBlockKernelFor(int64_t k, int64_t o) {
+  if (o != 8 && o != 16 && o != 24 && o != 32 && o != 48 && o != 64) return {};
   if (k == 3) return FirstBlockSet<3>(o);
   if (k == 5) return FirstBlockSet<5>(o);
-  return nullptr;
+  return {};
+}
+
+// Runs body(begin, end) over images [0, n), split among OpenMP's threads.
+template <typename Body>
+void OverImages(int64_t n, Body body) {
+#ifdef _OPENMP
+#pragma omp parallel
+  {
+    int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+    body(n * t / threads, n * (t + 1) / threads);
+  }
+#else
+  body(0, n);
+#endif
+}
+
+bool AllF32(std::initializer_list<ffi::AnyBuffer> buffers) {
+  for (const ffi::AnyBuffer& buffer : buffers) {
+    if (buffer.element_type() != ffi::DataType::F32) return false;
+  }
+  return true;
+}
+
+// The block's shape from x (n, h, w, 1) and w (k, k, 1, o), and whether its pooled
+// map is `pooled` (n, ho / 2, wo / 2, o) and a kernel exists; "" when all agree.
+const char* CheckBlock(const Split& sx, const Split& sw, const Split& pooled, int64_t pad,
+                       BlockShape* s, FirstBlockKernels* kernels) {
+  *s = BlockShape{sx.d[0], sx.d[1], sx.d[2], sw.d[0], sw.d[3], pad};
+  *kernels = FirstBlockKernelFor(s->k, s->o);
+  if (sx.d[3] != 1 || sw.d[1] != s->k || sw.d[2] != 1 || pad < 0 || 2 * pad > s->k - 1 ||
+      s->ho() < 2 || s->wo() < 2 || pooled.d[0] != s->n || pooled.d[1] != s->ho() / 2 ||
+      pooled.d[2] != s->wo() / 2 || pooled.d[3] != s->o) {
+    return "operand shapes do not agree";
+  }
+  return kernels->forward == nullptr ? "no kernel for these weights" : "";
+}
+
+ffi::Error BlockError(const char* what) {
+  return ffi::Error::InvalidArgument(std::string("first block: ") + what);
 }
 
 // x (n, h, w, 1), w (k, k, 1, o), b (o) -> (n, ho / 2, wo / 2, o), float32, zero
-// padding `pad`, vmap dimensions before them as everywhere here.
-ffi::Error FirstBlock(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer bias,
-                      ffi::Result<ffi::AnyBuffer> result, int64_t pad) {
-  ffi::AnyBuffer out = *result;
-  for (ffi::AnyBuffer buffer : {x, w, bias, out}) {
-    if (buffer.element_type() != ffi::DataType::F32) {
-      return ffi::Error::InvalidArgument("first block: float32 operands");
-    }
-  }
+// padding `pad`, vmap dimensions before them as everywhere here; with `first`
+// (training), also each output's window maximum (uint8, the output's shape).
+ffi::Error HandleFirstBlock(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer bias,
+                            ffi::AnyBuffer out, ffi::AnyBuffer* first, int64_t pad) {
+  if (!AllF32({x, w, bias, out})) return BlockError("float32 operands");
   size_t rank = x.dimensions().size();
   if (rank < 4 || w.dimensions().size() != rank || out.dimensions().size() != rank ||
       bias.dimensions().size() != rank - 3) {
-    return ffi::Error::InvalidArgument("first block: maps of one rank >= 4, a bias per channel");
+    return BlockError("maps of one rank >= 4, a bias per channel");
+  }
+  if (first != nullptr && (first->element_type() != ffi::DataType::U8 || !SameDims(*first, out))) {
+    return BlockError("the maxima are uint8 of the output's shape");
   }
   Split sx = SplitDims(x.dimensions()), sw = SplitDims(w.dimensions());
   Split so = SplitDims(out.dimensions()), sb = BiasDims(bias.dimensions());
-  BlockShape s{sx.d[0], sx.d[1], sx.d[2], sw.d[0], sw.d[3], pad};
-  FirstBlockFn kernel = FirstBlockKernelFor(s.k, s.o);
-  if (sx.d[3] != 1 || sw.d[1] != s.k || sw.d[2] != 1 || sb.d[3] != s.o || pad < 0 ||
-      2 * pad > s.k - 1 || s.ho() < 2 || s.wo() < 2 || so.d[0] != s.n ||
-      so.d[1] != s.ho() / 2 || so.d[2] != s.wo() / 2 || so.d[3] != s.o) {
-    return ffi::Error::InvalidArgument("first block: operand shapes do not agree");
-  }
-  if (kernel == nullptr) {
-    return ffi::Error::InvalidArgument("first block: no kernel for these weights");
-  }
+  BlockShape s;
+  FirstBlockKernels kernels;
+  const char* error = CheckBlock(sx, sw, so, pad, &s, &kernels);
+  if (*error == 0 && sb.d[3] != s.o) error = "operand shapes do not agree";
+  if (*error != 0) return BlockError(error);
   VmapLoop loop({&sx, &sw, &sb}, so);
-  if (!loop.ok) {
-    return ffi::Error::InvalidArgument("first block: vmap dimensions do not broadcast");
-  }
+  if (!loop.ok) return BlockError("vmap dimensions do not broadcast");
   auto* px = static_cast<const float*>(x.untyped_data());
   auto* pw = static_cast<const float*>(w.untyped_data());
   auto* pb = static_cast<const float*>(bias.untyped_data());
   auto* po = static_cast<float*>(out.untyped_data());
+  auto* pf = first == nullptr ? nullptr : static_cast<uint8_t*>(first->untyped_data());
   for (int64_t i = 0; i < loop.count && so.inner() > 0; ++i) {
     const float *xi = px + loop.Slice(0, i) * sx.inner(), *wi = pw + loop.Slice(1, i) * sw.inner();
     const float* bi = pb + loop.Slice(2, i) * s.o;
     float* oi = po + i * so.inner();
-#ifdef _OPENMP
-#pragma omp parallel
-    {
-      int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
-      kernel(xi, wi, bi, oi, s, s.n * t / threads, s.n * (t + 1) / threads);
+    uint8_t* fi = pf == nullptr ? nullptr : pf + i * so.inner();
+    OverImages(s.n, [&](int64_t begin, int64_t end) {
+      kernels.forward(xi, wi, bi, oi, fi, s, begin, end);
+    });
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error FirstBlock(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer bias,
+                      ffi::Result<ffi::AnyBuffer> out, int64_t pad) {
+  return HandleFirstBlock(x, w, bias, *out, nullptr, pad);
+}
+
+ffi::Error FirstBlockForward(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer bias,
+                             ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> first,
+                             int64_t pad) {
+  ffi::AnyBuffer maxima = *first;
+  return HandleFirstBlock(x, w, bias, *out, &maxima, pad);
+}
+
+// The gradient of FirstBlockForward's output y for its weights and bias: x (n, h,
+// w, 1), y and g (the output's cotangent) float32 and first uint8, all (n, ho / 2,
+// wo / 2, o) -> dw (k, k, 1, o), db (o); vmap dimensions before them.
+ffi::Error FirstBlockBackward(ffi::AnyBuffer x, ffi::AnyBuffer y, ffi::AnyBuffer first,
+                              ffi::AnyBuffer g, ffi::Result<ffi::AnyBuffer> dw_result,
+                              ffi::Result<ffi::AnyBuffer> db_result, int64_t pad) {
+  ffi::AnyBuffer dw = *dw_result, db = *db_result;
+  if (!AllF32({x, y, g, dw, db}) || first.element_type() != ffi::DataType::U8) {
+    return BlockError("float32 operands and uint8 maxima");
+  }
+  size_t rank = x.dimensions().size();
+  if (rank < 4 || y.dimensions().size() != rank || dw.dimensions().size() != rank ||
+      db.dimensions().size() != rank - 3 || !SameDims(y, first) || !SameDims(y, g)) {
+    return BlockError("maps of one rank >= 4, the maxima and cotangent of the output's shape");
+  }
+  Split sx = SplitDims(x.dimensions()), sy = SplitDims(y.dimensions());
+  Split sw = SplitDims(dw.dimensions()), sb = BiasDims(db.dimensions());
+  BlockShape s;
+  FirstBlockKernels kernels;
+  const char* error = CheckBlock(sx, sw, sy, pad, &s, &kernels);
+  if (*error == 0 && sb.d[3] != s.o) error = "operand shapes do not agree";
+  if (*error != 0) return BlockError(error);
+  VmapLoop loop({&sx, &sy}, sw);
+  if (!loop.ok || sb.lead != sw.lead) return BlockError("vmap dimensions do not broadcast");
+  auto* px = static_cast<const float*>(x.untyped_data());
+  auto* py = static_cast<const float*>(y.untyped_data());
+  auto* pf = static_cast<const uint8_t*>(first.untyped_data());
+  auto* pg = static_cast<const float*>(g.untyped_data());
+  auto* pdw = static_cast<float*>(dw.untyped_data());
+  auto* pdb = static_cast<float*>(db.untyped_data());
+  const int64_t taps = s.k * s.k * s.o;
+  std::vector<float> per_image(s.n * (taps + s.o));  // each image's sums, then added in order
+  for (int64_t i = 0; i < loop.count; ++i) {
+    const float* xi = px + loop.Slice(0, i) * sx.inner();
+    const int64_t at = loop.Slice(1, i) * sy.inner();
+    float *dwi = pdw + i * taps, *dbi = pdb + i * s.o;
+    float *image_dw = per_image.data(), *image_db = image_dw + s.n * taps;
+    OverImages(s.n, [&](int64_t begin, int64_t end) {
+      kernels.grad(xi, py + at, pf + at, pg + at, image_dw, image_db, s, begin, end);
+    });
+    std::fill(dwi, dwi + taps, 0.f);
+    std::fill(dbi, dbi + s.o, 0.f);
+    for (int64_t n = 0; n < s.n; ++n) {
+      for (int64_t t = 0; t < taps; ++t) dwi[t] += image_dw[n * taps + t];
+      for (int64_t c = 0; c < s.o; ++c) dbi[c] += image_db[n * s.o + c];
     }
-#else
-    kernel(xi, wi, bi, oi, s, 0, s.n);
-#endif
   }
   return ffi::Error::Success();
 }
@@ -794,5 +1023,22 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxmnistFirstBlock, FirstBlock,
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("pad"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxmnistFirstBlockForward, FirstBlockForward,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("pad"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxmnistFirstBlockBackward, FirstBlockBackward,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<int64_t>("pad"));
