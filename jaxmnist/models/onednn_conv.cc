@@ -861,14 +861,15 @@ bool AllF32(std::initializer_list<ffi::AnyBuffer> buffers) {
 }
 
 // The block's shape from x (n, h, w, 1) and w (k, k, 1, o), and whether its pooled
-// map is `pooled` (n, ho / 2, wo / 2, o) and a kernel exists; "" when all agree.
-const char* CheckBlock(const Split& sx, const Split& sw, const Split& pooled, int64_t pad,
-                       BlockShape* s, FirstBlockKernels* kernels) {
+// map is `pooled` (n, ho / 2, wo / 2, o), its bias (o) and a kernel exists; "" when
+// all agree.
+const char* CheckBlock(const Split& sx, const Split& sw, const Split& pooled, const Split& sb,
+                       int64_t pad, BlockShape* s, FirstBlockKernels* kernels) {
   *s = BlockShape{sx.d[0], sx.d[1], sx.d[2], sw.d[0], sw.d[3], pad};
   *kernels = FirstBlockKernelFor(s->k, s->o);
   if (sx.d[3] != 1 || sw.d[1] != s->k || sw.d[2] != 1 || pad < 0 || 2 * pad > s->k - 1 ||
       s->ho() < 2 || s->wo() < 2 || pooled.d[0] != s->n || pooled.d[1] != s->ho() / 2 ||
-      pooled.d[2] != s->wo() / 2 || pooled.d[3] != s->o) {
+      pooled.d[2] != s->wo() / 2 || pooled.d[3] != s->o || sb.d[3] != s->o) {
     return "operand shapes do not agree";
   }
   return kernels->forward == nullptr ? "no kernel for these weights" : "";
@@ -896,8 +897,7 @@ ffi::Error HandleFirstBlock(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer b
   Split so = SplitDims(out.dimensions()), sb = BiasDims(bias.dimensions());
   BlockShape s;
   FirstBlockKernels kernels;
-  const char* error = CheckBlock(sx, sw, so, pad, &s, &kernels);
-  if (*error == 0 && sb.d[3] != s.o) error = "operand shapes do not agree";
+  const char* error = CheckBlock(sx, sw, so, sb, pad, &s, &kernels);
   if (*error != 0) return BlockError(error);
   VmapLoop loop({&sx, &sw, &sb}, so);
   if (!loop.ok) return BlockError("vmap dimensions do not broadcast");
@@ -949,8 +949,7 @@ ffi::Error FirstBlockBackward(ffi::AnyBuffer x, ffi::AnyBuffer y, ffi::AnyBuffer
   Split sw = SplitDims(dw.dimensions()), sb = BiasDims(db.dimensions());
   BlockShape s;
   FirstBlockKernels kernels;
-  const char* error = CheckBlock(sx, sw, sy, pad, &s, &kernels);
-  if (*error == 0 && sb.d[3] != s.o) error = "operand shapes do not agree";
+  const char* error = CheckBlock(sx, sw, sy, sb, pad, &s, &kernels);
   if (*error != 0) return BlockError(error);
   VmapLoop loop({&sx, &sy}, sw);
   if (!loop.ok || sb.lead != sw.lead) return BlockError("vmap dimensions do not broadcast");
