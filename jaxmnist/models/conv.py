@@ -259,8 +259,7 @@ def _first_block_bwd(padding: str, residuals, g):
     if vjp is not None:
         return vjp(g)
     x, y, first, w = kernel
-    dw, db = onednn.first_block_backward(x, y, first, g, w.shape, padding)
-    return None, dw, db
+    return (None, *onednn.first_block_backward(x, y, first, g, w, padding))
 
 
 _first_block.defvjp(_first_block_fwd, _first_block_bwd, symbolic_zeros=True)

@@ -440,14 +440,12 @@ def first_block_forward(
 
 
 def first_block_backward(
-    x: jax.Array, y: jax.Array, first: jax.Array, g: jax.Array, w_shape, padding: str = "same"
+    x: jax.Array, y: jax.Array, first: jax.Array, g: jax.Array, w: jax.Array, padding="same"
 ) -> tuple[jax.Array, jax.Array]:
-    """The gradient of `first_block_forward`'s output `y` (maxima `first`) for its weights
-    (shape `w_shape`) and bias, given the output's cotangent `g`: each output's cotangent,
-    where the ReLU passed it, times the input patch under its window's maximum, summed
-    over the images in order (the same sums on any number of threads)."""
-    k, o = w_shape[0], w_shape[3]
-    dw = jax.ShapeDtypeStruct(tuple(w_shape), g.dtype)
-    db = jax.ShapeDtypeStruct((o,), g.dtype)
-    pad = k // 2 if padding == "same" else 0
-    return _call("jaxmnist_first_block_backward", (dw, db), x, y, first, g, pad=pad)
+    """The gradient of `first_block_forward(x, w, ...)`'s output `y` (maxima `first`) for
+    its weights and bias, given the output's cotangent `g`: each output's cotangent, where
+    the ReLU passed it, times the input patch under its window's maximum, summed over the
+    images in order (the same sums on any number of threads)."""
+    db = jax.ShapeDtypeStruct(w.shape[3:], w.dtype)
+    result = (jax.typeof(w), db)
+    return _call("jaxmnist_first_block_backward", result, x, y, first, g, pad=_pad(w, padding))

@@ -557,10 +557,6 @@ struct BlockShape {
 
 #define JAXMNIST_VMAX(a, b) ((a) > (b) ? (a) : (b))
 
-// Images [begin, end): kParts vectors of kWidth lanes hold the o channels (the
-// last one's spare lanes zero and never stored); kCols pooled columns per step
-// (2 * kCols columns of the convolution, on two of its rows). Inlined into each
-// instruction set's entry below, which compiles it for that set.
 // Vectors of kWidth floats, 32-bit integers and bytes, one specialisation per width (a
 // vector type whose size depends on a template argument is not one GCC's
 // __builtin_convertvector, or a subscript, accepts).
@@ -585,29 +581,33 @@ struct Lanes<16> {
   typedef uint8_t B __attribute__((vector_size(16)));
 };
 
-// Moves `count` floats (at most a vector's lanes) between memory and a vector: a
-// whole vector's move where count fills it (the compiler's own load or store, not a
-// call), the rest of the vector zero on a load.
-template <int kWidth, typename V>
-inline __attribute__((always_inline)) V LoadLanes(const float* p, size_t count) {
+// Moves `count` elements (at most a vector's kWidth lanes) between memory and a
+// vector: a whole vector's move where count fills it (the compiler's own load or
+// store, not a call), the rest of the vector zero on a load.
+template <int kWidth, typename V, typename T>
+inline __attribute__((always_inline)) V LoadLanes(const T* p, size_t count) {
   V v = {};
   if (count == kWidth) {
     std::memcpy(&v, p, sizeof(V));
   } else {
-    std::memcpy(&v, p, count * sizeof(float));
+    std::memcpy(&v, p, count * sizeof(T));
   }
   return v;
 }
 
-template <int kWidth, typename V>
-inline __attribute__((always_inline)) void StoreLanes(float* p, const V& v, size_t count) {
+template <int kWidth, typename V, typename T>
+inline __attribute__((always_inline)) void StoreLanes(T* p, const V& v, size_t count) {
   if (count == kWidth) {
     std::memcpy(p, &v, sizeof(V));
   } else {
-    std::memcpy(p, &v, count * sizeof(float));
+    std::memcpy(p, &v, count * sizeof(T));
   }
 }
 
+// Images [begin, end): kParts vectors of kWidth lanes hold the o channels (the
+// last one's spare lanes zero and never stored); kCols pooled columns per step
+// (2 * kCols columns of the convolution, on two of its rows). Inlined into each
+// instruction set's entry below, which compiles it for that set.
 // Where `first` is not null, each output's byte there names its window's first
 // maximum in row-major order (0 to 3), as the pooling's workspace does.
 template <int kWidth, int kParts, int kK, int kCols>
@@ -664,7 +664,7 @@ inline __attribute__((always_inline)) void FirstBlockImages(
               where = a01 == m ? I{} + 1 : where;
               where = a00 == m ? I{} : where;
               const Bytes bytes = __builtin_convertvector(where, Bytes);
-              std::memcpy(image_first + at, &bytes, lanes[u] / sizeof(float));
+              StoreLanes<kWidth>(image_first + at, bytes, lanes[u] / sizeof(float));
             }
             m += b[u];
             m = JAXMNIST_VMAX(m, zero);
@@ -675,7 +675,6 @@ inline __attribute__((always_inline)) void FirstBlockImages(
     }
   }
 }
-
 
 // The block's gradient for images [begin, end): each image's weight gradient
 // (k * k * o, HWIO) into dw + i * k * k * o and its bias gradient into db + i * o,
@@ -706,9 +705,7 @@ inline __attribute__((always_inline)) void FirstBlockGradImages(
         for (int64_t q = 0; q < wp; ++q) {
           const int64_t at = image + (r * wp + q) * o + u * kWidth;
           const V gv = LoadLanes<kWidth, V>(g + at, count), yv = LoadLanes<kWidth, V>(y + at, count);
-          Bytes bytes = {};
-          std::memcpy(&bytes, first + at, count == kWidth ? kWidth : count);
-          const I where = __builtin_convertvector(bytes, I);
+          const I where = __builtin_convertvector(LoadLanes<kWidth, Bytes>(first + at, count), I);
           const V gm = yv > zero ? gv : zero;  // the ReLU's gradient
           bias += gm;
 #pragma GCC unroll 4
@@ -723,7 +720,9 @@ inline __attribute__((always_inline)) void FirstBlockGradImages(
           }
         }
       }
-      for (int t = 0; t < kK * kK; ++t) StoreLanes<kWidth>(dw + (i * kK * kK + t) * o + u * kWidth, acc[t], count);
+      for (int t = 0; t < kK * kK; ++t) {
+        StoreLanes<kWidth>(dw + (i * kK * kK + t) * o + u * kWidth, acc[t], count);
+      }
       StoreLanes<kWidth>(db + i * o + u * kWidth, bias, count);
     }
   }
