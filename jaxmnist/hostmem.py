@@ -25,7 +25,10 @@ Left alone, the resident set climbs by a whole block at a time, to several block
 `GrowthCheck` keeps it to one: after each call it waits for that free, and while a call
 runs it hands back as soon as the resident set has grown by more than an eighth of the
 program's working memory, which returns the freed block's pages while the call's own
-block, in use, stays.
+block, in use, stays. An evaluation that follows another of no smaller working memory is
+meant to reuse that one's freed block without a hand-back; the same watch catches it when
+the allocator serves it fresh pages instead (a better-fitting free block, handed back
+earlier, is taken first) and hands the freed block back while it runs.
 
 `JAXMNIST_KEEP_HOST_MEMORY=0` leaves glibc as it is. It must run before XLA starts its
 threads (`jaxmnist.cli.main` calls it first thing); later, it would reach only threads
@@ -115,7 +118,8 @@ def heap_in_use():
 
 class GrowthCheck:
     """Keeps the calls of one program to one block of working memory (module docstring).
-    `reset` where a phase starts (after `hand_back`); then, for each call,
+    `reset` where a phase starts (after `hand_back`, or `from_now` without one); then, for
+    each call,
     `before_call` before it, `watch(ready)` once it is dispatched, and `after_call` once
     its outputs are ready.
 
@@ -137,8 +141,10 @@ class GrowthCheck:
         self.before = 0  # the heap's bytes in use before the call
         self.handed_back = 0
 
-    def reset(self) -> None:
-        self.floor = None
+    def reset(self, from_now: bool = False) -> None:
+        """Starts a phase: its first call sets the floor, or, `from_now`, the resident set
+        now does (a call that should take a block already resident and free)."""
+        self.floor = self.rss() if from_now and _state["trim"] is not None else None
 
     def before_call(self) -> None:
         if self.in_use is not None:

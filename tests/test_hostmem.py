@@ -221,30 +221,99 @@ def test_the_growth_check_does_nothing_where_memory_is_not_kept(monkeypatch):
 
 def test_the_loop_checks_growth_around_every_steps_call(tiny_dataset, monkeypatch):
     """Before each call, while it runs (once dispatched, until it is ready) and after it
-    is done; a new phase after each epoch's `hand_back`."""
-    calls: list[str] = []
+    is done; a new phase after each epoch's `hand_back`. (The evaluations' checks, other
+    instances, are left out here.)"""
+    calls: list[tuple[str, int]] = []
     for name in ("before_call", "after_call", "reset"):
-        monkeypatch.setattr(hostmem.GrowthCheck, name, lambda self, _n=name: calls.append(_n))
+        monkeypatch.setattr(
+            hostmem.GrowthCheck, name, lambda self, _n=name, **_: calls.append((_n, id(self)))
+        )
 
     def watch(self, ready):
-        calls.append("watch")
+        calls.append(("watch", id(self)))
         while not ready():  # the outputs of the call dispatched just before
             time.sleep(1e-3)
-        calls.append("ready")
+        calls.append(("ready", id(self)))
 
     monkeypatch.setattr(hostmem.GrowthCheck, "watch", watch)
     original = population.Population.train_steps
 
     def steps(self, *args):
-        calls.append("train_steps")
+        calls.append(("train_steps", 0))
         return original(self, *args)
 
     monkeypatch.setattr(population.Population, "train_steps", steps)
     cfg = tiny_cfg(seeds=2, epochs=2)
     loop.train_population(cfg, population.seed_members(cfg), tiny_dataset)
+    steps_check = next(who for what, who in calls if what == "before_call")
     call = "before_call,train_steps,watch,ready,after_call"
-    epochs = ",".join(calls).split("reset")
+    epochs = ",".join(what for what, who in calls if who in (0, steps_check)).split("reset")
     assert len(epochs) == 3 and epochs[0] == ""
     for epoch in epochs[1:]:
         n = epoch.count("train_steps")
         assert n >= 1 and epoch.strip(",") == ",".join([call] * n)
+
+
+def test_a_phase_started_from_now_hands_back_a_fresh_block_at_once(monkeypatch):
+    """An evaluation meant to reuse a freed block (no hand-back before it): its floor is the
+    resident set at its start, so fresh pages show during its first call."""
+    heap = _Heap()
+    check = _check(monkeypatch, heap)
+    heap.rss = 400
+    check.reset(from_now=True)
+    assert check.floor == 400
+    _call(check, heap, [400, 405, 410], after=410)  # the freed block reused
+    assert heap.trims == 0
+    check.reset(from_now=True)
+    _call(check, heap, [410, 415, 500, 600], after=490)  # fresh pages beside the freed block
+    assert heap.trims == 1
+    kept_not = _check(monkeypatch, _Heap(), kept=False)
+    kept_not.reset(from_now=True)
+    assert kept_not.floor is None
+
+
+def test_evaluations_that_reuse_a_block_are_watched_from_where_they_start(
+    tiny_dataset, monkeypatch
+):
+    """Each evaluation's growth check starts a phase: from its first call after a hand-back,
+    from the resident set now where it follows without one; and it watches the dispatched
+    programs until they are ready."""
+    calls: list = []
+    monkeypatch.setattr(hostmem, "hand_back", lambda: calls.append("hand_back"))
+    monkeypatch.setattr(
+        hostmem.GrowthCheck, "reset", lambda self, from_now=False: calls.append(("reset", from_now))
+    )
+
+    def watch(self, ready):
+        while not ready():
+            time.sleep(1e-3)
+        calls.append("watched")
+
+    monkeypatch.setattr(hostmem.GrowthCheck, "watch", watch)
+    original = population.Population.evaluate
+
+    def evaluate(self, states, name, data, watch=None):
+        calls.append(name)
+        return original(self, states, name, data, watch)
+
+    monkeypatch.setattr(population.Population, "evaluate", evaluate)
+    working = {}
+    original_working = loop.eval_working_bytes
+
+    def eval_working(pop):
+        working.update(original_working(pop))
+        return working
+
+    monkeypatch.setattr(loop, "eval_working_bytes", eval_working)
+    cfg = tiny_cfg(seeds=2, epochs=1, eval_train=True, eval_train_examples=64)
+    loop.train_population(cfg, population.seed_members(cfg), tiny_dataset)
+    # Each set's programs' working memory, by name, as the compiler reports it.
+    assert set(working) == {"test", "val", "train"}
+    assert all(isinstance(b, int) and b > 0 for b in working.values()), working
+    names = [i for i, c in enumerate(calls) if c in working]
+    assert [calls[i] for i in names] == ["test", "val", "train"]
+    for i in names:
+        handed_back = "hand_back" in calls[i - 2 : i]
+        assert calls[i - 1] == ("reset", not handed_back), calls
+        assert calls[i + 1] == "watched"
+    assert calls[names[0] - 2] == "hand_back"  # the test set, after the steps

@@ -261,6 +261,7 @@ class _Loop:
         self.estimated = False
         self.growth = hostmem.GrowthCheck(_working_bytes(run.population.steps_fns.values()))
         self.eval_working = eval_working_bytes(run.population)
+        self.eval_growth = {n: hostmem.GrowthCheck(b) for n, b in self.eval_working.items()}
         self.eval_block = 0  # the working memory of the evaluations since the last hand-back
 
     def run_steps(self, states, metrics, plans, done: int, num_steps: int, step: int):
@@ -408,12 +409,16 @@ class _Loop:
         last program freed, and a small request then cut, is not held twice; except when
         it `follows` other evaluations whose programs needed at least its working memory
         (the sets share a batch size): it reuses their block, which, handed back, would
-        only be faulted in again."""
-        need = self.eval_working.get(name, 0)
-        if not follows or need > self.eval_block:
+        only be faulted in again; should it take fresh pages instead, the growth check
+        hands that block back while it runs."""
+        need, growth = self.eval_working[name], self.eval_growth[name]
+        reuse = follows and need <= self.eval_block
+        if not reuse:
             hostmem.hand_back()
             self.eval_block = need
-        return self.setup.population.evaluate(states, name, self.setup.eval_sets[name])
+        growth.reset(from_now=reuse)
+        data = self.setup.eval_sets[name]
+        return self.setup.population.evaluate(states, name, data, growth.watch)
 
     def check_finite(self, losses, epoch: int, first_step: int, diverged: list) -> None:
         members = self.setup.population.members
@@ -426,7 +431,8 @@ def eval_working_bytes(pop) -> dict[str, int]:
     """Eval set name -> the largest working memory of its compiled evaluations (one per
     chunk size) in population `pop`."""
     programs = pop.eval_fns.items()
-    return {name: _working_bytes(f for (_, n), f in programs if n == name) for _, name in programs}
+    names = {name for _, name in pop.eval_fns}
+    return {name: _working_bytes(f for (_, n), f in programs if n == name) for name in names}
 
 
 def _working_bytes(programs) -> int:

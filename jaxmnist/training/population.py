@@ -377,17 +377,22 @@ class Population:
         return EpochTotals(losses, correct, self.learning_rates(states))
 
     def evaluate(
-        self, states, name: str, data: evaluate_lib.PlacedEval
+        self, states, name: str, data: evaluate_lib.PlacedEval, watch=None
     ) -> tuple[Evaluation, evaluate_lib.EvalResult | None]:
         """Exact evaluation of every member on the set compiled as `name`, and on the
         sets of `evaluate.ENSEMBLE_SETS`, with `ensemble`, that of the ensemble of every
         member, its chunks together (the mean of their softmax probabilities), else None.
         One pass over the set gives both: each chunk's program returns its members' sums
-        and the logs of their summed probabilities, and one more adds the chunks'."""
+        and the logs of their summed probabilities, and one more adds the chunks'.
+        `watch(ready)`, where given, is called once those programs are dispatched, with a
+        function that says whether they are done (`hostmem.GrowthCheck.watch`)."""
         outs = [
             self.eval_fns[size, name](s.params, data.arrays)
             for size, s in zip(self.chunks, states, strict=True)
         ]
+        if watch is not None:
+            leaves = jax.tree.leaves(outs)
+            watch(lambda: all(x.is_ready() for x in leaves))
         finish = self.finish_fns.get(name)
         together = None
         if finish is not None:
