@@ -119,9 +119,8 @@ def heap_in_use():
 class GrowthCheck:
     """Keeps the calls of one program to one block of working memory (module docstring).
     `reset` where a phase starts (after `hand_back`, or `from_now` without one); then, for
-    each call,
-    `before_call` before it, `watch(ready)` once it is dispatched, and `after_call` once
-    its outputs are ready.
+    each call, `before_call` before it, `watch(ready)` once it is dispatched, and
+    `after_call` once its outputs are ready.
 
     `watch` polls, every `poll` seconds until `ready()` is true, the resident set; once
     it lies more than `slack` (from `block`, the program's working memory in bytes:

@@ -446,6 +446,5 @@ def first_block_backward(
     its weights and bias, given the output's cotangent `g`: each output's cotangent, where
     the ReLU passed it, times the input patch under its window's maximum, summed over the
     images in order (the same sums on any number of threads)."""
-    db = jax.ShapeDtypeStruct(w.shape[3:], w.dtype)
-    result = (jax.typeof(w), db)
+    result = (jax.ShapeDtypeStruct(w.shape, w.dtype), jax.ShapeDtypeStruct(w.shape[3:], w.dtype))
     return _call("jaxmnist_first_block_backward", result, x, y, first, g, pad=_pad(w, padding))
