@@ -7,16 +7,17 @@ seeds) a fresh process trains a few steps through `train_population` and an eval
 and the largest program's working memory, read from the compiled programs before
 anything is placed. The measured figure is what the process added from just after that
 estimate (the programs compiled, nothing placed yet) to its peak: on an accelerator
-`memory_stats()`'s peak bytes in use, on CPU the peak resident set (VmHWM, reset there
-through /proc/self/clear_refs) minus the resident set then, after `malloc_trim` has
-handed the compiler's freed memory back (else the run would reuse it unseen). So both
-are of the same thing: what the data, the models and the running programs hold. The
-goal: every estimate within +30% / -10% of the measured peak (below it is an
-out-of-memory crash, above it only smaller chunks). On CPU the peak of one case can
-move from run to run (the order of the allocator's requests differs; `hostmem.hand_back`
-between a run's programs keeps most of that out), so each case runs `--repeats` times,
-each in a fresh process, and its measured figure is the largest: the one a plan must
-cover. Every repeat's figure is kept in the result.
+`memory_stats()`'s peak bytes in use plus its peak bytes reserved (a TPU holds programs'
+working memory there, apart from the arrays in use: `memory.device_peak_bytes`), on CPU
+the peak resident set (VmHWM, reset there through /proc/self/clear_refs) minus the
+resident set then, after `malloc_trim` has handed the compiler's freed memory back (else
+the run would reuse it unseen). So both are of the same thing: what the data, the
+models and the running programs hold. The goal: every estimate within +30% / -10% of the
+measured peak (below it is an out-of-memory crash, above it only smaller chunks). On
+CPU the peak of one case can move from run to run (the order of the allocator's requests
+differs; `hostmem.hand_back` between a run's programs keeps most of that out), so each
+case runs `--repeats` times, each in a fresh process, and its measured figure is the
+largest: the one a plan must cover. Every repeat's figure is kept in the result.
 
 Needs MNIST where JAXMNIST_DATA_DIR (or the cache) has it, except with --smoke.
 
@@ -111,7 +112,10 @@ def measure_case(
         chunks, about = planned(*args)
         seen.update(about, estimate_seconds=time.perf_counter() - start)
         stats = _device_stats()
+        # What is placed already (nothing of the run's): not counted. What is reserved for
+        # the compiled programs (if a runtime reserves at load) is the run's, and counted.
         seen["device_in_use"] = stats and stats["bytes_in_use"]
+        seen["device_reserved"] = stats and stats.get("bytes_reserved", 0)
         if not stats:  # the host's memory is the device's: its peak from here on
             gc.collect()
             ctypes.CDLL("libc.so.6").malloc_trim(0)  # the compiler's freed memory, to the OS
@@ -126,7 +130,8 @@ def measure_case(
         memory.chunks_for = planned
     stats = _device_stats()
     if stats:
-        measured, how = stats["peak_bytes_in_use"] - seen["device_in_use"], "peak_bytes_in_use"
+        measured = memory.device_peak_bytes(stats) - seen["device_in_use"]
+        how = "peak_bytes_in_use + peak_bytes_reserved"
     else:
         measured, how = (status_kb("VmHWM") - seen["rss_kb"]) * 1024, "peak RSS"
     return {
@@ -141,6 +146,11 @@ def measure_case(
         "set": {k: getattr(getattr(cfg, k.split(".")[0]), k.split(".")[1]) for k in asked},
         "estimate_seconds": round(seen["estimate_seconds"], 2),
         "compile_seconds": round(result.compile_seconds, 2),
+        **(
+            {"reserved_mb_once_compiled": round(seen["device_reserved"] / 2**20, 1)}
+            if stats
+            else {}
+        ),
     }
 
 

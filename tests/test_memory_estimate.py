@@ -247,6 +247,32 @@ def test_a_population_that_does_not_fit_is_split_and_fails_in_one_line():
     assert "\n" not in str(e.value)
 
 
+def test_an_accelerators_budget_leaves_out_what_its_runtime_reserves(monkeypatch):
+    """A TPU keeps programs' working memory as `bytes_reserved`, outside `bytes_in_use`
+    (its `memory_stats()` after a program with 256 MB of temporaries ran: 256 MB reserved,
+    the peak in use only its arrays'): the budget is what neither holds, and the measured
+    peak counts both."""
+    mb = memory.MB
+    stats = {
+        "bytes_limit": 16_000 * mb,
+        "bytes_in_use": 1_000 * mb,
+        "bytes_reserved": 3_000 * mb,
+        "peak_bytes_in_use": 1_200 * mb,
+        "peak_bytes_reserved": 3_000 * mb,
+    }
+    device = SimpleNamespace(device_kind="TPU v5 lite", memory_stats=lambda: stats)
+    monkeypatch.setattr(memory.jax, "local_devices", lambda: [device])
+    cfg = config_lib.get_preset("cnn")
+    budget, source = memory.device_budget(cfg)
+    assert budget == int(12_000 * mb * memory.DEVICE_FRACTION)
+    assert source == "85% of the free memory of TPU v5 lite"
+    assert memory.device_peak_bytes(stats) == 4_200 * mb
+    # A backend that reports no reservation (a GPU's allocator holds everything in use).
+    gpu = {k: v for k, v in stats.items() if "reserved" not in k}
+    assert memory.device_bytes_held(gpu) == 1_000 * mb
+    assert memory.device_peak_bytes(gpu) == 1_200 * mb
+
+
 def test_abstract_data_matches_what_the_run_places(tiny_dataset):
     from jaxmnist.training import evaluate
 

@@ -29,8 +29,9 @@ own figures, so only the chunk sizes in between are interpolated. `plan_chunks` 
 splits the models into the fewest equal chunks whose transient memory fits beside
 everything resident; if even one model at a time does not fit, it fails with one line
 saying what would, before anything is placed. The budget is the device's free memory
-(`memory_stats`), the host's available memory on CPU (where XLA allocates from the
-process heap), or `memory_budget_mb` when set.
+(`memory_stats`: its limit, less what is in use and what is reserved for programs), the
+host's available memory on CPU (where XLA allocates from the process heap), or
+`memory_budget_mb` when set.
 """
 
 from __future__ import annotations
@@ -237,6 +238,21 @@ def _host_available_bytes() -> int | None:
     return None
 
 
+def device_bytes_held(stats: dict) -> int:
+    """What an accelerator holds now, from its `memory_stats()`: the arrays in use and,
+    where the runtime reports it, what it has reserved for loaded programs' working memory
+    (`bytes_reserved`: a TPU keeps each program's temporaries there, outside
+    `bytes_in_use`)."""
+    return stats.get("bytes_in_use", 0) + stats.get("bytes_reserved", 0)
+
+
+def device_peak_bytes(stats: dict) -> int:
+    """The most an accelerator has held, from its `memory_stats()`: the peak of the arrays
+    in use plus the peak reserved for programs (`device_bytes_held`). The two peaks may
+    come at different moments, so the sum bounds the peak of what it held from above."""
+    return stats.get("peak_bytes_in_use", 0) + stats.get("peak_bytes_reserved", 0)
+
+
 def device_budget(cfg) -> tuple[int | None, str]:
     """(bytes the models may use, where that figure comes from); None: unknown."""
     if cfg.memory_budget_mb is not None:
@@ -244,7 +260,7 @@ def device_budget(cfg) -> tuple[int | None, str]:
     device = jax.local_devices()[0]
     stats = device.memory_stats() if hasattr(device, "memory_stats") else None
     if stats and "bytes_limit" in stats:
-        free = stats["bytes_limit"] - stats.get("bytes_in_use", 0)
+        free = stats["bytes_limit"] - device_bytes_held(stats)
         return int(free * DEVICE_FRACTION), f"85% of the free memory of {device.device_kind}"
     available = _host_available_bytes()
     if available is not None:
