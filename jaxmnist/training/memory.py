@@ -240,9 +240,9 @@ def _host_available_bytes() -> int | None:
 
 def device_bytes_held(stats: dict) -> int:
     """What an accelerator holds now, from its `memory_stats()`: the arrays in use and,
-    where the runtime reports it, what it has reserved for loaded programs' working memory
-    (`bytes_reserved`: a TPU keeps each program's temporaries there, outside
-    `bytes_in_use`)."""
+    where the runtime reports it, what it has reserved for programs' working memory
+    (`bytes_reserved`: a TPU reserves a program's temporaries when it first runs, outside
+    `bytes_in_use`, keeps them, and runs smaller programs in the same reservation)."""
     return stats.get("bytes_in_use", 0) + stats.get("bytes_reserved", 0)
 
 
