@@ -112,8 +112,9 @@ def measure_case(
         chunks, about = planned(*args)
         seen.update(about, estimate_seconds=time.perf_counter() - start)
         stats = _device_stats()
-        # What is placed already (nothing of the run's): not counted. What is reserved for
-        # the compiled programs (if a runtime reserves at load) is the run's, and counted.
+        # What is placed already (nothing of the run's) is not counted; what is reserved
+        # for programs is (a TPU reserves at a program's first run: none yet, and kept in
+        # the result to show it).
         seen["device_in_use"] = stats and stats["bytes_in_use"]
         seen["device_reserved"] = stats and stats.get("bytes_reserved", 0)
         if not stats:  # the host's memory is the device's: its peak from here on
