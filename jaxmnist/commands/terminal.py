@@ -30,6 +30,7 @@ class TerminalReporter(Callback):
         self._bar = None
         self._first_step = 0
         self._val = False  # the run holds out a validation split: its columns are shown
+        self._info: dict = {}  # the run's facts, from `on_start`
         self.closed = False  # stdout's reader went away (`train | head`)
 
     def _print(self, text: str) -> None:
@@ -61,7 +62,7 @@ class TerminalReporter(Callback):
         # start-up: the loop imports jax and optax, which building train's parser does not need
         from jaxmnist.training.loop import devices_text, run_length
 
-        info = start.info
+        info = self._info = start.info
         self._print(
             f"{info['dataset']} from {info['source']} | {info['num_params']:,} parameters | "
             f"{run_length(info)} | {info['backend']}: {devices_text(info)}"
@@ -98,7 +99,7 @@ class TerminalReporter(Callback):
             )
 
     def on_compiled(self, seconds: float) -> None:
-        self._print(f"compiled in {seconds:.2f} s")
+        self._print(f"compiled in {seconds:.2f} s{compile_detail(self._info)}")
         self._print(
             f"{'epoch':>5} {'step':>6} {'train loss':>10} {'train acc':>9} "
             + f"{'val loss':>9} {'val acc':>8} " * self._val
@@ -237,6 +238,17 @@ def target_of(s: dict) -> str:
     """What a summary's target watched: `test accuracy`, `mean validation accuracy`, ..."""
     split = "validation" if s.get("target_split") == "val" else "test"
     return f"{'mean ' * ('seeds' in s)}{split} accuracy"
+
+
+def compile_detail(info: dict) -> str:
+    """What the "compiled in" line adds from a run's `compile_programs` (each program's
+    compile seconds): how many programs, and the slowest (where they compile at once,
+    what the run waited for). Empty where none are known."""
+    programs = info.get("compile_programs") or {}
+    if not programs:
+        return ""
+    name, longest = max(programs.items(), key=lambda item: item[1])
+    return f" ({plural(len(programs), 'program')}; longest {name} {longest:.2f} s)"
 
 
 def duration(seconds: float) -> str:

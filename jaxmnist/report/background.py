@@ -24,6 +24,7 @@ runs by itself when the renderer is garbage-collected or this process exits.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -34,6 +35,7 @@ from pathlib import Path
 
 from jaxmnist import errors
 
+MAX_COPIES = 7  # forked drawers at most: a run's report has about as many figures
 TIMEOUT_SECONDS = 600.0  # for the drawing, from the moment the child is told
 
 
@@ -161,21 +163,25 @@ def main() -> int:
         registry.DATASETS[name] = registry.spec_from_dict(spec)
     describe.MODEL_FACTS.update(request["model_facts"])
     try:
-        answer = {"report": str(write_run_report(request["run_dir"], draw=draw_in_two))}
+        # As many drawers as the cores allow, all but one core to the copies.
+        copies = max(1, min(len(os.sched_getaffinity(0)) - 1, MAX_COPIES))
+        draw = functools.partial(draw_in_two, copies=copies)
+        answer = {"report": str(write_run_report(request["run_dir"], draw=draw))}
     except errors.JaxmnistError as e:
         answer = {"error": str(e), "kind": type(e).__name__, "exit_code": e.exit_code}
     print(json.dumps(answer), flush=True)
     return 0
 
 
-def draw_in_two(makers: dict) -> dict[str, bytes]:
+def draw_in_two(makers: dict, copies: int = 1) -> dict[str, bytes]:
     """{name: PNG bytes} of `makers` ({name: (figure maker, alt)}, `run_report`), drawn
-    by this process and a forked copy of it at once: the run has ended, so that the
-    machine's cores are free. The two take the figures one at a time from a shared queue
-    (a pipe holding their indices), so that one costly figure (a confusion matrix) does
-    not leave one of them idle while the other draws the rest of its half. What the copy
-    does not deliver (it could not be forked, failed: its traceback is on stderr) is
-    drawn here; so is everything once JAX is loaded, as it cannot be forked."""
+    by this process and `copies` forked copies of it at once (one: "in two"): the run
+    has ended, so that the machine's cores are free. They take the figures one at a time
+    from a shared queue (a pipe holding their indices), so that one costly figure (a
+    confusion matrix) does not leave one of them idle while another draws the rest of
+    its share. What a copy does not deliver (it could not be forked, failed: its
+    traceback is on stderr) is drawn here; so is everything once JAX is loaded, as it
+    cannot be forked."""
     import pickle
     import traceback
 
@@ -187,48 +193,57 @@ def draw_in_two(makers: dict) -> dict[str, bytes]:
     def draw(name: str) -> None:
         pngs[name] = to_png(makers[name][0]())
 
-    pid = queue = r = w = None
+    queue = None
+    forked: list[tuple[int, int]] = []  # (pid, the pipe its figures come back on)
     try:
         if "jax" in sys.modules or len(names) > 255:  # JAX's threads make a fork unsafe
             raise OSError
         queue, fill = os.pipe()
         os.write(fill, bytes(range(len(names))))  # one byte per figure, far below a pipe's size
-        os.close(fill)  # before the fork: the queue ends where its last index is taken
-        r, w = os.pipe()
-        pid = os.fork()
-    except OSError:
-        for fd in (r, w):  # no copy: this process takes every index itself
-            if fd is not None:
-                os.close(fd)
-    if pid == 0:  # the copy: draws what it takes, sends it, and never returns
-        code = 1
-        try:
-            os.close(r)
+        os.close(fill)  # before the forks: the queue ends where its last index is taken
+        for _ in range(max(0, min(copies, len(names) - 1))):
+            r, w = os.pipe()
             try:
-                _take_from(queue, names, draw)
-                code = 0
-            except BaseException:  # noqa: BLE001  the rest is drawn by the parent
-                traceback.print_exc()
-            with os.fdopen(w, "wb") as f:
-                pickle.dump(pngs, f)
-        finally:
-            os._exit(code)
-    data = b""
+                pid = os.fork()
+            except OSError:
+                os.close(r)
+                os.close(w)
+                break
+            if pid == 0:  # a copy: draws what it takes, sends it, and never returns
+                code = 1
+                try:
+                    os.close(r)
+                    for _, other in forked:  # the pipes of the copies before it
+                        os.close(other)
+                    try:
+                        _take_from(queue, names, draw)
+                        code = 0
+                    except BaseException:  # noqa: BLE001  the rest is drawn by the parent
+                        traceback.print_exc()
+                    with os.fdopen(w, "wb") as f:
+                        pickle.dump(pngs, f)
+                finally:
+                    os._exit(code)
+            os.close(w)
+            forked.append((pid, r))
+    except OSError:
+        pass  # no copy: this process takes every index itself
+    data = []
     try:
         if queue is not None:
             _take_from(queue, names, draw)
-    finally:  # even when drawing here failed: the copy is waited for, never left behind
+    finally:  # even when drawing here failed: the copies are waited for, never left behind
         if queue is not None:
             os.close(queue)
-        if pid is not None:
-            os.close(w)
+        for pid, r in forked:
             with os.fdopen(r, "rb") as f:
-                data = f.read()
+                data.append(f.read())
             os.waitpid(pid, 0)
-    try:
-        pngs.update(pickle.loads(data) if data else {})  # from our own copy
-    except (pickle.UnpicklingError, EOFError, ValueError):
-        pass
+    for part in data:
+        try:
+            pngs.update(pickle.loads(part) if part else {})  # from our own copies
+        except (pickle.UnpicklingError, EOFError, ValueError):
+            pass
     for n in names:
         if n not in pngs:
             draw(n)

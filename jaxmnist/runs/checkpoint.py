@@ -28,6 +28,7 @@ run that goes on removes it (`remove_unfinished`).
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import re
@@ -194,6 +195,8 @@ class Checkpointer(Callback):
         # an interrupted run's. Process 0 only: the others share the folder.
         if jax.process_index() == 0:
             remove_unfinished(self.path)
+        if self.pool is not None:  # loaded on the writer's thread as the run compiles
+            self.pending = self.pool.submit(importlib.import_module, "orbax.checkpoint")
         self.records = list(start.progress.records)  # a resumed run's epochs before the restart
 
     def on_epoch_end(self, end) -> None:

@@ -269,17 +269,30 @@ def _compiled_predict(model_cfg) -> Callable:
     return jax.jit(predict)
 
 
+def predict_program(model_cfg, params: Any, images_shape: tuple, batch_size: int = 2000):
+    """The compiled program `predict_probabilities` runs for `params` (arrays, or
+    `jax.ShapeDtypeStruct`s with their shardings) on uint8 images of `images_shape`
+    (N, H, W), compiled ahead: a run compiles the one for its saved predictions while
+    it trains."""
+    n, *shape = images_shape
+    batch = min(batch_size, n)
+    device = jax.tree.leaves(params)[0].sharding
+    images = jax.ShapeDtypeStruct((-(-n // batch), batch, *shape), np.uint8, sharding=device)
+    return _compiled_predict(model_cfg).lower(params, images).compile()
+
+
 def predict_probabilities(
-    model_cfg, params: Any, images_u8: np.ndarray, batch_size: int = 2000
+    model_cfg, params: Any, images_u8: np.ndarray, batch_size: int = 2000, program=None
 ) -> np.ndarray:
     """Softmax probabilities, float32 (N, C), for uint8 images (N, H, W) or (N, H*W).
 
-    One jitted call over the padded batches (cached per model config); the padded
-    rows are dropped before returning.
+    One jitted call over the padded batches (cached per model config), or `program`
+    (`predict_program`'s, for these shapes); the padded rows are dropped before returning.
     """
     n = len(images_u8)
     data = pad_eval_data(np.asarray(images_u8), np.zeros(n, np.int32), batch_size)
-    probs = jax.device_get(_compiled_predict(model_cfg)(params, data.images))
+    predict = program or _compiled_predict(model_cfg)
+    probs = jax.device_get(predict(params, data.images))
     return np.asarray(probs, np.float32).reshape(-1, probs.shape[-1])[:n]
 
 

@@ -244,10 +244,14 @@ def train_population(
 
 def _compile(run: Setup) -> float:
     """Compiles every distinct program ahead of time; returns the seconds compiling took,
-    the memory estimate's compiles (in `setup_run`, reused here) included."""
+    the memory estimate's compiles (in `setup_run`, reused here) included. A chunk's
+    programs compile at once (`population.compile_all`): the seconds are the wall
+    clock's, and `run.info["compile_programs"]` gets each program's own."""
     run.population.compile(run.plan.steps_per_epoch, run.train_data, run.eval_sets)
     start = time.perf_counter()
     parallel.agree(0.0, False)  # several processes: its collective compiles here too
+    # Each program's compile, for the terminal and summary.json (`compile_programs`).
+    run.info["compile_programs"] = dict(run.population.compile_times)
     return run.population.compile_seconds + time.perf_counter() - start
 
 

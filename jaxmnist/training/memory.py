@@ -133,13 +133,17 @@ def ynn_fusion_bytes(hlo: str) -> int:
     return largest
 
 
-def chunk_memory(programs: dict, models: int, num_epochs: int = 1) -> ChunkMemory:
+def chunk_memory(
+    programs: dict, models: int, num_epochs: int = 1, host: tuple[str, ...] = ()
+) -> ChunkMemory:
     """Reads `memory_analysis()` and the YNNPACK fusions (`ynn_fusion_bytes`) of a
     chunk's compiled programs (`Population.chunk_programs`: name -> `jax.stages.Compiled`)
-    for `models` models per device."""
+    for `models` models per device. Programs named in `host` run on the host's CPU
+    (a TPU run's plan): only their outputs, placed on the mesh, count."""
     stats = {name: p.memory_analysis() for name, p in programs.items()}
-    texts = {name: p.as_text() for name, p in programs.items()}
+    texts = {name: p.as_text() for name, p in programs.items() if name not in host}
     fusions = {name: ynn_fusion_bytes(text) for name, text in texts.items()}
+    on_mesh = {name: st for name, st in stats.items() if name not in host}
 
     def working(name, s) -> int:
         new_outputs = s.output_size_in_bytes - s.alias_size_in_bytes  # donated ones reused
@@ -157,8 +161,8 @@ def chunk_memory(programs: dict, models: int, num_epochs: int = 1) -> ChunkMemor
     return ChunkMemory(
         models,
         resident,
-        max(working(n, s) for n, s in stats.items()),
-        sum(s.generated_code_size_in_bytes for s in stats.values()),
+        max(working(n, s) for n, s in on_mesh.items()),
+        sum(s.generated_code_size_in_bytes for s in on_mesh.values()),
         any(calls_native_kernels(text) for text in texts.values()),
     )
 
@@ -314,8 +318,9 @@ def estimate_for(cfg, pop, steps_per_epoch: int, dataset, sizes: tuple[int, ...]
     train, evals = abstract_data(cfg, dataset, pop.layout)
     num_epochs = pop.num_epochs
     compiled = [pop.chunk_programs(size, steps_per_epoch, train, evals) for size in sizes]
+    host = ("plan",) if pop.plan_device is not None else ()
     measured = [
-        chunk_memory(programs, size // per, num_epochs)
+        chunk_memory(programs, size // per, num_epochs, host)
         for programs, size in zip(compiled, sizes, strict=True)
     ]
     cpu = pop.layout.mesh.devices.flat[0].platform == "cpu"

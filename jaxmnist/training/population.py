@@ -15,7 +15,15 @@ member. Members are cut into chunks that fit in device memory
 Three programs train: `plan_epoch` draws every member's epoch plan once,
 `new_metrics` makes the epoch's empty accumulators, and `train_steps` runs
 any range of an epoch's steps (its bounds are traced, so it compiles once for
-every range). The run loop chooses the ranges.
+every range). The run loop chooses the ranges. A chunk's programs are lowered one
+after another and, off the CPU, compiled at once on threads (`compile_all`: the
+compiles are independent), so a run waits for its slowest program rather than for
+the sum of them.
+
+On a TPU, the plan is drawn on the host's CPU and copied to the mesh, the next
+epoch's while this one trains: a TPU compiles a sort of a training set's size
+for many seconds (most of a run's compile time), the host compiles and runs
+it in milliseconds, and the plan is the same on either (`shuffle`).
 
 A member's random keys do not depend on its company: seed s gives
 `init_key, shuffle_key = split(key(s))` and epoch keys `split(shuffle_key,
@@ -25,10 +33,13 @@ the same trajectory as that seed trained alone (up to float summation order).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import itertools
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 import jax
@@ -81,6 +92,43 @@ def member_keys(seed: int, num_epochs: int):
 KEY_BLOCK = 1024
 
 
+def plan_device(backend: str | None = None) -> jax.Device | None:
+    """The device epoch plans are drawn on when it is not the mesh's: the host's CPU
+    where the backend is a TPU (module doc) and JAX has its CPU backend too; else None."""
+    if (backend or jax.default_backend()) != "tpu":
+        return None
+    try:
+        return jax.local_devices(backend="cpu")[0]
+    except RuntimeError:  # JAX_PLATFORMS without cpu
+        return None
+
+
+def compile_workers(platform: str) -> int:
+    """How many programs compile at once for `platform`: one on a CPU, where XLA's
+    compiles already share the cores with each other's threads (measured: no faster at
+    once on two cores, and more memory), else as many as the host has cores, to 16."""
+    return 1 if platform == "cpu" else min(os.cpu_count() or 1, 16)
+
+
+def compile_all(lowered: dict, workers: int = 1) -> tuple[dict, dict]:
+    """Compiles every `jax.stages.Lowered` of `lowered` (name -> Lowered), `workers` at
+    once on threads; returns (name -> Compiled, name -> seconds its compile took). The
+    first error raised by a compile is raised here, after every compile has ended."""
+
+    def timed(item):
+        name, low = item
+        start = time.perf_counter()
+        compiled = low.compile()
+        return name, compiled, time.perf_counter() - start
+
+    if workers <= 1 or len(lowered) <= 1:
+        done = [timed(item) for item in lowered.items()]
+    else:
+        with ThreadPoolExecutor(workers, thread_name_prefix="jaxmnist-compile") as pool:
+            done = list(pool.map(timed, lowered.items()))
+    return {n: c for n, c, _ in done}, {n: t for n, _, t in done}
+
+
 def population_keys(seeds, num_epochs: int) -> tuple[np.ndarray, np.ndarray]:
     """The raw key data of `member_keys` for every seed, (N, ...) and (N, num_epochs, ...).
     Each seed's two root keys come `KEY_BLOCK` seeds at a time (one member at a time, a
@@ -93,11 +141,13 @@ def population_keys(seeds, num_epochs: int) -> tuple[np.ndarray, np.ndarray]:
     # Seeds lie in 0..config.MAX_SEED: uint32 holds them all as they are.
     padded = np.zeros(-(-n // KEY_BLOCK) * KEY_BLOCK, np.uint32)
     padded[:n] = seeds
-    roots = [_root_keys(padded[i : i + KEY_BLOCK]) for i in range(0, len(padded), KEY_BLOCK)]
-    init = np.concatenate([np.asarray(i) for i, _ in roots])[:n]
-    shuffle = np.concatenate([np.asarray(s) for _, s in roots])[:n]
-    epochs = [_epoch_keys(raw, num_epochs) for raw in shuffle]
-    return init, np.stack([np.asarray(e) for e in epochs])
+    host = plan_device()  # keys are integers: the same bits anywhere, quicker to compile there
+    with jax.default_device(host) if host else contextlib.nullcontext():
+        roots = [_root_keys(padded[i : i + KEY_BLOCK]) for i in range(0, len(padded), KEY_BLOCK)]
+        init = np.concatenate([np.asarray(i) for i, _ in roots])[:n]
+        shuffle = np.concatenate([np.asarray(s) for _, s in roots])[:n]
+        epochs = [_epoch_keys(raw, num_epochs) for raw in shuffle]
+        return init, np.stack([np.asarray(e) for e in epochs])
 
 
 @jax.jit
@@ -164,12 +214,20 @@ class Population:
         self.finish_fns: dict = {}  # set name -> compiled ensemble of every chunk on it
         self.programs: dict = {}  # chunk size -> its compiled programs (`chunk_programs`)
         self.compile_seconds = 0.0  # spent in `chunk_programs`, for the estimate or the run
+        self.compile_times: dict = {}  # program name (size/name) -> its compile's seconds
+        # Where plans are drawn when not on the mesh (module doc), and the next epoch's
+        # plans, drawn there ahead: (epoch index, one per chunk).
+        platform = layout.mesh.devices.flat[0].platform
+        self.plan_device = plan_device(platform)
+        self.compile_workers = compile_workers(platform)
+        self._next_plans: tuple[int, list] | None = None
 
     def __len__(self) -> int:
         return len(self.members)
 
-    def _lift(self, fn, size: int, in_axes):
-        """`fn` over one member, run over `size` stacked members (see the module doc)."""
+    def _lift(self, fn, size: int, in_axes, on_mesh: bool = True):
+        """`fn` over one member, run over `size` stacked members (see the module doc);
+        `on_mesh`: the program runs on the mesh (else on one device: no member axis)."""
         if size == 1:
 
             def squeezed(*args):
@@ -180,7 +238,7 @@ class Population:
                 return jax.tree.map(lambda x: x[None], fn(*args))
 
             return squeezed
-        axis_name = "members" if self.layout.members > 1 else None
+        axis_name = "members" if self.layout.members > 1 and on_mesh else None
         return jax.vmap(fn, in_axes=in_axes, spmd_axis_name=axis_name)
 
     def _init_fn(self, size: int):
@@ -229,6 +287,7 @@ class Population:
             self.num_classes, self.num_epochs, self.layout, ensemble=self.ensemble,
         )  # fmt: skip
         other.programs, other.compile_seconds = self.programs, self.compile_seconds
+        other.compile_times = self.compile_times
         return other
 
     def chunk_programs(self, size: int, steps_per_epoch: int, train_data, eval_sets: dict) -> dict:
@@ -255,12 +314,19 @@ class Population:
         }
         init = jax.jit(self._init_fn(size), out_shardings=by_member)
         states = shapes(init.eval_shape(raw_keys, hyper))
-        plan = make_epoch_plan(self.cfg, train_data.images.shape[0], S)
-        planned = jax.jit(
-            self._lift(lambda raw_key: plan(_wrap(raw_key)), size, (0,)),
-            in_shardings=by_member,
-            out_shardings=by_member,
+        host = self.plan_device
+        plan = make_epoch_plan(
+            self.cfg, train_data.images.shape[0], S, host.platform if host else None
         )
+        planned = self._lift(lambda raw_key: plan(_wrap(raw_key)), size, (0,), host is None)
+        if host is None:
+            planned = jax.jit(planned, in_shardings=by_member, out_shardings=by_member)
+            plan_keys = raw_keys
+        else:  # drawn on the host, placed on the mesh as `by_member` (`plan_epoch`)
+            planned = jax.jit(planned)
+            plan_keys = jax.ShapeDtypeStruct(
+                (size, 2), np.uint32, sharding=jax.sharding.SingleDeviceSharding(host)
+            )
         fresh = jax.jit(
             lambda: jax.tree.map(lambda x: jnp.broadcast_to(x, (size, *x.shape)), empty_metrics(S)),
             out_shardings=by_member,
@@ -273,20 +339,24 @@ class Population:
             out_shardings=(by_member, by_member),
         )
         bounds = jax.ShapeDtypeStruct((), np.int32, sharding=lay.replicated)
-        plan_shapes = shapes(planned.eval_shape(raw_keys))
+        plan_shapes = shapes(planned.eval_shape(plan_keys))
         metric_shapes = shapes(fresh.eval_shape())
-        programs = {
-            "init": init.lower(raw_keys, hyper).compile(),
-            "plan": planned.lower(raw_keys).compile(),
-            "metrics": fresh.lower().compile(),
-            "steps": stepped.lower(
-                states, metric_shapes, plan_shapes, train_data, bounds, bounds
-            ).compile(),
-            "rate": self._rate_fn().lower(states).compile(),
+        lowered = {
+            "steps": stepped.lower(states, metric_shapes, plan_shapes, train_data, bounds, bounds),
+            "init": init.lower(raw_keys, hyper),
+            "plan": planned.lower(plan_keys),
+            "metrics": fresh.lower(),
+            "rate": self._rate_fn().lower(states),
         }
         for name, data in eval_sets.items():
-            fn = self._eval_fn(size, name)
-            programs[f"eval/{name}"] = fn.lower(states.params, data).compile()
+            lowered[f"eval/{name}"] = self._eval_fn(size, name).lower(states.params, data)
+        programs, seconds = compile_all(lowered, self.compile_workers)
+        self.compile_times.update(
+            {
+                f"{name}" if size == len(self) else f"{name} ({size})": t
+                for name, t in seconds.items()
+            }
+        )
         self.programs[size] = programs
         self.compile_seconds += time.perf_counter() - start
         return programs
@@ -335,6 +405,7 @@ class Population:
             return evaluate_lib.ensemble_sums(total, members, data, classes)
 
         done = jax.jit(finish, out_shardings=lay.replicated)
+        lowered = {}
         for name in evaluate_lib.ENSEMBLE_SETS:
             if name in arrays:
                 labels = arrays[name].labels
@@ -342,15 +413,41 @@ class Population:
                     (*labels.shape, classes), jnp.float32, sharding=lay.eval_batches
                 )
                 parts = [part] * len(self.chunks)
-                self.finish_fns[name] = done.lower(parts, arrays[name]).compile()
+                lowered[name] = done.lower(parts, arrays[name])
+        compiled, seconds = compile_all(lowered, self.compile_workers)
+        self.finish_fns.update(compiled)
+        self.compile_times.update({f"ensemble/{n}": t for n, t in seconds.items()})
         self.compile_seconds += time.perf_counter() - start
 
     def plan_epoch(self, epoch_index: int) -> list[EpochPlan]:
-        """Every chunk's plan for epoch `epoch_index` (0-based), drawn on the devices."""
+        """Every chunk's plan for epoch `epoch_index` (0-based), on the mesh; where plans
+        are drawn on the host (`plan_device`), the next epoch's is started there too."""
         lay = self.layout
-        with jax.transfer_guard_host_to_device("allow"):  # the epoch's keys, placed as it starts
-            keys = [lay.put(self.epoch_keys[s, epoch_index], lay.by_member) for s in self.slices]
-        return [self.plan_fns[size](k) for size, k in zip(self.chunks, keys, strict=True)]
+        if self.plan_device is None:
+            with jax.transfer_guard_host_to_device("allow"):  # the epoch's keys, as it starts
+                keys = [
+                    lay.put(self.epoch_keys[s, epoch_index], lay.by_member) for s in self.slices
+                ]
+            return [self.plan_fns[size](k) for size, k in zip(self.chunks, keys, strict=True)]
+        ahead = self._next_plans
+        drawn = ahead[1] if ahead and ahead[0] == epoch_index else self._draw_plans(epoch_index)
+        self._next_plans = None
+        if epoch_index + 1 < self.num_epochs:  # dispatched: the host draws it as this one trains
+            self._next_plans = (epoch_index + 1, self._draw_plans(epoch_index + 1))
+        with jax.transfer_guard("allow"):  # the host's plan, copied to the mesh
+            return [
+                jax.tree.map(lambda x: lay.put(np.asarray(x), lay.by_member), plan)
+                for plan in drawn
+            ]
+
+    def _draw_plans(self, epoch_index: int) -> list[EpochPlan]:
+        """Every chunk's plan for epoch `epoch_index`, dispatched on `plan_device`."""
+        with jax.transfer_guard("allow"):
+            keys = [
+                jax.device_put(self.epoch_keys[s, epoch_index], self.plan_device)
+                for s in self.slices
+            ]
+            return [self.plan_fns[size](k) for size, k in zip(self.chunks, keys, strict=True)]
 
     def new_metrics(self) -> list[EpochMetrics]:
         """Every chunk's empty epoch accumulators (member axis first)."""
@@ -426,6 +523,10 @@ class Population:
 
     def params(self, states):
         """Every member's parameters on the host, stacked along a leading member axis."""
+        if self.layout.size == 1:  # nothing to gather: one device holds every member
+            return jax.tree.map(
+                lambda *xs: np.concatenate(xs), *jax.device_get([s.params for s in states])
+            )
         gather = jax.jit(lambda p: p, out_shardings=self.layout.replicated)
         return jax.tree.map(
             lambda *xs: np.concatenate(xs),

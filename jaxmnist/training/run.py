@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import jax
 import numpy as np
@@ -21,12 +22,13 @@ from jaxmnist import config as config_lib
 from jaxmnist import runtime, stats
 from jaxmnist.data import load_dataset
 from jaxmnist.errors import TrainingError
+from jaxmnist.models import get_model
 from jaxmnist.runs import reader
 from jaxmnist.runs import resume as resume_lib
 from jaxmnist.runs.checkpoint import Checkpointer, CheckpointOptions
 from jaxmnist.runs.writer import RunWriter
 from jaxmnist.training import evaluate as evaluate_lib
-from jaxmnist.training import parallel
+from jaxmnist.training import parallel, population
 from jaxmnist.training.hooks import Callback, Callbacks, RunEnd, RunResult
 from jaxmnist.training.loop import train_population
 from jaxmnist.training.population import seed_members
@@ -79,6 +81,10 @@ def train_and_evaluate(
     events = _events(workdir) if writes and cfg.tensorboard else None
     saver = Checkpointer(workdir, checkpoints) if workdir and checkpoints else None
     calls = Callbacks([*Callbacks(callbacks).items, files, events, saver])
+    # The saved predictions' program compiles while the run's own compile and train,
+    # where programs compile at once (not on a CPU: `population.compile_workers`).
+    ahead = writes and population.compile_workers(jax.default_backend()) > 1
+    predict = _compile_predict(cfg, dataset) if ahead else None
     try:
         try:
             result = train_population(
@@ -106,7 +112,7 @@ def train_and_evaluate(
             )
         summary = summarise(cfg, result, dataset, layout, time.perf_counter() - wall_start)
         params = result.population.params(result.states)  # every process: a collective gather
-        probs = _first_member_probabilities(cfg, params, dataset) if writes else None
+        probs = _first_member_probabilities(cfg, params, dataset, predict) if writes else None
         calls.on_finish(RunEnd(summary, result, params, probs, dataset))
     finally:
         if events:
@@ -131,6 +137,7 @@ def summarise(cfg, r: RunResult, dataset, layout: parallel.Layout, wall_seconds:
         "epochs": len(r.records),
         "steps": r.steps,
         "compile_seconds": r.compile_seconds,
+        "compile_programs": r.info.get("compile_programs", {}),
         "train_seconds": r.train_seconds,
         "eval_seconds": r.eval_seconds,
         "examples_per_second": r.steps * cfg.train.batch_size * models / r.train_seconds,
@@ -215,11 +222,39 @@ def _steady_epoch_seconds(records: list[dict], plan) -> float | None:
     return float(np.median(full[1:])) if len(full) > 1 else None
 
 
-def _first_member_probabilities(cfg, params, dataset) -> np.ndarray:
-    """float32 (N, C): the first member's test-set probabilities, for reports."""
+def _compile_predict(cfg, dataset) -> Future:
+    """The program of `_first_member_probabilities`, compiling on a thread of its own."""
+    device = jax.sharding.SingleDeviceSharding(parallel.default_device())
+    model = get_model(cfg.model.name)
+    shapes = jax.eval_shape(
+        lambda k: model.init(
+            k, cfg.model, dataset.train_images.shape[1:], len(dataset.spec.class_names)
+        ),
+        jax.random.key(0),
+    )
+    params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), shapes)
+    pool = ThreadPoolExecutor(1, thread_name_prefix="jaxmnist-compile")
+    future = pool.submit(
+        evaluate_lib.predict_program,
+        cfg.model,
+        params,
+        dataset.test_images.shape,
+        cfg.train.eval_batch_size,
+    )
+    pool.shutdown(wait=False)
+    return future
+
+
+def _first_member_probabilities(cfg, params, dataset, predict: Future | None) -> np.ndarray:
+    """float32 (N, C): the first member's test-set probabilities, for reports; `predict`:
+    their program, compiling (`_compile_predict`)."""
     first = jax.device_put(jax.tree.map(lambda x: x[0], params), parallel.default_device())
+    try:
+        program = predict and predict.result()
+    except Exception:  # noqa: BLE001 -- compiled again below, where its error would show
+        program = None
     return evaluate_lib.predict_probabilities(
-        cfg.model, first, dataset.test_images, cfg.train.eval_batch_size
+        cfg.model, first, dataset.test_images, cfg.train.eval_batch_size, program
     )
 
 

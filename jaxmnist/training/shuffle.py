@@ -13,7 +13,9 @@ numbers that hold one digit of the key above the element's position, so the digi
 decides and the position breaks ties in the order of the pass before. Two passes of 16
 bits order up to 65,536 elements; larger sets take narrower digits and more passes, up
 to 2^24 elements, past which (and off the CPU, where sorts of key-value pairs are
-cheap) it is `jax.random.permutation` itself. The result is the library's exactly
+cheap to run) it is `jax.random.permutation` itself. A TPU compiles any sort of tens of
+thousands of elements for seconds, so there the run draws its plans with this on the
+host's CPU (`population.Population`). The result is the library's exactly
 (tests/test_shuffle.py compares them, ties among the keys included), so a run's data
 order, and every figure measured with it, is unchanged; `benchmarks/shuffle.py`
 measures the difference.
@@ -58,10 +60,11 @@ def stable_argsort(keys: jax.Array) -> jax.Array:
     return order
 
 
-def permutation(key: jax.Array, n: int) -> jax.Array:
+def permutation(key: jax.Array, n: int, platform: str | None = None) -> jax.Array:
     """`jax.random.permutation(key, n)`, bit for bit and in its integer dtype (module
-    docstring)."""
-    if n > MAX_RADIX_ELEMENTS or jax.default_backend() != "cpu":
+    docstring); `platform`: where the program runs ("cpu", "tpu", ...), by default JAX's
+    default backend."""
+    if n > MAX_RADIX_ELEMENTS or (platform or jax.default_backend()) != "cpu":
         return jax.random.permutation(key, n)
     x = jnp.arange(n)
     for _ in range(rounds(n)):

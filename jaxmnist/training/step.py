@@ -5,7 +5,7 @@ no notion of seeds or files, so that `jaxmnist.training.population` can run it f
 model, `vmap` it over many, and shard it over a mesh without rewriting it.
 
 An epoch is a plan and its steps. `plan(key) -> EpochPlan` draws a fresh
-permutation of the training set on the device (and each step's key for
+permutation of the training set (and each step's key for
 augmentation and dropout); `train_steps(state, metrics, plan, data, start, stop)` runs steps
 `start .. stop - 1` of it in one compiled loop, recording each step's loss in
 `metrics`. The run loop calls it for a whole short epoch at once, or for parts
@@ -87,9 +87,12 @@ def make_train_step(cfg, optimizer) -> Callable:
     return step
 
 
-def epoch_indices(key, num_examples: int, batch_size: int, num_steps: int) -> jax.Array:
-    """A fresh permutation, cut into `num_steps` batches (the remainder is dropped)."""
-    perm = shuffle.permutation(key, num_examples)  # jax.random.permutation's, bit for bit
+def epoch_indices(
+    key, num_examples: int, batch_size: int, num_steps: int, platform: str | None = None
+) -> jax.Array:
+    """A fresh permutation, cut into `num_steps` batches (the remainder is dropped);
+    `platform`: where it is drawn (`shuffle.permutation`)."""
+    perm = shuffle.permutation(key, num_examples, platform)  # jax.random.permutation's
     return perm[: num_steps * batch_size].reshape(num_steps, batch_size)
 
 
@@ -100,12 +103,15 @@ class EpochPlan(NamedTuple):
     keys: jax.Array | None  # uint32 (num_steps, 2): raw keys of augmentation and dropout
 
 
-def make_epoch_plan(cfg, num_examples: int, num_steps: int) -> Callable:
+def make_epoch_plan(
+    cfg, num_examples: int, num_steps: int, platform: str | None = None
+) -> Callable:
     """Returns `plan(key) -> EpochPlan` for epochs of `num_steps` (a full epoch's count:
-    a shorter last epoch runs the first steps of the same plan)."""
+    a shorter last epoch runs the first steps of the same plan); `platform`: where the
+    plan is drawn, by default JAX's default backend. The plan is the same on any."""
 
     def plan(key) -> EpochPlan:
-        idx = epoch_indices(key, num_examples, cfg.train.batch_size, num_steps)
+        idx = epoch_indices(key, num_examples, cfg.train.batch_size, num_steps, platform)
         if not (cfg.data.augment or cfg.model.dropout):
             return EpochPlan(idx, None)
         # Each step its own key; the permutation keeps `key` itself, as without augmentation.

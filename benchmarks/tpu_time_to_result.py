@@ -1,0 +1,163 @@
+"""A user's first run against the TPU 101 tutorial's: whole processes, and every preset's
+compile with an empty compilation cache.
+
+Measures, on one machine in one run, as separate processes one after another (a TPU
+admits one program at a time):
+
+1. Whole programs, as a user starts them: `python benchmarks/tutorial_tpu101.py`, then
+   `jaxmnist train --preset tpu101` with an empty compilation cache (a user's first
+   run: report and checkpoints as by default), the tutorial again, then jaxmnist again
+   with the cache the first run left (every later run). The ratios are jaxmnist's
+   whole process over the tutorial's run just before it: `cold_ratio`, `warm_ratio`.
+2. Compile: `jaxmnist train --preset P --epochs 1 --no-report --no-checkpoint` for
+   each of `--presets` (`speedrun8`: `speedrun --seeds 8`), each with an empty
+   compilation cache: the run's own `compile_seconds` (the wall clock from the first
+   program lowered to the last compiled; they compile at once) and each program's
+   compile (`compile_programs`), as its summary.json says them.
+
+Usage: JAXMNIST_DATA_DIR=../shared/datasets python benchmarks/tpu_time_to_result.py
+Writes JSON (`--out`, default benchmarks/results/<backend>/time_to_result.json) with the
+commit and date it measured. `--smoke`: tiny data, the tutorial's smoke mode, one preset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchlib.launch import jaxmnist_command, require_data_dir
+from benchlib.results import SMOKE_HELP, default_out, save_benchmark
+
+HERE = Path(__file__).resolve().parent
+# Goals (TPU v5e): whole-process ratios against the tutorial, and compile seconds.
+TARGETS = {
+    "cold_ratio": 0.6,
+    "warm_ratio": 0.5,
+    "compile_seconds": {
+        "tpu101": 3.0,
+        "codelab": 3.0,
+        "speedrun8": 8.0,
+        "record": 20.0,
+        "fashion_record": 20.0,
+    },
+}
+PRESETS = "tpu101,codelab,speedrun8,record,fashion_record"
+
+
+def preset_args(name: str) -> list[str]:
+    """The `train` arguments of a preset name of `--presets` (`NAME8`: 8 seeds)."""
+    if name.endswith("8"):
+        return ["--preset", name[:-1], "--seeds", "8"]
+    return ["--preset", name]
+
+
+def timed(argv: list[str], env: dict, limit: float) -> tuple[float, subprocess.CompletedProcess]:
+    """(whole-process wall seconds, the finished process); exits with one line on failure."""
+    start = time.perf_counter()
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=limit, check=False)
+    seconds = time.perf_counter() - start
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
+        shown = " ".join(a for a in argv if "\n" not in a)
+        sys.exit(f"{shown} failed (exit {done.returncode}): " + " | ".join(tail))
+    return seconds, done
+
+
+def summary_of(done: subprocess.CompletedProcess) -> dict:
+    """The summary `train --json` printed on stdout."""
+    return json.loads(done.stdout[done.stdout.index("{") :])
+
+
+def git_commit() -> dict:
+    """The commit measured, and whether the checkout differed from it."""
+
+    def git(*args) -> str:
+        out = subprocess.run(["git", *args], cwd=HERE, capture_output=True, text=True, check=False)
+        return out.stdout.strip() if out.returncode == 0 else ""
+
+    return {"commit": git("rev-parse", "HEAD") or None, "dirty": bool(git("status", "--short"))}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--presets", default=PRESETS, help=f"compiled cold, one by one ({PRESETS})")
+    p.add_argument("--limit", type=float, default=240.0, help="seconds each process may take")
+    p.add_argument("--out", type=Path, help="JSON output")
+    p.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    args = p.parse_args(argv)
+    require_data_dir(args.smoke)
+    load_before = os.getloadavg()
+    import jax  # after the arguments: --help starts no runtime
+
+    backend = jax.default_backend()
+    out = args.out or default_out(f"{backend}/time_to_result.json", args.smoke)
+    presets = ["tpu101"] if args.smoke else args.presets.split(",")
+    with tempfile.TemporaryDirectory(prefix="jaxmnist-ttr-") as tmp:
+        work = Path(tmp)
+        cmd, extra = jaxmnist_command(args.smoke, work)
+        steps = ["--steps", "4", "--batch-size", "2"] if args.smoke else []
+        tutorial = [sys.executable, str(HERE / "tutorial_tpu101.py")]
+        tutorial += ["--smoke"] * args.smoke
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+        def train(name: str, cache: str, *flags: str) -> tuple[float, dict]:
+            run_dir = str(work / "runs" / f"{name}-{len(list(work.glob('runs/*')))}")
+            seconds, done = timed(
+                [*cmd, "train", *preset_args(name), *extra, *steps, *flags]
+                + ["--run-dir", run_dir, "--json"],
+                {**env, "XDG_CACHE_HOME": str(work / cache)},
+                args.limit,
+            )
+            return seconds, summary_of(done)
+
+        whole = {}
+        print("whole programs: tutorial, jaxmnist (empty cache), tutorial, jaxmnist (warm)")
+        whole["tutorial_cold_seconds"], _ = timed(tutorial, env, args.limit)
+        whole["jaxmnist_cold_seconds"], cold = train("tpu101", "cache-first")
+        whole["tutorial_warm_seconds"], _ = timed(tutorial, env, args.limit)
+        whole["jaxmnist_warm_seconds"], warm = train("tpu101", "cache-first")
+        for key, value in whole.items():
+            print(f"  {key:<24} {value:7.2f} s")
+        compiles = {}
+        for name in presets:
+            if name == "tpu101" and args.smoke:
+                summary = cold  # the same compile, already measured
+            else:
+                epoch = ["--epochs", "1"] if not args.smoke else []
+                flags = [*epoch, "--no-report", "--no-checkpoint"]
+                _, summary = train(name, f"cache-{name}", *flags)
+            compiles[name] = {
+                "compile_seconds": summary["compile_seconds"],
+                "compile_programs": summary.get("compile_programs", {}),
+                "train_seconds": summary["train_seconds"],
+            }
+            print(f"  compile {name:<16} {summary['compile_seconds']:7.2f} s")
+    figures = {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        **git_commit(),
+        "command": " ".join(["python", "benchmarks/tpu_time_to_result.py", *(argv or [])]),
+        "smoke": args.smoke,
+        "cold_ratio": whole["jaxmnist_cold_seconds"] / whole["tutorial_cold_seconds"],
+        "warm_ratio": whole["jaxmnist_warm_seconds"] / whole["tutorial_warm_seconds"],
+        **whole,
+        "jaxmnist_cold_compile_seconds": cold["compile_seconds"],
+        "jaxmnist_warm_compile_seconds": warm["compile_seconds"],
+        "jaxmnist_cold_test_accuracy": cold["test_accuracy"],
+        "compile_tpu101_s": compiles.get("tpu101", {}).get("compile_seconds"),
+        "compile_speedrun8_s": compiles.get("speedrun8", {}).get("compile_seconds"),
+        "compile": compiles,
+        "targets": TARGETS,
+    }
+    print(f"cold ratio {figures['cold_ratio']:.2f}x, warm ratio {figures['warm_ratio']:.2f}x")
+    print(save_benchmark(out, figures, load_before))
+
+
+if __name__ == "__main__":
+    main()
