@@ -58,7 +58,7 @@ import jax
 from jaxmnist.training import shuffle
 way, code, *sys.argv[1:] = sys.argv[1:]
 if way == "library":
-    shuffle.permutation = jax.random.permutation
+    shuffle.permutation = lambda key, n, platform=None: jax.random.permutation(key, n)
 exec(compile(code, "<jaxmnist>", "exec"))
 """
 MAIN = "from jaxmnist.cli import main\nsys.exit(main(sys.argv[1:]))\n"

@@ -45,6 +45,10 @@ SMOKE = {
     "search_pruning": ([], {"runs", "time_to_target_ratio", "environment"}),
     "shuffle": ([], {"shuffle_alone", "steady_epoch_seconds", "same_test_accuracy"}),
     "startup": ([], {"invocations", "slowest_median_seconds", "stack_imports", "environment"}),
+    "tpu_time_to_result": (
+        [],
+        {"cold_ratio", "warm_ratio", "compile_tpu101_s", "compile", "commit", "date"},
+    ),
     "tutorial_tpu101": ([], None),
 }
 # Scripts whose every mode trains in `jaxmnist` (or PyTorch) child processes on the real

@@ -186,6 +186,8 @@ class Checkpointer(Callback):
         if self.threaded:
             self.pool = ThreadPoolExecutor(1, "jaxmnist-checkpoint", initializer=_yield_cpu)
         self.pending: Future | None = None
+        if self.pool is not None:  # Orbax loads on the writer's thread as the run sets up
+            self.pending = self.pool.submit(importlib.import_module, "orbax.checkpoint")
         self.last_epoch = -1  # the plan's last epoch, known at `on_start`
 
     def on_start(self, start: RunStart) -> None:
@@ -195,8 +197,6 @@ class Checkpointer(Callback):
         # an interrupted run's. Process 0 only: the others share the folder.
         if jax.process_index() == 0:
             remove_unfinished(self.path)
-        if self.pool is not None:  # loaded on the writer's thread as the run compiles
-            self.pending = self.pool.submit(importlib.import_module, "orbax.checkpoint")
         self.records = list(start.progress.records)  # a resumed run's epochs before the restart
 
     def on_epoch_end(self, end) -> None:

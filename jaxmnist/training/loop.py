@@ -148,8 +148,11 @@ def setup_run(
     plan = config_lib.plan_steps(cfg.train, n_train)
     input_shape, num_classes = dataset.train_images.shape[1:], len(spec.class_names)
     optimizer = optim.make_optimizer(cfg.optimizer, plan.total_steps)
-    shapes = jax.eval_shape(
-        lambda k: init_state(k, cfg, optimizer, input_shape, num_classes), jax.random.key(0)
+    shapes = jax.eval_shape(  # from a raw key's shape: no key is made on the device
+        lambda raw: init_state(
+            jax.random.wrap_key_data(raw), cfg, optimizer, input_shape, num_classes
+        ),
+        jax.ShapeDtypeStruct((2,), np.uint32),
     )
     info = {
         "dataset": spec.name,

@@ -33,7 +33,6 @@ the same trajectory as that seed trained alone (up to float summation order).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import itertools
@@ -141,13 +140,11 @@ def population_keys(seeds, num_epochs: int) -> tuple[np.ndarray, np.ndarray]:
     # Seeds lie in 0..config.MAX_SEED: uint32 holds them all as they are.
     padded = np.zeros(-(-n // KEY_BLOCK) * KEY_BLOCK, np.uint32)
     padded[:n] = seeds
-    host = plan_device()  # keys are integers: the same bits anywhere, quicker to compile there
-    with jax.default_device(host) if host else contextlib.nullcontext():
-        roots = [_root_keys(padded[i : i + KEY_BLOCK]) for i in range(0, len(padded), KEY_BLOCK)]
-        init = np.concatenate([np.asarray(i) for i, _ in roots])[:n]
-        shuffle = np.concatenate([np.asarray(s) for _, s in roots])[:n]
-        epochs = [_epoch_keys(raw, num_epochs) for raw in shuffle]
-        return init, np.stack([np.asarray(e) for e in epochs])
+    roots = [_root_keys(padded[i : i + KEY_BLOCK]) for i in range(0, len(padded), KEY_BLOCK)]
+    init = np.concatenate([np.asarray(i) for i, _ in roots])[:n]
+    shuffle = np.concatenate([np.asarray(s) for _, s in roots])[:n]
+    epochs = [_epoch_keys(raw, num_epochs) for raw in shuffle]
+    return init, np.stack([np.asarray(e) for e in epochs])
 
 
 @jax.jit

@@ -226,11 +226,14 @@ def _compile_predict(cfg, dataset) -> Future:
     """The program of `_first_member_probabilities`, compiling on a thread of its own."""
     device = jax.sharding.SingleDeviceSharding(parallel.default_device())
     model = get_model(cfg.model.name)
-    shapes = jax.eval_shape(
-        lambda k: model.init(
-            k, cfg.model, dataset.train_images.shape[1:], len(dataset.spec.class_names)
+    shapes = jax.eval_shape(  # from a raw key's shape: no key is made on the device
+        lambda raw: model.init(
+            jax.random.wrap_key_data(raw),
+            cfg.model,
+            dataset.train_images.shape[1:],
+            len(dataset.spec.class_names),
         ),
-        jax.random.key(0),
+        jax.ShapeDtypeStruct((2,), np.uint32),
     )
     params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), shapes)
     pool = ThreadPoolExecutor(1, thread_name_prefix="jaxmnist-compile")
