@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: train test lint bench clean
+.PHONY: train test test-accelerator lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,11 @@ PYTEST := $(BIN)/python -m pytest -q
 test: lint
 	$(PYTEST) -n $$(( $(CORES) + 1 < 4 ? $(CORES) + 1 : 4 ))
 	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PYTEST) -n $$(( $(CORES) < 4 ? $(CORES) : 4 )) tests/multidevice
+
+# The accelerator lane: the tests marked `accelerator`, in one process (a TPU admits one
+# program at a time), on whatever JAX picks (the chip on a TPU VM; the CPU elsewhere).
+test-accelerator: $(STAMP)
+	$(PYTEST) -m accelerator -p no:xdist --durations=10
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/epoch_vs_tutorial.py

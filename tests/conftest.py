@@ -42,6 +42,20 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # else the caller's cache, as
 import numpy as np  # after the settings above: jaxmnist imports JAX
 import pytest
 
+
+def pytest_configure(config):
+    """On an accelerator (the accelerator lane on a TPU or GPU VM): values compared with a
+    CPU's or NumPy's are computed at the highest matmul precision, as a CPU computes them
+    (a TPU's default multiplies float32 in bfloat16 passes); and the processes tests
+    start run on the CPU, since the chip admits one program at a time and this one holds
+    it."""
+    import jax
+
+    if jax.default_backend() != "cpu":
+        jax.config.update("jax_default_matmul_precision", "highest")
+        os.environ["JAX_PLATFORMS"] = "cpu"
+
+
 from jaxmnist.data import registry, synthetic
 from jaxmnist.data.dataset import Dataset
 from jaxmnist.training import pacing

@@ -66,6 +66,7 @@ def test_each_image_is_its_own_integer_translation_within_max_shift(images):
 
 @pytest.mark.parametrize("shape", [(64, 28, 28), (16, 9, 13, 3)], ids=["gray", "channels"])
 @pytest.mark.parametrize("max_shift", [1, 2, 3])
+@pytest.mark.accelerator
 def test_the_accelerators_translation_is_the_cpus_exactly(shape, max_shift):
     # A TPU runs the CPU's per-image crop (a gather) as a loop over the images; its
     # selects among shifted copies must move every image by the same offset.
@@ -80,6 +81,7 @@ def test_the_accelerators_translation_is_the_cpus_exactly(shape, max_shift):
 
 
 @pytest.mark.parametrize("shape", [(32, 28, 28), (6, 9, 13, 3)], ids=["gray", "channels"])
+@pytest.mark.accelerator
 def test_the_accelerators_warp_samples_as_the_cpus(shape):
     # A TPU runs map_coordinates' gather as a loop over the images; the dense sums that
     # replace it there must give every pixel the same value, up to float rounding.
@@ -260,6 +262,7 @@ def test_bad_augment_fields_are_config_errors(field, value, message):
 @pytest.mark.parametrize(
     "scale, shear", [(0.2, 0.0), (0.0, 20.0), (0.2, 20.0)], ids=["scale", "shear", "both"]
 )
+@pytest.mark.accelerator
 def test_scale_and_shear_are_the_affine_warp_scipy_computes(images, scale, shear):
     """The drawn scale and shear of each image (from the same key streams) applied by
     scipy.ndimage.affine_transform, bilinear, zero fill: the same pixels, give or take

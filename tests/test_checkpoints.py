@@ -164,6 +164,7 @@ def test_kill_9_then_resume_from_inside_an_epoch_is_bit_for_bit(cli, alone, tmp_
     assert_metrics_continuous(run, int(EPOCHS))
 
 
+@pytest.mark.accelerator
 def test_a_resumed_run_that_had_reached_its_target_trains_no_further(tiny_dataset, tmp_path):
     """It reached --target-accuracy at epoch 1 of 4 and died before summary.json: resuming
     finishes it there, as the run itself would have."""
@@ -560,6 +561,7 @@ class SignalAt(Callback):
             self.stop.signum = signal.SIGTERM
 
 
+@pytest.mark.accelerator
 def test_members_in_memory_chunks_resume_bit_for_bit_or_regrouped(
     tiny_dataset, tmp_path, monkeypatch, paced_by_steps
 ):

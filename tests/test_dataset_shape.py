@@ -15,9 +15,10 @@ import time
 import jax
 import numpy as np
 import pytest
+
+TestClient = pytest.importorskip("starlette.testclient", reason="needs the serve extra").TestClient
 from PIL import Image, ImageDraw
 from scipy import ndimage
-from starlette.testclient import TestClient
 
 from jaxmnist.cli import main
 from jaxmnist.data import formats, load_dataset, registry, synthetic

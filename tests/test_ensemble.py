@@ -220,6 +220,7 @@ def test_member_0_is_a_one_model_runs_only_model(tiny_model_run, tmp_path, capsy
     assert not model.ensemble and model.info()["ensemble"] is None
 
 
+@pytest.mark.accelerator
 def test_chunks_of_a_population_make_one_ensemble(tiny_dataset, tiny_arrays, monkeypatch):
     cfg = small_cfg(seeds=SEEDS)
     whole = train_population(cfg, population.seed_members(cfg), tiny_dataset)
@@ -258,6 +259,7 @@ def test_eval_repeats_the_val_ensemble_training_measured(module_data_dir, tmp_pa
     assert shown in capsys.readouterr().out
 
 
+@pytest.mark.accelerator
 def test_the_ensemble_takes_no_second_pass_over_a_set(tiny_dataset, monkeypatch):
     """Each chunk's evaluation program gives its members' figures and its part of the
     ensemble from one forward pass: the model is traced once per eval set, as in a sweep

@@ -97,6 +97,7 @@ def check_matches_eval(run, images, labels, tmp_path, capsys):
     [[], ["--model", "cnn", "--hidden", "16", "model.channels=4,8", "model.batch_norm=true"]],
     ids=["mlp", "cnn-batch-norm"],
 )
+@pytest.mark.accelerator
 def test_export_runs_without_jaxmnist_and_matches_eval(
     tiny_data_dir, train_argv, tiny_arrays, tmp_path, capsys, model
 ):

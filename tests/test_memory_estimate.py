@@ -273,6 +273,7 @@ def test_an_accelerators_budget_leaves_out_what_its_runtime_reserves(monkeypatch
     assert memory.device_peak_bytes(gpu) == 1_200 * mb
 
 
+@pytest.mark.accelerator
 def test_abstract_data_matches_what_the_run_places(tiny_dataset):
     from jaxmnist.training import evaluate
 
@@ -289,6 +290,7 @@ def test_abstract_data_matches_what_the_run_places(tiny_dataset):
             assert (a.shape, a.dtype) == (b.shape, b.dtype), name
 
 
+@pytest.mark.accelerator
 def test_the_run_uses_the_programs_the_estimate_compiled(tiny_dataset):
     cfg = tiny_cfg(seeds=2)
     result = train_population(cfg, population.seed_members(cfg), tiny_dataset)

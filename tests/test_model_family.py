@@ -12,7 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from starlette.testclient import TestClient
+
+TestClient = pytest.importorskip("starlette.testclient", reason="needs the serve extra").TestClient
 
 from jaxmnist import config as config_lib
 from jaxmnist import models

@@ -308,6 +308,7 @@ def tiny_profile(tmp_path_factory, tiny_dataset):
     return out, profile_config(cfg, tiny_dataset, steps=6, out_dir=out, peak_size=256)
 
 
+@pytest.mark.accelerator
 def test_the_trace_opens_with_the_profilers_own_reader(tiny_profile):
     out, table = tiny_profile
     xplane = out / table["trace"]
@@ -328,6 +329,7 @@ def test_the_programs_count_of_an_mlp_is_the_models(tiny_profile):
     assert rows["matmul"]["flops_per_step"] == table["program_flops_per_step"]
 
 
+@pytest.mark.accelerator
 def test_the_shares_add_up_to_the_measured_step_time(tiny_profile):
     _, table = tiny_profile
     rows = {r["kind"]: r for r in table["rows"]}

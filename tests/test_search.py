@@ -16,8 +16,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import optuna
 import pytest
+
+optuna = pytest.importorskip("optuna", reason="needs the search extra")
 import sqlalchemy.exc
 from optuna.trial import TrialState
 

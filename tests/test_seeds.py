@@ -81,6 +81,7 @@ def four_seeds(tiny_dataset):
     return train_population(cfg, population.seed_members(cfg), tiny_dataset)
 
 
+@pytest.mark.accelerator
 def test_vmapped_seed_equals_that_seed_alone(tiny_dataset, four_seeds):
     alone_cfg = small_cfg(seed=1, epochs=1, progress_every=10)
     alone = train_population(alone_cfg, population.seed_members(alone_cfg), tiny_dataset)
@@ -109,6 +110,7 @@ class CountingReporter(Callback):
         self.seen.append((end.step, end.epoch_step))
 
 
+@pytest.mark.accelerator
 def test_memory_chunks_give_the_same_result(tiny_dataset, four_seeds, paced_by_steps, monkeypatch):
     cfg = four_seeds.population.cfg
     steps = config_lib.plan_steps(cfg.train, 640).steps_per_epoch

@@ -22,8 +22,9 @@ from concurrent.futures import ThreadPoolExecutor
 import jax
 import numpy as np
 import pytest
+
+TestClient = pytest.importorskip("starlette.testclient", reason="needs the serve extra").TestClient
 from PIL import Image, ImageDraw, ImageFile
-from starlette.testclient import TestClient
 
 from jaxmnist.cli import main
 from jaxmnist.use import predict, preprocess

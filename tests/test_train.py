@@ -77,6 +77,7 @@ def _setup(cfg, dataset):
     return optimizer, state, data
 
 
+@pytest.mark.accelerator
 def test_scanned_epoch_equals_python_loop(tiny_dataset):
     cfg = small_cfg()
     optimizer, state, data = _setup(cfg, tiny_dataset)
@@ -100,6 +101,7 @@ def test_scanned_epoch_equals_python_loop(tiny_dataset):
 @pytest.mark.parametrize(
     "augment, dropout", [(False, 0.0), (True, 0.0), (True, 0.3)], ids=["plain", "augment", "drop"]
 )
+@pytest.mark.accelerator
 def test_epoch_in_parts_equals_whole_epoch_bit_for_bit(tiny_dataset, augment, dropout):
     """The run loop cuts epochs into calls wherever its pacing says: any cut must give
     exactly the one-call epoch's parameters, optimizer state and metrics."""
@@ -123,6 +125,7 @@ def test_epoch_in_parts_equals_whole_epoch_bit_for_bit(tiny_dataset, augment, dr
             np.testing.assert_array_equal(x, y)
 
 
+@pytest.mark.accelerator
 def test_second_epoch_does_not_recompile(tiny_dataset):
     cfg = small_cfg()
     optimizer, state, data = _setup(cfg, tiny_dataset)
@@ -137,6 +140,7 @@ def test_second_epoch_does_not_recompile(tiny_dataset):
     assert epoch._cache_size() == 1
 
 
+@pytest.mark.accelerator
 def test_masked_evaluation_matches_numpy_on_ragged_set(tiny_dataset):
     cfg = mlp.MLPConfig(hidden=(32,))
     params = mlp.init(jax.random.key(5), cfg)
@@ -230,6 +234,7 @@ def test_non_finite_loss_stops_with_clear_error(tiny_dataset, tmp_path):
     assert not (tmp_path / "run" / "summary.json").exists()
 
 
+@pytest.mark.accelerator
 def test_bfloat16_training_keeps_float32_params(tiny_dataset):
     cfg = small_cfg(epochs=1)
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype="bfloat16"))

@@ -1,0 +1,198 @@
+"""What the hardware a run trains on must not change: the data order, the training
+trajectory against recorded values, determinism, epoch plans drawn on the host against
+the device's own, programs compiled at once against one by one.
+
+These run in the accelerator lane (`make test-accelerator`: `-m accelerator`, one
+process), on a TPU or GPU as on the CPU in CI. The recorded values below were taken on
+a CPU before plans could be drawn on the host, so the data order is pinned exactly and
+the training figures within a stated tolerance (an accelerator's arithmetic and the
+CPU's differ in their last bits; `conftest.py` sets the highest matmul precision on an
+accelerator, as the CPU computes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+from jaxmnist import config as config_lib
+from jaxmnist.training import population
+from jaxmnist.training.loop import train_population
+
+pytestmark = pytest.mark.accelerator
+
+# tpu101 on the tests' learnable set (640 examples), batch 32, 2 epochs, seed 0,
+# recorded on a CPU at the commit before host-drawn plans: epoch 2's first two batches
+# (first 8 indices each), each epoch's mean training loss, and each parameter's sum and
+# fourth element.
+RECORDED_PLAN = [[143, 390, 38, 420, 616, 329, 258, 205], [139, 460, 276, 27, 201, 34, 127, 73]]
+RECORDED_LOSSES = [0.9451009035110474, 0.03893378749489784]
+RECORDED_PARAMS = {
+    "[0]['b']": [0.4885023114911746, 0.00500120734795928],
+    "[0]['w']": [280.8657389974482, 0.07190369814634323],
+    "[1]['b']": [-0.004740755603052094, 0.002921332838013768],
+    "[1]['w']": [-9.551251631448395, 0.09221336990594864],
+}
+# Relative: float32 sums of hundreds of thousands of terms in another order, and an
+# accelerator's exp and log, stay well within it; a changed step or order does not.
+TOLERANCE = 1e-4
+
+
+def tpu101(**train) -> config_lib.Config:
+    cfg = config_lib.get_preset("tpu101")
+    fields = {"batch_size": 32, "epochs": 2, "steps": None, "eval_batch_size": 150, **train}
+    return dataclasses.replace(
+        cfg, compile_cache=False, train=dataclasses.replace(cfg.train, **fields)
+    )
+
+
+def host_plans(monkeypatch, on: bool) -> None:
+    """Plans drawn on the host's CPU (`on`), as on a TPU, or on the mesh, on any backend."""
+    device = jax.local_devices(backend="cpu")[0] if on else None
+    monkeypatch.setattr(population, "plan_device", lambda backend=None: device)
+
+
+def params_of(result) -> dict:
+    leaves = jax.tree_util.tree_leaves_with_path(result.population.params(result.states))
+    return {jax.tree_util.keystr(k): np.asarray(v) for k, v in leaves}
+
+
+def test_the_data_order_and_the_trajectory_are_the_recorded_ones(tiny_dataset):
+    cfg = tpu101()
+    result = train_population(cfg, population.seed_members(cfg), tiny_dataset)
+    plan = np.asarray(result.population.plan_epoch(1)[0].indices)
+    np.testing.assert_array_equal(plan[0, :2, :8], RECORDED_PLAN)
+    losses = [r["train_loss"] for r in result.records]
+    np.testing.assert_allclose(losses, RECORDED_LOSSES, rtol=TOLERANCE)
+    params = params_of(result)
+    assert params.keys() == RECORDED_PARAMS.keys()
+    for name, (total, fourth) in RECORDED_PARAMS.items():
+        got = params[name].astype(np.float64)
+        np.testing.assert_allclose(got.sum(), total, rtol=TOLERANCE, atol=1e-5, err_msg=name)
+        np.testing.assert_allclose(got.reshape(-1)[3], fourth, rtol=TOLERANCE, err_msg=name)
+
+
+def test_the_same_seed_twice_gives_the_same_parameters_bit_for_bit(tiny_dataset):
+    cfg = tpu101(epochs=1)
+    first, second = (
+        params_of(train_population(cfg, population.seed_members(cfg), tiny_dataset))
+        for _ in range(2)
+    )
+    for name in first:
+        np.testing.assert_array_equal(first[name], second[name], err_msg=name)
+
+
+@pytest.mark.parametrize("seeds", [1, 3])
+def test_plans_drawn_on_the_host_train_exactly_as_plans_drawn_on_the_mesh(
+    tiny_dataset, monkeypatch, seeds
+):
+    cfg = tpu101(seeds=seeds, epochs=3)
+    runs = {}
+    for on in (False, True):
+        host_plans(monkeypatch, on)
+        result = train_population(cfg, population.seed_members(cfg), tiny_dataset)
+        assert (result.population.plan_device is not None) == on
+        runs[on] = result
+    np.testing.assert_array_equal(
+        *(np.asarray(r.population.plan_epoch(2)[0].indices) for r in runs.values())
+    )
+    mesh, host = (params_of(r) for r in runs.values())
+    for name in mesh:
+        np.testing.assert_array_equal(mesh[name], host[name], err_msg=name)
+    assert [r["train_loss"] for r in runs[False].records] == [
+        r["train_loss"] for r in runs[True].records
+    ]
+
+
+def test_the_hosts_plan_is_the_devices_own_permutation(tiny_dataset, monkeypatch):
+    """On an accelerator this compares the host's radix sort with the device's sort."""
+    cfg = tpu101(epochs=2, seeds=2)
+    host_plans(monkeypatch, True)
+    result = train_population(cfg, population.seed_members(cfg), tiny_dataset)
+    pop = result.population
+    n, steps = len(tiny_dataset.train_labels), result.plan.steps_per_epoch
+    for epoch in range(2):
+        keys = pop.epoch_keys[:, epoch]
+        # Drawn as the library draws it, on the run's own device.
+        expected = [
+            np.asarray(jax.random.permutation(jax.random.wrap_key_data(k), n))[: steps * 32]
+            for k in keys
+        ]
+        got = np.asarray(pop.plan_epoch(epoch)[0].indices).reshape(len(keys), -1)
+        np.testing.assert_array_equal(got, np.stack(expected))
+
+
+def test_the_next_epochs_plan_is_drawn_ahead_and_used(tiny_dataset, monkeypatch):
+    cfg = tpu101(epochs=3)
+    host_plans(monkeypatch, True)
+    result = train_population(cfg, population.seed_members(cfg), tiny_dataset)
+    pop = result.population
+    drawn = []
+    real = pop._draw_plans
+    monkeypatch.setattr(pop, "_draw_plans", lambda e: drawn.append(e) or real(e))
+    pop._next_plans = None
+    first = np.asarray(pop.plan_epoch(0)[0].indices)
+    assert drawn == [0, 1]  # this epoch's, then the next one's, ahead
+    second = np.asarray(pop.plan_epoch(1)[0].indices)
+    assert drawn == [0, 1, 2]  # epoch 1's was taken as drawn ahead
+    assert not (first == second).all()
+    pop.plan_epoch(0)  # out of turn (a resumed run): drawn afresh, the same plan
+    np.testing.assert_array_equal(np.asarray(pop.plan_epoch(0)[0].indices), first)
+    pop.plan_epoch(2)
+    assert pop._next_plans is None  # the last epoch draws none ahead
+
+
+def test_plans_go_to_the_host_only_on_a_tpu():
+    assert population.plan_device("cpu") is None
+    assert population.plan_device("gpu") is None
+    host = population.plan_device("tpu")
+    assert host is not None and host.platform == "cpu"
+
+
+def test_programs_compiled_at_once_are_those_compiled_one_by_one():
+    def lowered():
+        return {
+            f"p{i}": jax.jit(lambda x, i=i: (x * i).sum()).lower(np.ones((4, 4), np.float32))
+            for i in range(5)
+        }
+
+    serial, serial_seconds = population.compile_all(lowered(), workers=1)
+    together, seconds = population.compile_all(lowered(), workers=4)
+    assert serial.keys() == together.keys() == seconds.keys() == serial_seconds.keys()
+    x = np.ones((4, 4), np.float32)
+    for name in serial:
+        assert float(serial[name](x)) == float(together[name](x)) == 16.0 * int(name[1:])
+    assert all(s > 0 for s in seconds.values())
+
+
+def test_a_failed_compile_among_many_is_raised(monkeypatch):
+    class Broken:
+        def compile(self):
+            raise RuntimeError("no such program")
+
+    good = jax.jit(lambda x: x + 1).lower(np.float32(1))
+    with pytest.raises(RuntimeError, match="no such program"):
+        population.compile_all({"good": good, "bad": Broken()}, workers=2)
+
+
+def test_a_run_says_how_long_each_program_compiled(tiny_dataset):
+    cfg = tpu101(epochs=1)
+    result = train_population(cfg, population.seed_members(cfg), tiny_dataset)
+    programs = result.info["compile_programs"]
+    assert {"steps", "init", "plan", "metrics", "rate", "eval/test"} <= set(programs)
+    assert all(seconds > 0 for seconds in programs.values())
+    # Compiled one by one on a CPU, at once elsewhere: never longer than the wall clock.
+    assert max(programs.values()) <= result.compile_seconds
+
+
+def test_the_run_trains_on_every_local_device_it_is_given(tiny_dataset):
+    from jaxmnist.training import parallel
+
+    layout = parallel.build_layout(jax.local_device_count())
+    cfg = tpu101(epochs=1, batch_size=32 * jax.local_device_count())
+    result = train_population(cfg, population.seed_members(cfg), tiny_dataset, layout=layout)
+    assert result.info["devices"] == [str(d) for d in jax.local_devices()]
+    assert np.isfinite(result.test.loss).all() and result.test.accuracy.mean() > 0.2
