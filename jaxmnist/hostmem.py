@@ -38,6 +38,7 @@ created afterwards.
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import os
 import sys
 import time
@@ -67,6 +68,8 @@ def keep_freed_memory() -> bool:
         return True
     if not sys.platform.startswith("linux") or os.environ.get(ENV, "1") == "0":
         return False
+    if accelerator_installed():  # one arena would serialise the compiler's threads there
+        return False
     try:
         libc = ctypes.CDLL(None)
         _ = libc.gnu_get_libc_version  # glibc only: musl's mallopt ignores these
@@ -78,6 +81,18 @@ def keep_freed_memory() -> bool:
         return False
     _state["trim"] = libc.malloc_trim
     return True
+
+
+def accelerator_installed() -> bool:
+    """Whether JAX may run on an accelerator here: its TPU or GPU plugin is installed and
+    JAX_PLATFORMS does not pin the CPU. Decided without starting JAX (the allocator is set
+    before its threads start); there, programs compile at once on threads, which one
+    arena would make wait on each other's allocations."""
+    platforms = os.environ.get("JAX_PLATFORMS", "")
+    if platforms and all(p.strip() == "cpu" for p in platforms.split(",")):
+        return False
+    plugins = ("libtpu", "jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm7_plugin")
+    return any(importlib.util.find_spec(name) is not None for name in plugins)
 
 
 def hand_back() -> None:

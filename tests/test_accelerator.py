@@ -196,3 +196,38 @@ def test_the_run_trains_on_every_local_device_it_is_given(tiny_dataset):
     result = train_population(cfg, population.seed_members(cfg), tiny_dataset, layout=layout)
     assert result.info["devices"] == [str(d) for d in jax.local_devices()]
     assert np.isfinite(result.test.loss).all() and result.test.accuracy.mean() > 0.2
+
+
+def test_the_saved_predictions_program_compiles_ahead_where_programs_compile_at_once(
+    tiny_dataset, tmp_path, monkeypatch
+):
+    from jaxmnist.training import evaluate, run
+
+    cfg = tpu101(epochs=1)
+    programs = []
+    real = evaluate.predict_probabilities
+
+    def spy(*args):
+        programs.append(args[4])
+        return real(*args)
+
+    monkeypatch.setattr(evaluate, "predict_probabilities", spy)
+    saved = {}
+    for workers in (1, 4):  # a CPU's one by one, then an accelerator's four at once
+        monkeypatch.setattr(population, "compile_workers", lambda platform, w=workers: w)
+        run.train_and_evaluate(cfg, tmp_path / f"w{workers}", dataset=tiny_dataset)
+        saved[workers] = np.load(tmp_path / f"w{workers}" / "test_predictions.npz")["probs"]
+    assert programs[0] is None and isinstance(programs[1], jax.stages.Compiled)
+    np.testing.assert_array_equal(saved[1], saved[4])
+
+
+def test_orbax_loads_on_the_writers_thread_as_the_checkpointer_is_made(tmp_path):
+    from jaxmnist.runs.checkpoint import Checkpointer, CheckpointOptions
+
+    saver = Checkpointer(tmp_path, CheckpointOptions())
+    try:
+        assert saver.pending is not None
+        assert saver.pending.result().__name__ == "orbax.checkpoint"
+    finally:
+        saver.close()
+    assert not (tmp_path / "checkpoints").exists()  # nothing written before a save

@@ -317,3 +317,41 @@ def test_evaluations_that_reuse_a_block_are_watched_from_where_they_start(
         assert calls[i - 1] == ("reset", not handed_back), calls
         assert calls[i + 1] == "watched"
     assert calls[names[0] - 2] == "hand_back"  # the test set, after the steps
+
+
+@pytest.mark.parametrize(
+    ("platforms", "plugins", "expected"),
+    [
+        ("", (), False),  # no plugin: JAX runs on the CPU
+        ("", ("libtpu",), True),  # a TPU VM
+        ("", ("jax_cuda12_plugin",), True),  # a GPU machine
+        ("cpu", ("libtpu",), False),  # pinned to the CPU
+        ("tpu,cpu", ("libtpu",), True),
+    ],
+)
+def test_an_accelerator_is_told_apart_without_starting_jax(
+    monkeypatch, platforms, plugins, expected
+):
+    import importlib.util
+
+    monkeypatch.setenv("JAX_PLATFORMS", platforms)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: (
+            object()
+            if name in plugins
+            else (None if "plugin" in name or name == "libtpu" else real(name, *a))
+        ),
+    )
+    assert hostmem.accelerator_installed() is expected
+
+
+def test_where_an_accelerator_may_run_the_allocator_keeps_its_arenas(monkeypatch):
+    # One arena there would make the threads that compile a run's programs at once wait
+    # on each other's allocations.
+    monkeypatch.setattr(hostmem, "_state", {**hostmem._state, "trim": None})
+    monkeypatch.setattr(hostmem, "accelerator_installed", lambda: True)
+    assert hostmem.keep_freed_memory() is False
+    assert hostmem._state["trim"] is None

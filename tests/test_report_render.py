@@ -216,7 +216,7 @@ DRAW_IN_TWO = """\
 import json, os, sys, time
 from jaxmnist.report import background, plots
 parent, fail_in_copy = os.getpid(), sys.argv[1] == "fail"
-first, others = float(sys.argv[2]), float(sys.argv[3])
+first, others, copies = float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
 def maker(name, seconds):
     def make():
         if fail_in_copy and os.getpid() != parent:
@@ -228,17 +228,20 @@ def maker(name, seconds):
         return fig
     return make
 pngs = background.draw_in_two(
-    {f"f{i}": (maker(f"f{i}", first if i == 0 else others), "alt") for i in range(4)}
+    {f"f{i}": (maker(f"f{i}", first if i == 0 else others), "alt") for i in range(4)},
+    copies,
 )
 print(json.dumps({"parent": parent, "names": list(pngs),
                   "png": all(p.startswith(b"\\x89PNG") for p in pngs.values())}))
 """
 
 
-def _draw_in_two(how: str, first: float = 0.1, others: float = 0.1) -> tuple[dict, dict, str]:
+def _draw_in_two(
+    how: str, first: float = 0.1, others: float = 0.1, copies: int = 1
+) -> tuple[dict, dict, str]:
     """The answer of DRAW_IN_TWO, and which process drew each figure (name -> pid)."""
     done = subprocess.run(
-        [sys.executable, "-c", DRAW_IN_TWO, how, str(first), str(others)],
+        [sys.executable, "-c", DRAW_IN_TWO, how, str(first), str(others), str(copies)],
         capture_output=True,
         text=True,
         check=True,
@@ -264,6 +267,22 @@ def test_draw_in_two_shares_the_figures_as_they_come_not_by_halves():
     assert sorted(drawers) == sorted(out["names"])
     slow = drawers["f0"]
     assert [n for n, pid in drawers.items() if pid == slow] == ["f0"], drawers
+
+
+def test_more_copies_draw_at_once_and_never_more_than_the_figures_ask():
+    # Each figure takes long enough that every drawer has one before any is done.
+    out, drawers, _ = _draw_in_two("ok", first=0.6, others=0.6, copies=3)
+    assert sorted(drawers) == out["names"] and out["png"]
+    assert len(set(drawers.values())) == 4 and out["parent"] in drawers.values()
+    out, drawers, _ = _draw_in_two("ok", first=0.6, others=0.6, copies=10)
+    assert sorted(drawers) == out["names"] and len(set(drawers.values())) == 4
+
+
+def test_many_copies_that_fail_leave_every_figure_to_this_process():
+    out, drawers, err = _draw_in_two("fail", copies=3)
+    assert out["names"] == ["f0", "f1", "f2", "f3"] and out["png"]
+    assert err.count("RuntimeError: the copy fails") >= 1
+    assert drawers == {name: out["parent"] for name in out["names"]}
 
 
 def test_draw_in_two_draws_here_what_its_copy_failed_to():

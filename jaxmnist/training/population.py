@@ -104,9 +104,9 @@ def plan_device(backend: str | None = None) -> jax.Device | None:
 
 def compile_workers(platform: str) -> int:
     """How many programs compile at once for `platform`: one on a CPU, where XLA's
-    compiles already share the cores with each other's threads (measured: no faster at
-    once on two cores, and more memory), else up to 4 (on a TPU v5e host of 13 cores,
-    tpu101's programs compiled in 3.6 s 4 at once, 3.9 s 13 at once, 9.2 s one by one)."""
+    compiles already share the cores with each other's threads (no faster at once on
+    two cores, and more memory: README, "On a TPU"), else up to 4 (on a TPU host, 4 at
+    once were quicker than one by one or than one per core)."""
     return 1 if platform == "cpu" else min(os.cpu_count() or 1, 4)
 
 
