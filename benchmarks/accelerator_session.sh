@@ -6,14 +6,17 @@
 # the allocator's peak (8 CNN and 8 `speedrun` seeds, with and without batch norm),
 # `jaxmnist bench --quick`, the augmentation's gathers against their dense forms, and
 # profiles of the `cnn` and `record` steps (`jaxmnist profile`, as many steps as one of a
-# run's calls). Run from anywhere; results go to $OUT if set, else to
-# benchmarks/results/<backend>/: a log, six benchmark JSONs, bench.json/.png/.html,
+# run's calls), a first and a second `tpu101` run against the tutorial's whole program with
+# every preset's compile (`tpu_time_to_result.py`), and the accelerator test lane
+# (`pytest -m accelerator`, in one process). Run from anywhere; results go to $OUT if set, else to
+# benchmarks/results/<backend>/: a log, seven benchmark JSONs, the lane's JUnit XML, bench.json/.png/.html,
 # profile-cnn/ and profile-record/ (each a trace and its profile.json).
 #
 #   bash benchmarks/accelerator_session.sh
 #   STEPS="speedrun bfloat16" bash benchmarks/accelerator_session.sh   # some steps only
 #
-# Steps: speedrun batch-norm bfloat16 tutorial memory bench augment profile. Every benchmark runs
+# Steps: time-to-result tests speedrun batch-norm bfloat16 tutorial memory bench augment profile.
+# Every benchmark runs
 # its programs one after another, never two at once, so a chip that one program at a time
 # can hold (a TPU) serves them all.
 #
@@ -62,7 +65,7 @@ backend=$("$py" -c 'import jax; print(jax.default_backend())') || exit 1
 out=${OUT:-benchmarks/results/$backend}
 mkdir -p "$out"
 log="$out/log.txt"
-ALL_STEPS="speedrun batch-norm bfloat16 tutorial memory bench augment profile"
+ALL_STEPS="time-to-result tests speedrun batch-norm bfloat16 tutorial memory bench augment profile"
 {
   date -u
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null
@@ -106,6 +109,11 @@ step() {
   fi
 }
 
+# First: a user's first run, before anything else has compiled on this machine.
+STEP_LIMIT=${TTR_LIMIT:-540} step time-to-result "$py" -c "$launch" benchmarks/tpu_time_to_result.py --out "$out/time_to_result.json"
+# The accelerator lane, in one process: the chip admits one program at a time.
+STEP_LIMIT=${TESTS_LIMIT:-480} step tests "$py" -m pytest -q -p no:cacheprovider -p no:xdist \
+  -m accelerator --durations=15 -rfE --junitxml "$out/accelerator_tests.xml" tests
 step speedrun "$py" -c "$launch" benchmarks/cnn_presets.py --presets speedrun --seeds 8 --out "$out/cnn_presets.json"
 step batch-norm "$py" -c "$launch" benchmarks/batch_norm_cost.py --out "$out/batch_norm_cost.json"
 step bfloat16 "$py" -c "$launch" benchmarks/bf16_matmul.py --out "$out/bf16_matmul.json"
