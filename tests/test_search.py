@@ -246,8 +246,8 @@ def test_grid_search_visits_each_point_once_and_stops_at_the_grid(
 
 
 def test_pruned_trials_stop_their_program_early(tmp_path, tiny_dataset, tiny_data_dir, monkeypatch):
-    """A pruner that prunes every trial at its first report: every trial PRUNED after
-    epoch 1 of 3, and the program ran one epoch, not three."""
+    """A pruner that prunes every trial whenever asked: every trial PRUNED after epoch 2
+    of 3 (the first epoch is never pruned on), and the program ran two epochs, not three."""
     monkeypatch.setattr(
         study_lib, "make_pruner", lambda kind, epochs: optuna.pruners.ThresholdPruner(lower=2.0)
     )
@@ -265,10 +265,29 @@ def test_pruned_trials_stop_their_program_early(tmp_path, tiny_dataset, tiny_dat
         trials=3, batch=3,
     )  # fmt: skip
     assert [t.state for t in study.trials] == [TrialState.PRUNED] * 3
-    assert ran == [1] and all(t.user_attrs["epochs"] == 1 for t in study.trials)
-    assert all(list(t.intermediate_values) == [1] for t in study.trials)
+    assert ran == [2] and all(t.user_attrs["epochs"] == 2 for t in study.trials)
+    assert all(list(t.intermediate_values) == [1, 2] for t in study.trials)
     result = outputs.summarize(study, ps, small(), opts, preset="tpu101", wall_seconds=1.0)
     assert result["counts"]["PRUNED"] == 3 and result["best"] is None
+
+
+@pytest.mark.parametrize("epochs", [1, 2])
+def test_neither_the_first_nor_the_last_epoch_is_pruned_on(
+    tmp_path, tiny_dataset, tiny_data_dir, monkeypatch, epochs
+):
+    """A pruner that prunes whenever asked: with one or two epochs it is never asked, and
+    every trial that trained them all is COMPLETE and ranked."""
+    monkeypatch.setattr(
+        study_lib, "make_pruner", lambda kind, epochs: optuna.pruners.ThresholdPruner(lower=2.0)
+    )
+    study, ps, opts = _search(
+        tmp_path, tiny_dataset, ["optimizer.lr=log:1e-4:1e-1"],
+        cfg=small(**{"train.epochs": epochs}), trials=2, batch=2,
+    )  # fmt: skip
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2
+    assert all(list(t.intermediate_values) == list(range(1, epochs + 1)) for t in study.trials)
+    result = outputs.summarize(study, ps, small(), opts, preset="tpu101", wall_seconds=1.0)
+    assert result["counts"]["COMPLETE"] == 2 and result["best"] is not None
 
 
 def test_the_objective_is_validation_accuracy_never_test(tmp_path, tiny_dataset, tiny_data_dir):

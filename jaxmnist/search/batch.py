@@ -121,13 +121,21 @@ def batch_size(base: config_lib.Config, params: list[Param], dataset, cap: int) 
 
 class Pruning(Callback):
     """Reports each trial's mean validation accuracy after every epoch; tells a trial
-    the pruner stops PRUNED. `pruned` holds the trials (indices) told so far."""
+    the pruner stops PRUNED. The pruner is asked only after an epoch that is neither the
+    first (one epoch's figures are too early to compare) nor the last (a trial that has
+    trained every epoch is complete, whatever its rank). `pruned` holds the trials
+    (indices) told so far."""
 
     def __init__(self, study: optuna.Study, trials: list, point_of: np.ndarray, stats: dict):
         self.study, self.trials, self.point_of, self.stats = study, trials, point_of, stats
         self.pruned: set[int] = set()
+        self.last_epoch = 0  # the run's, known at `on_start`
+
+    def on_start(self, start) -> None:
+        self.last_epoch = start.info["epochs"]
 
     def on_epoch_end(self, end: EpochEnd) -> None:
+        may_prune = 1 < end.epoch < self.last_epoch
         val = per_member(end.record, METRIC)
         test = per_member(end.record, "test_accuracy")
         for p, trial in enumerate(self.trials):
@@ -136,7 +144,7 @@ class Pruning(Callback):
             idx = self.point_of == p
             self.stats[p]["val_accuracy_by_epoch"].append(float(val[idx].mean()))
             trial.report(float(val[idx].mean()), end.epoch)
-            if trial.should_prune():
+            if may_prune and trial.should_prune():
                 self.pruned.add(p)
                 self.stats[p].update(
                     epochs=end.epoch,

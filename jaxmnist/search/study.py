@@ -77,7 +77,8 @@ def make_sampler(kind: str, seed: int, params: list[Param]) -> optuna.samplers.B
 
 
 def make_pruner(kind: str, epochs: int) -> optuna.pruners.BasePruner:
-    """Pruners compare trials at the same epoch; the first epoch is never pruned on."""
+    """Pruners compare trials at the same epoch. The search asks them only after an epoch
+    that is neither the first nor the last (`batch.Pruning`)."""
     if kind == "median":
         return optuna.pruners.MedianPruner(n_startup_trials=4, n_warmup_steps=1)
     if kind == "halving":
