@@ -123,22 +123,67 @@ def test_bad_params_are_one_line_config_errors(spec, message):
          "--storage nosuchdb://x:"),
         (["--param", "optimizer.lr=log:1e-4:1e-1", "--validation", "100", "data.validation=50"],
          "give the validation split once"),
+        (["--param", "optimizer.lr=log:1e-4:1e-1", "--validation", "0"],
+         "ranks its trials on a validation split: --validation must be at least 1"),
+        (["--param", "optimizer.lr=log:1e-4:1e-1", "data.validation=0"],
+         "ranks its trials on a validation split"),
+        (["--param", "optimizer.lr=log:1e-4:1e-1", "train.target_accuracy=0.9"],
+         "never lets the test set decide"),
+        (["--param", "optimizer.lr=log:1e-4:1e-1", "--sampler-seed", "-1"], "must be 0 or more"),
+        (["--param", "optimizer.lr=log:1e-4:1e-1", "--sampler-seed", "99999999999"],
+         "must be at most 4294967295"),
+        (["--param", "optimizer.lr=log:1e-4:1e-1", "--storage", ""], "must not be empty"),
+        (["--param", "optimizer.lr=log:1e-4:1e-1", "--study", " "], "must not be empty"),
+        (["--param", "optimizer.lr=log:1e-4:1e-1", "--retries", "-1"], "must be 0 or more"),
+        (["--param", "optimizer.lr=log:1e-4:1e-1", "--target-accuracy", "0.9"],
+         "unrecognized arguments: --target-accuracy"),
     ],
 )  # fmt: skip
 def test_cli_bad_searches_exit_2_in_one_line(extra, message, tmp_path, capsys):
     out = tmp_path / "search"
-    assert_exit = pytest.raises(SystemExit) if "--trials" in extra or "bayes" in extra else None
-    if assert_exit:
-        with assert_exit as e:
-            main(["search", "--out", str(out), *extra])
-        code = e.value.code
-    else:
+    by_parser = False  # argparse's refusals exit with its usage line before the message
+    try:
         code = main(["search", "--out", str(out), *extra])
+    except SystemExit as e:
+        code, by_parser = e.code, True
     err = capsys.readouterr().err.strip()
     assert code == 2 and message in err.splitlines()[-1], err
-    if not assert_exit:
+    if not by_parser:
         assert len(err.splitlines()) == 1 and err.startswith("jaxmnist search: error:")
     assert not out.exists()  # no folder either: nothing was tried
+
+
+def test_search_help_lists_no_flag_that_means_nothing_to_a_search(capsys):
+    with pytest.raises(SystemExit):
+        main(["search", "--help"])
+    out = capsys.readouterr().out
+    for flag in ("--target-accuracy", "--target-split", "--steps", "--tensorboard"):
+        assert flag not in out, flag
+    assert "--retries" in out and "--sampler-seed" in out
+
+
+def test_a_presets_target_never_stops_a_searchs_trials(tmp_path, tiny_dataset, tiny_data_dir):
+    """`speedrun` stops a training run at 99% test accuracy; its trials in a search train
+    their epochs. With a target on the validation split (explicit), the trials follow it."""
+    from jaxmnist.commands import search as command
+
+    args = build_parser().parse_args(
+        ["search", "--preset", "speedrun", "--param", "optimizer.lr=log:1e-4:1e-1"]
+    )
+    args.argv = []
+    seen = []
+    real = command.refuse_what_cannot_rank
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(command, "refuse_what_cannot_rank", lambda cfg: seen.append(cfg) or real(cfg))
+        m.setattr(command, "Path", lambda *a: (_ for _ in ()).throw(RuntimeError("stop")))
+        with pytest.raises(RuntimeError, match="stop"):
+            command.run(args)
+    assert config_lib.get_preset("speedrun").train.target_accuracy is not None
+    assert seen[0].train.target_accuracy is None
+    cfg = config_lib.apply_overrides(
+        small(), {"train.target_accuracy": 0.5, "train.target_split": "val"}
+    )
+    command.refuse_what_cannot_rank(search_run.with_validation(cfg, 100))  # allowed
 
 
 def test_the_command_names_the_same_samplers_and_pruners_as_the_study():

@@ -91,8 +91,9 @@ def preset_name(args: argparse.Namespace) -> str:
     return args.preset if args.preset is not None else DEFAULT_PRESET
 
 
-def add_config_args(p: argparse.ArgumentParser) -> None:
-    """--preset, the flags of `FLAGS`, the compile cache and TensorBoard switches, KEY=VALUE."""
+def add_config_args(p: argparse.ArgumentParser, leave_out: tuple[str, ...] = ()) -> None:
+    """--preset, the flags of `FLAGS`, the compile cache and TensorBoard switches, KEY=VALUE;
+    without the flags named in `leave_out` (those that mean nothing to a command)."""
     p.add_argument(
         "--preset",
         # None, not tpu101: `train --resume` must tell a preset given from none (see
@@ -101,19 +102,21 @@ def add_config_args(p: argparse.ArgumentParser) -> None:
         help=f"starting config: {', '.join(config_lib.PRESETS)} (default {DEFAULT_PRESET})",
     )
     for flag, (key, _, help_) in FLAGS.items():
-        p.add_argument(
-            flag, dest=key, metavar=flag.lstrip("-").upper().replace("-", "_"), help=help_
-        )
+        if flag not in leave_out:
+            p.add_argument(
+                flag, dest=key, metavar=flag.lstrip("-").upper().replace("-", "_"), help=help_
+            )
     p.add_argument(
         "--no-compile-cache",
         action="store_true",
         help="turn off JAX's persistent compilation cache",
     )
-    p.add_argument(
-        "--tensorboard",
-        action="store_true",
-        help="write TensorBoard event files in the run directory",
-    )
+    if "--tensorboard" not in leave_out:
+        p.add_argument(
+            "--tensorboard",
+            action="store_true",
+            help="write TensorBoard event files in the run directory",
+        )
     p.add_argument(
         "overrides",
         nargs="*",
@@ -133,12 +136,12 @@ def explicit_overrides(args: argparse.Namespace, leave_out: tuple[str, ...] = ()
     overrides = {
         key: getattr(args, key)
         for flag, (key, _, _) in FLAGS.items()
-        if flag not in leave_out and getattr(args, key) is not None
+        if flag not in leave_out and getattr(args, key, None) is not None
     }
     overrides.update(config_lib.parse_override(o) for o in args.overrides)
     if args.no_compile_cache:
         overrides["compile_cache"] = False
-    if args.tensorboard:
+    if getattr(args, "tensorboard", False):
         overrides["tensorboard"] = True
     return overrides
 

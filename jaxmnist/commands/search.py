@@ -9,6 +9,7 @@ goes to stdout (or search.json with --json), progress to stderr, the files to --
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import shlex
 import sys
@@ -20,6 +21,9 @@ from jaxmnist.commands import options
 from jaxmnist.errors import ConfigError
 
 SAMPLERS = ("tpe", "random", "grid")  # jaxmnist.search.study's, named here for the parser
+# Training's flags that mean nothing to a search, or would harm it: a trial trains its
+# epochs (the pruner stops it, never a target), and writes no TensorBoard files.
+LEFT_OUT = ("--target-accuracy", "--target-split", "--steps", "--tensorboard")
 PRUNERS = ("median", "halving", "hyperband", "none")
 
 
@@ -37,13 +41,56 @@ def _examples(text: str) -> int:
     return 0 if text.strip() == "0" else _count(text)
 
 
+def _times(text: str) -> int:
+    """A number of times, 0 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+MAX_SAMPLER_SEED = 2**32 - 1  # NumPy's, which Optuna's samplers seed
+
+
+def _sampler_seed(text: str) -> int:
+    value = _times(text)
+    if value > MAX_SAMPLER_SEED:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_SAMPLER_SEED}, got {value}")
+    return value
+
+
+def _name(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
+def refuse_what_cannot_rank(cfg: config_lib.Config) -> None:
+    """A search ranks, prunes and stops its trials on the validation split alone: one
+    line for a config that would have none, or would let the test set stop its trials."""
+    if not cfg.data.validation:
+        raise ConfigError(
+            "a search ranks its trials on a validation split: --validation must be at least 1 "
+            "(data.validation too)"
+        )
+    t = cfg.train
+    if t.target_accuracy is not None and t.target_split == "test":
+        raise ConfigError(
+            "a search never lets the test set decide: a target accuracy on it would stop "
+            "trials on test accuracy; give --target-split val (the validation split)"
+        )
+
+
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "search",
         allow_abbrev=False,
         help="search hyperparameters with Optuna: trials in vmapped batches, pruned, many workers",
     )
-    options.add_config_args(p)
+    options.add_config_args(p, leave_out=LEFT_OUT)
     g = p.add_argument_group("the search")
     g.add_argument(
         "--param",
@@ -71,7 +118,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument(
         "--sampler", choices=SAMPLERS, default="tpe", help="Optuna sampler (default tpe)"
     )
-    g.add_argument("--sampler-seed", type=int, default=0, help="the sampler's seed (default 0)")
+    g.add_argument(
+        "--sampler-seed",
+        type=_sampler_seed,
+        default=0,
+        help=f"the sampler's seed, 0 to {MAX_SAMPLER_SEED} (default 0)",
+    )
     g.add_argument(
         "--pruner",
         choices=PRUNERS,
@@ -80,11 +132,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--storage",
+        type=_name,
         metavar="URL",
         help="the study's database, any SQLAlchemy URL Optuna takes, e.g. "
         "postgresql://user:pass@host/db (default: sqlite:///OUT/search.db)",
     )
-    g.add_argument("--study", default="search", help="the study's name (default search)")
+    g.add_argument(
+        "--study", type=_name, default="search", help="the study's name (default search)"
+    )
     g.add_argument(
         "--heartbeat",
         type=_count,
@@ -94,7 +149,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "this is failed and retried",
     )
     g.add_argument(
-        "--retries", type=_examples, default=3, help="times a lost trial is retried (default 3)"
+        "--retries", type=_times, default=3, help="times a lost trial is retried (default 3)"
     )
     p.add_argument(
         "--out",
@@ -117,13 +172,17 @@ def run(args: argparse.Namespace) -> int:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # our lines say what it would
     start = time.perf_counter()
-    cfg, preset = options.resolve_config(args)
-    if "data.validation" in options.explicit_overrides(args):
+    cfg, preset = options.resolve_config(args, LEFT_OUT)
+    explicit = options.explicit_overrides(args, LEFT_OUT)
+    if "train.target_accuracy" not in explicit:  # a preset's stop rule: trials train on
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, target_accuracy=None))
+    if "data.validation" in explicit:
         if args.validation is not None:
             raise ConfigError("give the validation split once: --validation N or data.validation=N")
     else:
         cfg = search_run.with_validation(cfg, 10000 if args.validation is None else args.validation)
     config_lib.validate(cfg)
+    refuse_what_cannot_rank(cfg)
     params = space.parse_params(args.param or [], cfg)
     trials = args.trials
     if args.sampler == "grid":
