@@ -367,6 +367,38 @@ def test_a_space_of_refused_combinations_stops_in_one_line(
         search_run.run_search(small(), ps, opts, dataset=tiny_dataset)
 
 
+@pytest.mark.parametrize("sampler", ["random", "tpe"])
+def test_workers_and_resumed_searches_never_draw_the_same_values_again(tmp_path, sampler):
+    """Two workers with the same --sampler-seed on one study, asking in turn, then a
+    third that resumes it: every trial's values are new. Seeded alike, the second worker
+    drew the first's values trial after trial."""
+    lr = space.parse_params(["optimizer.lr=log:1e-4:1e-1"], BASE)
+    opts = study_opts(tmp_path, trials=12, sampler=sampler)
+    workers = [study_lib.open_study(opts, lr, 2) for _ in range(2)]
+    drawn = []
+    for _ in range(4):
+        for study in workers:
+            trial = study_lib.ask(study)
+            drawn.append(trial.suggest_float("optimizer.lr", 1e-4, 1e-1, log=True))
+            study.tell(trial, 0.5)
+    resumed = study_lib.open_study(opts, lr, 2)
+    for _ in range(4):
+        trial = study_lib.ask(resumed)
+        drawn.append(trial.suggest_float("optimizer.lr", 1e-4, 1e-1, log=True))
+        resumed.tell(trial, 0.5)
+    assert len(set(drawn)) == len(drawn) == 12, drawn
+
+
+def test_a_fresh_search_repeats_itself_with_its_seed(tmp_path):
+    lr = space.parse_params(["optimizer.lr=log:1e-4:1e-1"], BASE)
+    values = []
+    for name in ("a", "b"):
+        study = study_lib.open_study(study_opts(tmp_path, name=name, sampler="random"), lr, 2)
+        trial = study_lib.ask(study)
+        values.append(trial.suggest_float("optimizer.lr", 1e-4, 1e-1, log=True))
+    assert values[0] == values[1]
+
+
 def test_joining_a_study_with_another_space_or_size_is_refused(tmp_path):
     opts = study_opts(tmp_path)
     study_lib.open_study(opts, space.parse_params(["optimizer.lr=log:1e-4:1e-1"], BASE), 2)

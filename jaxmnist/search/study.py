@@ -3,7 +3,9 @@
 Optuna owns sampling, pruning and storage; this module only chooses and wires them:
 
 - the sampler: TPE (with `constant_liar`, so the trials of one batch, asked before any
-  is told, spread out), random, or a grid over finite parameters; each seeded
+  is told, spread out), random, or a grid over finite parameters; seeded with the
+  search's seed by the worker that makes the study, afresh by every worker that joins
+  it or resumes it (`open_study`)
 - the pruner: median, successive halving, Hyperband, or none, fed the trials' mean
   validation accuracy after every epoch
 - the storage: any SQLAlchemy URL Optuna's `RDBStorage` takes (an SQLite file by
@@ -25,6 +27,9 @@ past the budget is told failed at once, marked `over_budget`, and never trained.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import os
+import socket
 import threading
 import time
 import warnings
@@ -155,18 +160,36 @@ def declared(study: optuna.Study) -> dict | None:
     return None
 
 
+def joining_seed(seed: int) -> int:
+    """A sampler seed for a worker that joins a study another made (or resumes one): drawn
+    from `seed`, this host, this process and the time, so that no two workers, and no
+    worker and the one before it, draw the same values in the same order."""
+    text = f"{seed}:{socket.gethostname()}:{os.getpid()}:{time.time_ns()}"
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little")
+
+
 def open_study(opts: StudyOptions, params: list[Param], epochs: int) -> optuna.Study:
-    """Creates the study or joins it (another worker may have made it); refuses to join
-    one whose search space differs."""
+    """Creates the study, its sampler seeded with `opts.seed` (a fresh search repeats
+    itself), or joins it (another worker made it, or this is a resumed search), its
+    sampler seeded anew (`joining_seed`): seeded alike, two workers drew the same values
+    trial after trial. Refuses to join one whose search space differs."""
     storage = open_storage(opts)
-    study = optuna.create_study(
-        study_name=opts.name,
-        storage=storage,
-        sampler=make_sampler(opts.sampler, opts.seed, params),
-        pruner=make_pruner(opts.pruner, epochs),
-        direction="maximize",
-        load_if_exists=True,
-    )
+    pruner = make_pruner(opts.pruner, epochs)
+    try:
+        study = optuna.create_study(
+            study_name=opts.name,
+            storage=storage,
+            sampler=make_sampler(opts.sampler, opts.seed, params),
+            pruner=pruner,
+            direction="maximize",
+        )
+    except optuna.exceptions.DuplicatedStudyError:  # one name, one study: made by another
+        study = optuna.load_study(
+            study_name=opts.name,
+            storage=storage,
+            sampler=make_sampler(opts.sampler, joining_seed(opts.seed), params),
+            pruner=pruner,
+        )
     if study.direction != optuna.study.StudyDirection.MAXIMIZE:
         raise ConfigError(f"study {opts.name!r} minimises; a search maximises validation accuracy")
     space = [p.spec for p in params]
