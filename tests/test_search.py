@@ -160,6 +160,9 @@ def test_search_help_lists_no_flag_that_means_nothing_to_a_search(capsys):
     for flag in ("--target-accuracy", "--target-split", "--steps", "--tensorboard"):
         assert flag not in out, flag
     assert "--retries" in out and "--sampler-seed" in out
+    # How to resume, that a finished search is not extended, how workers share a study.
+    assert "run the same command again" in out and "is not extended" in out
+    assert "one --storage" in out and "one --study" in out
 
 
 def test_a_presets_target_never_stops_a_searchs_trials(tmp_path, tiny_dataset, tiny_data_dir):

@@ -68,6 +68,16 @@ def _name(text: str) -> str:
     return text
 
 
+EPILOG = """\
+Resuming: run the same command again (the same --out, or --storage and --study): the
+study's finished trials stay, lost ones are retried with their values, and the rest of
+its --trials are drawn anew. A finished search is not extended: its --trials is its
+budget; to search further, name another --study (the same --storage keeps both).
+Many workers: start the same command on several machines with one --storage (e.g.
+postgresql://...) and one --study; they share its trials and its budget, each drawing
+values of its own."""
+
+
 def refuse_what_cannot_rank(cfg: config_lib.Config) -> None:
     """A search ranks, prunes and stops its trials on the validation split alone: one
     line for a config that would have none, or would let the test set stop its trials."""
@@ -89,6 +99,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "search",
         allow_abbrev=False,
         help="search hyperparameters with Optuna: trials in vmapped batches, pruned, many workers",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     options.add_config_args(p, leave_out=LEFT_OUT)
     g = p.add_argument_group("the search")
