@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 optuna = pytest.importorskip("optuna", reason="needs the search extra")
+import sqlalchemy.engine
 import sqlalchemy.exc
 from optuna.trial import TrialState
 
@@ -151,6 +152,19 @@ def test_cli_bad_searches_exit_2_in_one_line(extra, message, tmp_path, capsys):
     if not by_parser:
         assert len(err.splitlines()) == 1 and err.startswith("jaxmnist search: error:")
     assert not out.exists()  # no folder either: nothing was tried
+
+
+@pytest.mark.parametrize("folder", ["q?mode=ro", "pct%41", "sp ace#1"])
+def test_the_default_study_file_is_in_the_out_folder_whatever_its_name(tmp_path, folder):
+    from jaxmnist.commands.search import sqlite_url
+
+    path = tmp_path / folder / "search.db"
+    path.parent.mkdir()
+    url = sqlite_url(path)
+    assert sqlalchemy.engine.make_url(url).database == str(path)
+    storage = study_lib.open_storage(study_lib.StudyOptions(name="s", storage=url, trials=1))
+    optuna.create_study(storage=storage, study_name="s")
+    assert path.is_file() and sorted(p.name for p in tmp_path.iterdir()) == [folder]
 
 
 def test_search_help_lists_no_flag_that_means_nothing_to_a_search(capsys):

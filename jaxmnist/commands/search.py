@@ -78,6 +78,14 @@ postgresql://...) and one --study; they share its trials and its budget, each dr
 values of its own."""
 
 
+def sqlite_url(path: Path) -> str:
+    """The SQLAlchemy URL of the SQLite file at `path`, its characters escaped: a path is
+    a path (a `?` in it is no query, a `%41` no `A`)."""
+    from sqlalchemy.engine import URL  # start-up: the search extra
+
+    return URL.create("sqlite", database=str(path)).render_as_string(hide_password=False)
+
+
 def refuse_what_cannot_rank(cfg: config_lib.Config) -> None:
     """A search ranks, prunes and stops its trials on the validation split alone: one
     line for a config that would have none, or would let the test set stop its trials."""
@@ -205,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
     rundir.check_writable(out)
     opts = StudyOptions(
         name=args.study,
-        storage=args.storage or f"sqlite:///{out.absolute() / 'search.db'}",
+        storage=args.storage or sqlite_url(out.absolute() / "search.db"),
         trials=trials,
         sampler=args.sampler,
         seed=args.sampler_seed,
