@@ -451,6 +451,17 @@ def test_a_trial_asked_past_the_budget_is_failed_and_marked(tmp_path):
     assert [study_lib.admitted(study, t, 2) for t in asked] == [True, True, False]
     last = study.trials[2]
     assert last.state == TrialState.FAIL and last.user_attrs[study_lib.OVER_BUDGET] is True
+    # It never ran: not counted as failed, in the progress, the table or the page.
+    c = study_lib.counts(study)
+    assert c["FAIL"] == 0 and c["OVER_BUDGET"] == 1 and c["RUNNING"] == 2
+    text = study_lib.counts_text(c)
+    assert text == "0 complete, 0 pruned, 0 failed trials (1 more asked past the budget, never run)"
+    for t in asked[:2]:
+        study.tell(t, 0.5)
+    ps = space.parse_params(["optimizer.lr=log:1e-4:1e-1"], BASE)
+    result = outputs.summarize(study, ps, small(), opts, preset="tpu101", wall_seconds=1.0)
+    assert result["counts"]["FAIL"] == 0 and result["counts"]["OVER_BUDGET"] == 1
+    assert "2 complete, 0 pruned, 0 failed trials (1 more" in outputs.format_table(result)
 
 
 # --- two workers on PostgreSQL, one killed --------------------------------------------

@@ -26,7 +26,7 @@ from jaxmnist import runtime, stats
 from jaxmnist.report.describe import flatten
 from jaxmnist.runs.rundir import atomic_write, write_json
 from jaxmnist.search.space import Param, trial_config
-from jaxmnist.search.study import OVER_BUDGET, StudyOptions, safe_url
+from jaxmnist.search.study import OVER_BUDGET, StudyOptions, counts_text, safe_url
 from jaxmnist.sweep import get_field
 
 FILES = {"json": "search.json", "csv": "search.csv", "html": "search.html"}
@@ -132,6 +132,9 @@ def summarize(
             "command": train_command(cfg, preset),
         }
     counts = {s.name: sum(r["state"] == s.name for r in rows) for s in TrialState}
+    # A trial asked past the budget never ran: told FAIL to leave the budget, not a failure.
+    counts["OVER_BUDGET"] = sum(r["over_budget"] for r in rows)
+    counts["FAIL"] -= counts["OVER_BUDGET"]
     return {
         "study": opts.name,
         "storage": safe_url(opts.storage),
@@ -182,10 +185,9 @@ def format_table(result: dict, limit: int = 15) -> str:
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
     if result["near_best_legend"]:
         lines.append(result["near_best_legend"])
-    c = result["counts"]
     lines.append(
-        f"{c['COMPLETE']} complete, {c['PRUNED']} pruned, {c['FAIL']} failed trials in study "
-        f"{result['study']!r}, {result['wall_seconds']:.1f} s"
+        f"{counts_text(result['counts'])} in study {result['study']!r}, "
+        f"{result['wall_seconds']:.1f} s"
     )
     if result["best"]:
         b = result["best"]

@@ -24,6 +24,7 @@ from matplotlib.figure import Figure
 from jaxmnist.report import html, plots
 from jaxmnist.report.describe import DASH, flatten, pct, secs
 from jaxmnist.runs import rundir
+from jaxmnist.search.study import counts_text
 
 
 def _v(v) -> str:
@@ -192,7 +193,7 @@ def render_search_page(result: dict, pngs: dict[str, bytes]) -> str:
                 if best and best["test_accuracy_mean"] is not None
                 else DASH,
             ),
-            ("Trials", f"{c['COMPLETE']} complete, {c['PRUNED']} pruned, {c['FAIL']} failed"),
+            ("Trials", counts_text(c)),
             ("Wall time", secs(result["wall_seconds"])),
         ]
     )

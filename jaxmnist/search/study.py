@@ -247,11 +247,21 @@ def fail_stale(study: optuna.Study) -> None:
 
 
 def counts(study: optuna.Study) -> dict[str, int]:
-    """Trials by state name (COMPLETE, PRUNED, RUNNING, WAITING, FAIL)."""
-    out = {s.name: 0 for s in TrialState}
+    """Trials by state name (COMPLETE, PRUNED, RUNNING, WAITING, FAIL), and OVER_BUDGET:
+    those asked past the budget, which never ran (told FAIL, not counted there)."""
+    out = {s.name: 0 for s in TrialState} | {"OVER_BUDGET": 0}
     for t in study.get_trials(deepcopy=False):
-        out[t.state.name] += 1
+        over = t.state == TrialState.FAIL and t.user_attrs.get(OVER_BUDGET)
+        out["OVER_BUDGET" if over else t.state.name] += 1
     return out
+
+
+def counts_text(c: dict) -> str:
+    """`4 complete, 1 pruned, 0 failed trials`, and how many were asked past the budget
+    and never ran, where any were."""
+    text = f"{c['COMPLETE']} complete, {c['PRUNED']} pruned, {c['FAIL']} failed trials"
+    over = c.get("OVER_BUDGET", 0)
+    return text + (f" ({over} more asked past the budget, never run)" if over else "")
 
 
 class Heartbeat:
