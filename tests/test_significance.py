@@ -273,3 +273,18 @@ def test_one_seed_sweep_is_not_marked():
     assert "≈ best" not in table.splitlines()[0]
     assert table.splitlines()[-3] == "≈ best: not marked (needs ≥2 seeds per point: --seeds N)"
     assert "not marked" in sweep_report.results_table(result)
+
+
+def test_compare_refuses_runs_on_different_datasets_in_one_line(tiny_model_run, tmp_path, capsys):
+    a = fake_run(tiny_model_run, tmp_path / "a", A)
+    f = fake_run(tiny_model_run, tmp_path / "f", B)
+    summary = json.loads((f / "summary.json").read_text())
+    summary["dataset"] = "fashion_mnist"
+    (f / "summary.json").write_text(json.dumps(summary))
+    out = tmp_path / "comparison.html"
+    assert main(["compare", str(a), str(f), "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert len(err.splitlines()) == 1 and "cannot be compared" in err
+    assert f"{f} on fashion_mnist" in err and f"{a} on tiny" in err
+    assert "significantly" not in captured.out and not out.exists()

@@ -302,10 +302,19 @@ def render_comparison(runs: list[RunData]) -> str:
 
 
 def load_runs(run_dirs: list[str | os.PathLike]) -> list[RunData]:
-    """The runs to compare; ConfigError for fewer than two, JaxmnistError for a bad one."""
+    """The runs to compare; ConfigError for fewer than two or for runs on different
+    datasets (whose test sets differ), JaxmnistError for a bad one."""
     if len(run_dirs) < 2:
         raise ConfigError("compare needs at least two run directories")
-    return [load_run(d, predictions=False) for d in run_dirs]
+    runs = [load_run(d, predictions=False) for d in run_dirs]
+    datasets = {str(d): r.summary.get("dataset") for d, r in zip(run_dirs, runs, strict=True)}
+    if len(set(datasets.values())) > 1:
+        which = ", ".join(f"{d} on {name}" for d, name in datasets.items())
+        raise ConfigError(
+            f"runs on different datasets have different test sets, so their accuracies "
+            f"cannot be compared: {which}; compare runs of one dataset"
+        )
+    return runs
 
 
 def write_comparison(
