@@ -382,15 +382,35 @@ def test_without_a_step_count_it_traces_one_of_a_runs_calls(
     assert table["steps_chosen"] == "one of a run's calls"
 
 
-@pytest.mark.parametrize("value", ["0", "-2"])
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("0", "--profile-steps must be at least 1, got 0"),
+        ("-2", "--profile-steps must be at least 1, got -2"),
+        ("1000000000", ("--profile-steps is at most 10,000 (a trace records every event of "
+                        "every step), got 1,000,000,000")),
+    ],
+)  # fmt: skip
 @pytest.mark.parametrize("command", ["profile", "train", "bench"])
-def test_a_bad_step_count_is_one_line_and_exit_2(command, value, tmp_path, capsys):
+def test_a_bad_step_count_is_one_line_and_exit_2(command, value, message, tmp_path, capsys):
     out = tmp_path / "never"
     where = ["--run-dir" if command == "train" else "--out", str(out)]
     assert cli.main([command, "--profile-steps", value, *where]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"jaxmnist {command}: error: --profile-steps must be at least 1, got {value}"]
+    assert err == [f"jaxmnist {command}: error: {message}"]
     assert not out.exists()
+
+
+def test_profile_never_writes_into_a_training_runs_directory(tiny_model_run, tmp_path, capsys):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_model_run, run)
+    before = sorted(p.name for p in run.iterdir())
+    assert cli.main(["profile", "--profile-steps", "2", "--out", str(run)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds a training run" in err[0]
+    assert sorted(p.name for p in run.iterdir()) == before
 
 
 def test_train_profile_steps_puts_the_table_in_the_report(train_argv, tmp_path, capsys):

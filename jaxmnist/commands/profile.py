@@ -58,10 +58,20 @@ def add_profile_steps(p: argparse.ArgumentParser, default: str | None = None) ->
     )
 
 
+# Steps one trace may hold: each is recorded event by event, so a trace grows with the
+# steps (and so does the time to write and read it); a few epochs of any preset fit.
+MAX_PROFILE_STEPS = 10_000
+
+
 def check_profile_steps(value: int | None) -> None:
-    """One line and exit 2 for a step count below 1."""
+    """One line and exit 2 for a step count below 1 or above `MAX_PROFILE_STEPS`."""
     if value is not None and value < 1:
         raise ConfigError(f"--profile-steps must be at least 1, got {value}")
+    if value is not None and value > MAX_PROFILE_STEPS:
+        raise ConfigError(
+            f"--profile-steps is at most {MAX_PROFILE_STEPS:,} (a trace records every event "
+            f"of every step), got {value:,}"
+        )
 
 
 def profiler(args: argparse.Namespace, workdir) -> list:
@@ -97,7 +107,13 @@ def run(args: argparse.Namespace) -> int:
     cfg, preset = options.resolve_config(args)
     t = cfg.train
     layout = parallel.layout_for(cfg.parallel, num_models=t.seeds, batch_size=t.batch_size)
-    out = rundir.check_writable(args.out or options.default_out("profile", preset))
+    out = Path(args.out or options.default_out("profile", preset))
+    if any((out / name).exists() for name in (rundir.CONFIG_FILE, rundir.SUMMARY_FILE)):
+        raise ConfigError(
+            f"{out} holds a training run, whose profile.json belongs to it; give --out a "
+            f"folder of its own (`train --profile-steps N` profiles a run into its directory)"
+        )
+    out = rundir.check_writable(out)
     if cfg.compile_cache:
         runtime.enable_compilation_cache()
     dataset = load_dataset(cfg.data.dataset, cfg.data.data_dir, download=cfg.data.download)
