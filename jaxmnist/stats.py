@@ -205,11 +205,19 @@ def best_index(samples) -> int:
     return max(finite, key=lambda i: (means[i], -i)) if finite else 0
 
 
+# How far below the best a point may be and still count as about as good: half a
+# percentage point of accuracy, the upper end of the difference's 95% interval.
+NEAR_MARGIN = 0.005
+CANT_TELL = "can't tell"
+
+
 def near_best(samples, best: int | None = None) -> list[str]:
     """For each sample (e.g. one sweep point's per-seed accuracies, higher is better):
-    "best" for the best one (`best`, or the highest mean), "yes" when it is not
-    significantly worse than the best, "no" when it is, "—" when no test applies
-    (fewer than two values, or a non-finite one).
+    "best" for the best one (`best`, or the highest mean), "no" when it is significantly
+    worse than the best, "yes" when it is not and the 95% interval of its difference
+    from the best ends within `NEAR_MARGIN`, "can't tell" when it is not significantly
+    worse but the seeds leave room for more than that (too little power to say), "—"
+    when no test applies (fewer than two values, or a non-finite one).
 
     Welch's test against the best, two-sided: the best is picked by looking at the
     means, so the direction of each difference is chosen by the data, and a one-sided
@@ -219,22 +227,32 @@ def near_best(samples, best: int | None = None) -> list[str]:
     best = best_index(samples) if best is None else best
     marks = ["best" if i == best else "—" for i in range(len(samples))]
     for c in comparisons(samples, [(best, i) for i in range(len(samples)) if i != best]):
-        if c.test is not None:
-            marks[c.b] = "no" if c.significant and c.test.difference > 0 else "yes"
+        if c.test is None:
+            continue
+        if c.significant and c.test.difference > 0:
+            marks[c.b] = "no"
+        else:
+            marks[c.b] = "yes" if c.test.ci95[1] <= NEAR_MARGIN else CANT_TELL
     return marks
 
 
 def near_best_legend(marks: list[str], what: str = "point") -> str:
     """The line that explains `near_best`'s `marks` under a table of them."""
-    family = sum(m in ("yes", "no") for m in marks)
+    family = sum(m in ("yes", "no", CANT_TELL) for m in marks)
     if family == 0:
         return f"≈ best: not marked ({NEEDS_SEEDS.replace('run', what)}: --seeds N)"
     holm_text = f", Holm-corrected over the {family} comparisons" * (family > 1)
     needs = NEEDS_SEEDS.replace("run", what)
     untested = f"; — = no test ({needs}, every value finite)" * ("—" in marks)
+    margin = f"{NEAR_MARGIN:.1%}".replace("%", " pp")
+    cant = (
+        f"; can't tell = not significantly worse, but its seeds leave room for more than "
+        f"{margin} below" * (CANT_TELL in marks)
+    )
     return (
-        f"≈ best: yes = not significantly worse than the best {what}, no = significantly "
-        f"worse (Welch's t-test on the seeds, two-sided, 5%{holm_text}){untested}"
+        f"≈ best: yes = not significantly worse than the best {what} and within {margin} of "
+        f"it (95% interval), no = significantly worse (Welch's t-test on the seeds, "
+        f"two-sided, 5%{holm_text}){cant}{untested}"
     )
 
 

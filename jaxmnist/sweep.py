@@ -461,7 +461,7 @@ def format_table(sweep: dict, metric: str | None = None) -> str:
     keys = list(sweep["axes"])
     target = sweep["target_accuracy"] is not None
     marks = stats.near_best([x[f"{metric}_per_seed"] for x in sweep["results"]])
-    tested = any(m in ("yes", "no") for m in marks)
+    tested = any(m in ("yes", "no", stats.CANT_TELL) for m in marks)
     beside = metric != "test_accuracy"
     header = ["rank", *keys, f"{metric_name(metric)} (mean ± std)", "95% CI", "min", "max"]
     header += ["≈ best"] * tested + ["test accuracy (mean ± std)"] * beside

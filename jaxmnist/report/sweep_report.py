@@ -68,7 +68,7 @@ def results_table(sweep: dict, metric: str | None = None) -> str:
     metric = metric or ranked_by(sweep)
     target = sweep["target_accuracy"] is not None
     marks = stats.near_best([x[f"{metric}_per_seed"] for x in sweep["results"]])
-    tested = any(m in ("yes", "no") for m in marks)
+    tested = any(m in ("yes", "no", stats.CANT_TELL) for m in marks)
     beside = metric != "test_accuracy"
     name = "Validation accuracy" if metric == "val_accuracy" else "Test accuracy"
     header = ["Rank", *sweep["axes"], name, "95% CI", "Min", "Max", "Per seed"]
