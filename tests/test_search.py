@@ -102,6 +102,15 @@ def test_params_parse_to_typed_distributions():
         ("train.seeds=uniform:1:4", "--seeds N"),
         ("train.target_accuracy=uniform:0.5:0.9", "never by the test set"),
         ("train.epochs=uniform:1:4", "every trial trains --epochs"),
+        ("train.target_split=choice:test,val", "never by the test set"),
+        ("train.eval_train=choice:true,false", "not what a trial learns"),
+        ("compile_cache=choice:true,false", "not what a trial learns"),
+        ("tensorboard=choice:true,false", "not what a trial learns"),
+        ("parallel.devices=choice:1,2", "not what a trial learns"),
+        ("optimizer.name=choice:adam", "one choice searches nothing"),
+        ("model.hidden=choice:128x,256", "'128x' has an empty size"),
+        ("model.hidden=choice:x128,256", "'x128' has an empty size"),
+        ("model.hidden=choice:256x128", "one choice searches nothing"),
     ],
 )
 def test_bad_params_are_one_line_config_errors(spec, message):

@@ -35,6 +35,22 @@ OWN_FLAG = {
     "train.target_accuracy": "a search ranks by validation accuracy, never by the test set",
     "data.validation": "give the held-out examples with --validation N",
     "data.dataset": "a search compares trials on one dataset (--dataset)",
+    "train.target_split": "a search ranks by validation accuracy, never by the test set",
+}
+# Fields that do not change what a trial learns: drawn, they would give trials that differ
+# in nothing a search measures.
+NO_EFFECT = {
+    "data.data_dir": "where the data is read from",
+    "data.download": "whether missing data may be downloaded",
+    "train.eval_batch_size": "the evaluation's batch (every example counts either way)",
+    "train.eval_train": "whether the training set is evaluated too",
+    "train.eval_train_examples": "how much of the training set is evaluated",
+    "train.progress_every": "how often progress is shown",
+    "compile_cache": "whether compiled programs are cached",
+    "tensorboard": "whether TensorBoard files are written",
+    "memory_budget_mb": "how members are cut into chunks",
+    "parallel.devices": "the devices a trial runs on (every batch of trials shares one mesh)",
+    "parallel.mesh": "the devices a trial runs on (every batch of trials shares one mesh)",
 }
 
 
@@ -105,6 +121,11 @@ def parse_param(spec: str, base: config_lib.Config) -> Param:
         )
     if key in OWN_FLAG:
         raise ConfigError(f"--param {key}: {OWN_FLAG[key]}")
+    if key in NO_EFFECT:
+        raise ConfigError(
+            f"--param {key} changes only {NO_EFFECT[key]}, not what a trial learns: every "
+            "trial would be the same; set it with KEY=VALUE instead"
+        )
     current = get_field(base, key)
     if kind == "choice":
         raw = [v.strip() for v in rest.split(",")]
@@ -112,11 +133,22 @@ def parse_param(spec: str, base: config_lib.Config) -> Param:
             raise ConfigError(
                 f"--param {spec!r}: an empty choice (choices are separated by commas)"
             )
-        if isinstance(current, tuple):
-            raw = [v.replace("x", ",") for v in raw]  # model.hidden=choice:256x128,512
+        if isinstance(current, tuple):  # model.hidden=choice:256x128,512
+            bad = [v for v in raw if "" in v.split("x")]
+            if bad:
+                raise ConfigError(
+                    f"--param {spec!r}: {bad[0]!r} has an empty size; write sizes joined by "
+                    "x, e.g. 256x128"
+                )
+            raw = [v.replace("x", ",") for v in raw]
         values = [format_value(_typed(base, key, v, spec)) for v in raw]
         if len(set(values)) < len(values):
             raise ConfigError(f"--param {key}: a choice is repeated ({rest})")
+        if len(values) == 1:
+            raise ConfigError(
+                f"--param {spec!r}: one choice searches nothing; give two or more, or set "
+                f"{key}={values[0]} instead"
+            )
         return Param(key, kind, choices=tuple(values))
     if isinstance(current, bool) or not isinstance(current, (int, float)):
         raise ConfigError(
