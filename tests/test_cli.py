@@ -677,3 +677,28 @@ def test_the_start_line_names_every_device_and_a_run_cut_short():
     TerminalReporter("normal", stream=out).on_start(RunStart(None, info, Progress()))
     line = out.getvalue().splitlines()[0]
     assert line.endswith("| 200 steps in 2 epochs of up to 117 | cpu: cpu:0")
+
+
+def test_json_stdout_holds_the_json_alone_whatever_native_code_prints(
+    train_argv, tmp_path, capfd, monkeypatch
+):
+    """A collective library's lines (gloo's `[Gloo] Rank 0 is connected...`), written to
+    the process's stdout by native code as processes join, go to stderr under --json."""
+    import os as os_lib
+
+    from jaxmnist.commands import options as options_lib
+
+    real = options_lib.start_processes
+
+    def joining(*args):
+        os_lib.write(1, b"[Gloo] Rank 0 is connected to 1 peer ranks.\n")
+        return real(*args)
+
+    monkeypatch.setattr(options_lib, "start_processes", joining)
+    assert main([*train_argv(tmp_path / "run", "--epochs", "1"), "--json", "--no-report"]) == 0
+    captured = capfd.readouterr()
+    summary = json.loads(captured.out)  # all of it: nothing before or after the JSON
+    assert summary["run_dir"] == str(tmp_path / "run")
+    assert "[Gloo] Rank 0 is connected" in captured.err
+    os_lib.write(1, b"after\n")  # stdout is stdout again once the command returns
+    assert capfd.readouterr().out == "after\n"

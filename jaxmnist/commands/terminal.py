@@ -10,6 +10,7 @@ have been timed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -238,6 +239,31 @@ def target_of(s: dict) -> str:
     """What a summary's target watched: `test accuracy`, `mean validation accuracy`, ..."""
     split = "validation" if s.get("target_split") == "val" else "test"
     return f"{'mean ' * ('seeds' in s)}{split} accuracy"
+
+
+@contextlib.contextmanager
+def stdout_for_json_only(on: bool):
+    """With `on` (--json): yields a stream on the real stdout, and sends everything else
+    written to stdout, by Python or by native code (a collective library's connection
+    lines), to stderr while the block runs, so that stdout holds the JSON alone. Without
+    `on`: yields sys.stdout and changes nothing."""
+    if not on:
+        yield sys.stdout
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    out = os.fdopen(os.dup(saved), "w")
+    try:
+        yield out
+    finally:
+        try:
+            sys.stdout.flush()
+            out.flush()
+        finally:
+            out.close()
+            os.dup2(saved, 1)
+            os.close(saved)
 
 
 def compile_detail(info: dict) -> str:

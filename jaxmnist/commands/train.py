@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from jaxmnist import config as config_lib
-from jaxmnist.commands import options, profile
+from jaxmnist.commands import options, profile, terminal
 from jaxmnist.commands.terminal import TerminalReporter, plural
 from jaxmnist.errors import ConfigError, TargetNotReached
 from jaxmnist.report.background import ReportRenderer
@@ -87,8 +87,6 @@ def check_checkpoint_flags(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from jaxmnist.runs import rundir  # start-up: imports jax
-    from jaxmnist.training import parallel  # start-up: imports jax
 
     check_checkpoint_flags(args)
     if args.resume:
@@ -101,6 +99,15 @@ def run(args: argparse.Namespace) -> int:
         workdir = Path(args.run_dir) if args.run_dir else options.default_run_dir(preset, cfg)
     if (code := supervisor.run_watched(args, workdir)) is not None:  # several processes
         return code
+    with terminal.stdout_for_json_only(args.json) as out:
+        return _run(args, cfg, workdir, out)
+
+
+def _run(args: argparse.Namespace, cfg, workdir: Path, out) -> int:
+    """The run itself, in the process that trains; `out`: where the JSON goes."""
+    from jaxmnist.runs import rundir  # start-up: imports jax
+    from jaxmnist.training import parallel  # start-up: imports jax
+
     layout = options.start_processes(args, cfg)
     main = parallel.is_main_process()
     # Process 0 holds the directory's lock until this command returns or dies; a run
@@ -127,8 +134,8 @@ def run(args: argparse.Namespace) -> int:
     if report and mode == "normal":
         print(f"report: {report}")
     if args.json:
-        out = {"run_dir": str(workdir), "report": report and str(report), **summary}
-        print(json.dumps(out, indent=2))
+        result = {"run_dir": str(workdir), "report": report and str(report), **summary}
+        print(json.dumps(result, indent=2), file=out, flush=True)
     _check_target(summary)
     return 0
 
