@@ -38,7 +38,7 @@ import optuna
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 from sqlalchemy.engine import make_url  # SQLAlchemy comes with Optuna's storage
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 
 from jaxmnist.errors import ConfigError
 from jaxmnist.search.space import Param, grid_space
@@ -95,7 +95,7 @@ def make_pruner(kind: str, epochs: int) -> optuna.pruners.BasePruner:
     raise ConfigError(f"unknown pruner {kind!r}; choose from: {', '.join(PRUNERS)}")
 
 
-def open_storage(opts: StudyOptions, attempts: int = 5) -> RDBStorage:
+def open_storage(opts: StudyOptions, attempts: int = 10) -> RDBStorage:
     """The study's storage, with heartbeats and retries; ConfigError for a bad URL or an
     unreachable database (one line). Workers started together on a new database race to
     create its tables, and all but one fail on a unique name or a table that already
@@ -129,9 +129,18 @@ _ALREADY_CREATED = ("42P07", "42710")
 
 def _lost_creation_race(e: Exception) -> bool:
     """Whether `e` says another worker made first what this one was making: a unique row
-    (IntegrityError), or on PostgreSQL a table or type (Optuna's schema, alembic's)."""
+    (IntegrityError), on PostgreSQL a table or type (Optuna's schema, alembic's), on
+    SQLite a table or index (its driver gives no code: only the message says it), or on
+    SQLite a file another worker holds locked while it creates them."""
     code = getattr(getattr(e, "orig", None), "sqlstate", None)
-    return isinstance(e, IntegrityError) or code in _ALREADY_CREATED
+    if isinstance(e, IntegrityError) or code in _ALREADY_CREATED:
+        return True
+    message = str(getattr(e, "orig", e))
+    sqlite = isinstance(e, OperationalError) and type(getattr(e, "orig", None)).__module__ in (
+        "sqlite3",
+        "_sqlite3",
+    )
+    return sqlite and ("already exists" in message or "database is locked" in message)
 
 
 def safe_url(url: str) -> str:
