@@ -671,3 +671,66 @@ def test_a_table_another_worker_made_first_on_sqlite_is_a_race_lost_not_an_error
 
     assert study_lib._lost_creation_race(raised("create table t(x)"))
     assert not study_lib._lost_creation_race(raised("select * from nosuch"))
+
+
+def _stopped_search(tmp_path, tiny_data_dir, monkeypatch, capsys, stop):
+    """`jaxmnist search` on the tiny data, `stop()` called inside its first batch; (exit
+    code, stderr, the study)."""
+    from jaxmnist.search import run as run_lib
+
+    real = run_lib.run_batch
+
+    def stopping(*args, **kw):
+        stop()
+        return real(*args, **kw)
+
+    monkeypatch.setattr(run_lib, "run_batch", stopping)
+    out = tmp_path / "s"
+    argv = ["search", "--dataset", "tiny", "--data-dir", str(tiny_data_dir), "--out", str(out)]
+    argv += ["--param", "optimizer.lr=log:1e-4:1e-1", "--trials", "2", "--batch", "2"]
+    argv += ["--validation", "100", "--epochs", "1", "--no-compile-cache", "--pruner", "none"]
+    code = main(argv)
+    study = optuna.load_study(study_name="search", storage=f"sqlite:///{out / 'search.db'}")
+    return code, capsys.readouterr().err, study
+
+
+def test_sigterm_stops_a_search_as_ctrl_c_does(tmp_path, tiny_data_dir, monkeypatch, capsys):
+    """Exit 143, one line with the command that resumes it, and the batch's trials failed
+    and queued at once (it exited silently with them RUNNING)."""
+    code, err, study = _stopped_search(
+        tmp_path, tiny_data_dir, monkeypatch, capsys,
+        lambda: (os.kill(os.getpid(), signal.SIGTERM), time.sleep(5)),
+    )  # fmt: skip
+    assert code == 143
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("jaxmnist search: SIGTERM: stopped;") and "resume with: jaxmnist" in last
+    assert "--trials 2" in last and "Traceback" not in err
+    states = [t.state for t in study.trials]
+    assert TrialState.RUNNING not in states and states.count(TrialState.FAIL) == 2
+    assert len(study.get_trials(states=(TrialState.WAITING,))) == 2  # queued to run again
+    assert signal.getsignal(signal.SIGTERM) is not None  # the previous handler is back
+
+
+def test_a_storage_that_stops_answering_is_one_line_with_the_resume_command(
+    tmp_path, tiny_data_dir, monkeypatch, capsys
+):
+    def gone():
+        raise sqlalchemy.exc.OperationalError("SELECT 1", None, Exception("server closed"))
+
+    code, err, _ = _stopped_search(tmp_path, tiny_data_dir, monkeypatch, capsys, gone)
+    assert code == 1
+    lines = err.strip().splitlines()
+    assert lines[-1].startswith("jaxmnist search: error: the study's storage sqlite:///")
+    assert "stopped answering (server closed)" in lines[-1] and "resume with:" in lines[-1]
+    assert "Traceback" not in err
+
+
+def test_the_heartbeat_stops_quietly_when_the_storage_stops_answering(capfd):
+    class Gone:
+        def record_heartbeat(self, trial_id):
+            raise sqlalchemy.exc.OperationalError("UPDATE", None, Exception("no server"))
+
+    with study_lib.Heartbeat(Gone(), [1, 2], interval=0.01) as beat:
+        beat.thread.join(timeout=5)
+    assert not beat.thread.is_alive() and "no server" in str(beat.error)
+    assert "Traceback" not in capfd.readouterr().err

@@ -12,13 +12,15 @@ import argparse
 import dataclasses
 import importlib.util
 import shlex
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
 from jaxmnist import config as config_lib
 from jaxmnist.commands import options
-from jaxmnist.errors import ConfigError
+from jaxmnist.errors import ConfigError, JaxmnistError
 
 SAMPLERS = ("tpe", "random", "grid")  # jaxmnist.search.study's, named here for the parser
 # Training's flags that mean nothing to a search, or would harm it: a trial trains its
@@ -84,6 +86,14 @@ def sqlite_url(path: Path) -> str:
     from sqlalchemy.engine import URL  # start-up: the search extra
 
     return URL.create("sqlite", database=str(path)).render_as_string(hide_password=False)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the search is, to stop it as Ctrl-C does."""
+
+
+def _terminated(signum, frame) -> None:
+    raise Terminated()
 
 
 def refuse_what_cannot_rank(cfg: config_lib.Config) -> None:
@@ -188,6 +198,7 @@ def run(args: argparse.Namespace) -> int:
     from jaxmnist.runs import rundir  # start-up: imports jax
     from jaxmnist.search import outputs, space  # start-up: imports jax and optuna
     from jaxmnist.search import run as search_run  # start-up: imports jax and optuna
+    from jaxmnist.search import study as study_lib  # start-up: imports optuna
     from jaxmnist.search.study import StudyOptions, grid_space  # start-up: imports optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # our lines say what it would
@@ -223,12 +234,34 @@ def run(args: argparse.Namespace) -> int:
         retries=args.retries,
     )
     log = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
+    again = shlex.join(["jaxmnist", *args.argv])
+    main_thread = threading.current_thread() is threading.main_thread()
+    # SIGTERM stops a search as Ctrl-C does (signals reach the main thread alone).
+    previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
     try:
         study = search_run.run_search(cfg, params, opts, batch=args.batch, log=log)
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the batch's trials are requeued
+        name = "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C"
+        print(
+            f"jaxmnist search: {name}: stopped; the trials under way are failed and queued to "
+            f"run again first; resume with: {again}",
+            file=sys.stderr,
+        )
+        return 143 if isinstance(e, Terminated) else 130
+    except study_lib.STORAGE_ERRORS as e:
+        first = str(getattr(e, "orig", e)).strip().splitlines() or [type(e).__name__]
+        raise JaxmnistError(
+            f"the study's storage {study_lib.safe_url(opts.storage)} stopped answering "
+            f"({first[0]}); the trials under way run again once a worker finds them lost; "
+            f"resume with: {again}"
+        ) from None
     except BaseException:
-        if made and not any(out.iterdir()):  # refused before a trial: leave no empty folder
+        if made and out.is_dir() and not any(out.iterdir()):  # refused before a trial
             out.rmdir()
         raise
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
     result = outputs.summarize(
         study, params, cfg, opts, preset=preset, wall_seconds=time.perf_counter() - start
     )

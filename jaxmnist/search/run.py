@@ -44,7 +44,16 @@ def grid_trials(params: list[Param], trials: int) -> int:
 
 def _fail_and_retry(study: optuna.Study, storage, trials: list) -> None:
     """Fails `trials` that are still running and hands each to the storage's retry
-    callback, as `fail_stale_trials` does for a lost worker's trials."""
+    callback, as `fail_stale_trials` does for a lost worker's trials. Where the storage
+    does not answer, nothing more can be done here: the next worker to look finds the
+    trials stale and retries them."""
+    try:
+        _fail_and_retry_now(study, storage, trials)
+    except study_lib.STORAGE_ERRORS:
+        pass
+
+
+def _fail_and_retry_now(study: optuna.Study, storage, trials: list) -> None:
     retry = storage.get_heartbeat_stale_trial_callback()
     for trial in trials:
         if storage.get_trial(trial._trial_id).state != TrialState.RUNNING:

@@ -273,19 +273,29 @@ def counts_text(c: dict) -> str:
     return text + (f" ({over} more asked past the budget, never run)" if over else "")
 
 
+STORAGE_ERRORS = (SQLAlchemyError, optuna.exceptions.StorageInternalError)
+
+
 class Heartbeat:
     """Records a heartbeat for each of `trial_ids` every `interval` seconds, in a thread,
-    while the batch trains (Optuna's `optimize` does this for one trial at a time)."""
+    while the batch trains (Optuna's `optimize` does this for one trial at a time). A
+    storage that stops answering stops the beats, quietly: `error` keeps what it raised,
+    and the search says it in one line when it next needs the storage."""
 
     def __init__(self, storage: RDBStorage, trial_ids: list[int], interval: float):
         self.storage, self.trial_ids, self.interval = storage, list(trial_ids), interval
         self.stopped = threading.Event()
+        self.error: Exception | None = None
         self.thread = threading.Thread(target=self._beat, name="search-heartbeat", daemon=True)
 
     def _beat(self) -> None:
         while True:
-            for trial_id in self.trial_ids:
-                self.storage.record_heartbeat(trial_id)
+            try:
+                for trial_id in self.trial_ids:
+                    self.storage.record_heartbeat(trial_id)
+            except STORAGE_ERRORS as e:
+                self.error = e
+                return
             if self.stopped.wait(self.interval):
                 return
 
