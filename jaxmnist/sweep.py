@@ -41,7 +41,7 @@ from jaxmnist.data import load_dataset
 from jaxmnist.errors import ConfigError
 from jaxmnist.runs.rundir import atomic_write, write_json
 from jaxmnist.training.hooks import Callback, EpochEnd, RunStart
-from jaxmnist.training.loop import run_length, train_population
+from jaxmnist.training.loop import plural, run_length, train_population
 from jaxmnist.training.parallel import layout_for
 from jaxmnist.training.population import TRACED_FIELDS, Member
 
@@ -217,7 +217,7 @@ class SweepReporter(Callback):
         chunks = info.get("chunks", [1])
         split = f", in {len(chunks)} chunks of {max(chunks)}" if len(chunks) > 1 else ""
         self.log(
-            f"{self.title}: {info.get('models', 1)} models in one program{split}; "
+            f"{self.title}: {plural(info.get('models', 1), 'model')} in one program{split}; "
             f"{run_length(info)}"
         )
 

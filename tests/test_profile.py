@@ -5,6 +5,7 @@ import dataclasses
 import gzip
 import json
 import re
+import shlex
 from types import SimpleNamespace as NS
 
 import jax
@@ -349,7 +350,7 @@ def test_the_shares_add_up_to_the_measured_step_time(tiny_profile):
 
 
 def test_the_cli_profiles_end_to_end(tiny_data_dir, tmp_path, capsys):
-    out = tmp_path / "p"
+    out = tmp_path / "prof dir ü"  # the command it prints to open it must stay one path
     argv = ["profile", "--dataset", "tiny", "--data-dir", str(tiny_data_dir), "--batch-size"]
     argv += ["32", "--profile-steps", "3", "--peak-size", "128", "--no-compile-cache"]
     assert cli.main([*argv, "--out", str(out)]) == 0
@@ -363,7 +364,9 @@ def test_the_cli_profiles_end_to_end(tiny_data_dir, tmp_path, capsys):
     assert all(line.endswith(" s") for line in phases[1:])
     seconds = json.loads((out / "profile.json").read_text())["phase_seconds"]
     assert set(seconds) == {"trace", "read", "peak"} and min(seconds.values()) >= 0
-    assert "tensorboard --logdir" in printed and "ui.perfetto.dev" in printed
+    assert "ui.perfetto.dev" in printed
+    opener = next(line for line in printed.splitlines() if "tensorboard --logdir" in line)
+    assert shlex.split(opener.split("--logdir", 1)[1])[0] == str(out)
     assert json.loads((out / "profile.json").read_text())["steps"] == 3
 
 

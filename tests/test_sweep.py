@@ -285,3 +285,6 @@ def test_the_group_line_says_the_steps_of_a_run_shorter_than_an_epoch():
     info.update(total_steps=117)
     reporter.on_start(RunStart(None, info, Progress()))
     assert lines[-1] == "group 1: 2 models in one program; 1 epoch x 117 steps"
+    info.update(models=1)
+    reporter.on_start(RunStart(None, info, Progress()))
+    assert lines[-1] == "group 1: 1 model in one program; 1 epoch x 117 steps"

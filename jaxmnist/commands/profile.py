@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -138,7 +139,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(format_table(table))
     print(f"wrote {Path(out) / PROFILE_JSON} and the trace {Path(out) / table['trace']}")
-    print(f"open it: tensorboard --logdir {out}  (pip install tensorboard-plugin-profile)")
+    logdir = shlex.quote(str(out))  # a command to copy: a path with spaces stays one word
+    print(f"open it: tensorboard --logdir {logdir}  (pip install tensorboard-plugin-profile)")
     if table.get("perfetto"):
         print(f"or load {Path(out) / table['perfetto']} at https://ui.perfetto.dev")
     return 0

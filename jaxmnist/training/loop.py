@@ -449,7 +449,8 @@ def _working_bytes(programs) -> int:
     return max(sizes, default=0)
 
 
-def _plural(n: int, noun: str) -> str:
+def plural(n: int, noun: str) -> str:
+    """`1 epoch`, `2 epochs`, `1,000 steps`."""
     return f"{n:,} {noun}{'s' * (n != 1)}"
 
 
@@ -459,10 +460,10 @@ def run_length(info: dict) -> str:
     epochs, per_epoch = info["epochs"], info["steps_per_epoch"]
     total = info.get("total_steps", epochs * per_epoch)
     if total == epochs * per_epoch:
-        return f"{_plural(epochs, 'epoch')} x {_plural(per_epoch, 'step')}"
+        return f"{plural(epochs, 'epoch')} x {plural(per_epoch, 'step')}"
     if epochs == 1:
-        return _plural(total, "step")
-    return f"{_plural(total, 'step')} in {epochs:,} epochs of up to {per_epoch:,}"
+        return plural(total, "step")
+    return f"{plural(total, 'step')} in {epochs:,} epochs of up to {per_epoch:,}"
 
 
 def devices_text(info: dict) -> str:
