@@ -168,3 +168,11 @@ def test_the_help_names_what_the_file_needs(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     assert "needs only jax and flatbuffers" in " ".join(capsys.readouterr().out.split())
+
+
+def test_export_help_lists_the_required_out_apart_from_the_options(capsys):
+    with pytest.raises(SystemExit):
+        main(["export", "--help"])
+    out = capsys.readouterr().out
+    options, _, required = out.partition("\nrequired:\n")
+    assert "--out FILE" in required and "--out" not in options.split("options:")[1]

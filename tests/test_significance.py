@@ -302,3 +302,10 @@ def test_compare_refuses_runs_on_different_datasets_in_one_line(tiny_model_run, 
     assert len(err.splitlines()) == 1 and "cannot be compared" in err
     assert f"{f} on fashion_mnist" in err and f"{a} on tiny" in err
     assert "significantly" not in captured.out and not out.exists()
+
+
+def test_compare_help_names_its_significance_test(capsys):
+    with pytest.raises(SystemExit):
+        main(["compare", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "Welch's t-test on the per-seed accuracies" in text and "Holm-corrected" in text

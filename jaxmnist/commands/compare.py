@@ -11,6 +11,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "compare",
         help="one HTML page comparing several runs; prints whether their accuracies differ "
         "significantly",
+        description="One HTML page comparing several runs of one dataset, and in the "
+        "terminal whether their test accuracies differ by more than their seeds' noise: "
+        "Welch's t-test on the per-seed accuracies, two-sided, 5%, Holm-corrected over the "
+        "pairs tested (every pair up to a few runs, else each against the best); a run of "
+        "one seed has no spread, so no test.",
     )
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     p.add_argument(

@@ -22,7 +22,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "flatbuffers to run",
     )
     p.add_argument("run_dir", metavar="RUN_DIR")
-    p.add_argument("--out", required=True, metavar="FILE", help="the file to write")
+    required = p.add_argument_group("required")
+    required.add_argument("--out", required=True, metavar="FILE", help="the file to write")
     p.add_argument(
         "--platforms",
         default="cpu,cuda,tpu",
