@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import lax
 
 from jaxmnist import config as config_lib
 from jaxmnist.data import augment as augment_lib
@@ -64,6 +65,26 @@ def test_each_image_is_its_own_integer_translation_within_max_shift(images):
     assert len(set(offsets)) > 1  # drawn per image, not once per batch
 
 
+def test_the_translations_reach_every_offset_in_both_directions_both_ends_included():
+    """±2 pixels: every one of -2..2 down and across is drawn, and nothing beyond (a
+    range of [-s + 1, s] passed the test above)."""
+    rng = np.random.default_rng(0)
+    src = np.zeros((300, 28, 28), np.uint8)
+    src[:, 2:-2, 2:-2] = rng.integers(1, 256, (300, 24, 24))  # a border of zeros: exact rolls
+    out = np.asarray(augment(jax.random.key(5), jnp.asarray(src), ON))
+    drawn = set()
+    for i in range(len(src)):
+        found = [
+            (dy, dx)
+            for dy in range(-3, 4)
+            for dx in range(-3, 4)
+            if np.array_equal(out[i], _shifted(src[i], dy, dx))
+        ]
+        assert len(found) == 1, i
+        drawn |= set(found)
+    assert {dy for dy, _ in drawn} == {dx for _, dx in drawn} == set(range(-2, 3))
+
+
 @pytest.mark.parametrize("shape", [(64, 28, 28), (16, 9, 13, 3)], ids=["gray", "channels"])
 @pytest.mark.parametrize("max_shift", [1, 2, 3])
 @pytest.mark.accelerator
@@ -78,6 +99,19 @@ def test_the_accelerators_translation_is_the_cpus_exactly(shape, max_shift):
     assert tpu.dtype == jnp.uint8
     np.testing.assert_array_equal(tpu, cpu)
     assert not np.array_equal(cpu, full)
+
+
+@pytest.mark.parametrize("shape", [(12, 12), (12, 12, 3)], ids=["gray", "channels"])
+def test_the_dense_warp_multiplies_at_the_highest_precision(shape):
+    """Pinned in the program, where no CPU's value can show it: at an accelerator's
+    default precision the bilinear weights are rounded to bfloat16."""
+    image = jnp.zeros(shape, jnp.float32)
+    rows = cols = jnp.zeros((5, 7), jnp.float32)
+    jaxpr = jax.make_jaxpr(augment_lib.bilinear_dense)(image, rows, cols).jaxpr
+    dots = [e for e in jaxpr.eqns if e.primitive.name == "dot_general"]
+    assert len(dots) == 2
+    highest = (lax.Precision.HIGHEST, lax.Precision.HIGHEST)
+    assert all(e.params["precision"] == highest for e in dots)
 
 
 @pytest.mark.parametrize("shape", [(32, 28, 28), (6, 9, 13, 3)], ids=["gray", "channels"])

@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 optuna = pytest.importorskip("optuna", reason="needs the search extra")
@@ -375,6 +376,18 @@ def test_the_objective_is_validation_accuracy_never_test(tmp_path, tiny_dataset,
     assert any(t.value != pytest.approx(t.user_attrs["test_accuracy_mean"]) for t in done)
     result = outputs.summarize(study, ps, small(), opts, preset="tpu101", wall_seconds=1.0)
     assert result["best"]["number"] == max(done, key=lambda t: t.value).number
+    # What the pruner is fed each epoch: the validation accuracy too, never the test's.
+    for t in done:
+        last = t.intermediate_values[max(t.intermediate_values)]
+        assert last == pytest.approx(t.value)
+        assert list(t.intermediate_values.values()) == pytest.approx(
+            t.user_attrs["val_accuracy_by_epoch"]
+        )
+    assert any(
+        t.intermediate_values[max(t.intermediate_values)]
+        != pytest.approx(t.user_attrs["test_accuracy_mean"])
+        for t in done
+    )
 
 
 def test_a_space_of_refused_combinations_stops_in_one_line(
@@ -734,3 +747,30 @@ def test_the_heartbeat_stops_quietly_when_the_storage_stops_answering(capfd):
         beat.thread.join(timeout=5)
     assert not beat.thread.is_alive() and "no server" in str(beat.error)
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_the_trials_draw_what_the_param_declares(tmp_path):
+    """Not only the declared distribution: the values drawn. A log range puts half its
+    draws below the geometric mean of its ends (a linear draw puts about 3% there); a
+    uniform one half below the midpoint; an integer range draws integers on its step."""
+    ps = space.parse_params(
+        [
+            "optimizer.lr=log:1e-4:1e-1",
+            "optimizer.momentum=uniform:0.8:0.99",
+            "train.batch_size=uniform:32:256:32",
+        ],
+        BASE,
+    )
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    drawn = []
+    for _ in range(400):
+        trial = study.ask()
+        drawn.append(space.suggest(trial, ps))
+        study.tell(trial, 0.0)
+    lrs = np.array([d["optimizer.lr"] for d in drawn])
+    assert 0.4 < np.mean(lrs < np.sqrt(1e-4 * 1e-1)) < 0.6
+    assert lrs.min() >= 1e-4 and lrs.max() <= 1e-1
+    momenta = np.array([d["optimizer.momentum"] for d in drawn])
+    assert 0.4 < np.mean(momenta < 0.895) < 0.6
+    batches = {d["train.batch_size"] for d in drawn}
+    assert batches == set(range(32, 257, 32))
