@@ -309,3 +309,13 @@ def test_compare_help_names_its_significance_test(capsys):
         main(["compare", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "Welch's t-test on the per-seed accuracies" in text and "Holm-corrected" in text
+
+
+def test_holms_family_counts_only_the_pairs_that_could_be_tested():
+    """Three runs, one of a single seed: of the three pairs only one has a test, so
+    Holm's family is 1 and its p is the raw p (counting the untested two tripled it)."""
+    found = stats.comparisons([A, B, [0.97]], [(0, 1), (0, 2), (1, 2)])
+    tested = [c for c in found if c.test is not None]
+    assert len(tested) == 1 and all(c.family == 1 for c in found)
+    assert tested[0].p_holm == pytest.approx(tested[0].test.p)
+    assert [c.reason is not None for c in found] == [False, True, True]
