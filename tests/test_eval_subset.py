@@ -185,3 +185,20 @@ def test_terminal_and_eval_say_train_subset(train_argv, tiny_data_dir, tmp_path,
     assert main(["eval", str(run_dir), "--data-dir", str(tiny_data_dir), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["train_set"] == "train subset of 100" and result["num_train_examples"] == 100
+
+
+def test_eval_draws_the_subset_from_what_the_validation_split_left(
+    tiny_dataset, tiny_data_dir, tmp_path
+):
+    """With data.validation too, training's subset is drawn from the examples left after
+    the split; `jaxmnist eval` draws the same one (drawn from the whole set, it evaluated
+    other examples, and on some runs indexed past the end)."""
+    ds = tiny_dataset
+    cfg = tiny_cfg(epochs=1, eval_train_examples=500)
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, validation=100))
+    summary = train_and_evaluate(cfg, tmp_path / "run", dataset=ds)
+    assert summary["train_eval_examples"] == 500 and summary["num_val_examples"] == 100
+    again = evaluate_run(tmp_path / "run", tiny_data_dir)
+    assert again["num_train_examples"] == 500
+    assert again["train_accuracy"] == pytest.approx(summary["train_accuracy"])
+    assert again["train_loss"] == pytest.approx(summary["train_set_loss"], rel=1e-5)
