@@ -290,3 +290,30 @@ def test_draw_in_two_draws_here_what_its_copy_failed_to():
     assert out["names"] == ["f0", "f1", "f2", "f3"] and out["png"]
     assert "RuntimeError: the copy fails" in err  # its traceback, then drawn here
     assert drawers == {name: out["parent"] for name in out["names"]}
+
+
+def test_the_curves_draw_each_splits_own_figures():
+    """Each line of the loss and accuracy curves carries its own split's values (a
+    validation curve drawing the test figures passed a check of its label alone)."""
+    from jaxmnist.report import plots
+
+    records = [
+        {"epoch": e, "step": 10 * e, "train_loss": 1.0 / e, "train_accuracy": 0.5 + e / 100,
+         "test_loss": 0.9 / e, "test_accuracy": 0.6 + e / 100, "val_loss": 0.8 / e,
+         "val_accuracy": 0.7 + e / 100, "ensemble_test_accuracy": 0.65 + e / 100,
+         "ensemble_val_accuracy": 0.75 + e / 100}
+        for e in (1, 2, 3)
+    ]  # fmt: skip
+
+    def lines(fig) -> dict:
+        return {ln.get_label(): list(ln.get_ydata()) for ln in fig.axes[0].get_lines()}
+
+    acc = lines(plots.accuracy_curves(records))
+    for label, key in [("train", "train_accuracy"), ("test", "test_accuracy"),
+                       ("validation", "val_accuracy"), ("test, ensemble", "ensemble_test_accuracy"),
+                       ("validation, ensemble", "ensemble_val_accuracy")]:  # fmt: skip
+        assert acc[label] == pytest.approx([100 * r[key] for r in records]), label
+    steps = np.arange(1, 31)
+    loss = lines(plots.loss_curves(records, steps, 1.0 / steps))
+    assert loss["test"] == pytest.approx([r["test_loss"] for r in records])
+    assert loss["validation"] == pytest.approx([r["val_loss"] for r in records])
