@@ -126,7 +126,7 @@ def _run(args: argparse.Namespace, cfg, workdir: Path, out) -> int:
                 renderer = ReportRenderer()
             summary = _train(args, cfg, workdir, callbacks, layout)
     except Stopped as e:  # a signal: checkpoint saved, no summary; not an error
-        print(f"jaxmnist train: {e}", file=sys.stderr)
+        print(f"jaxmnist train: {stopped_line(e, args, workdir)}", file=sys.stderr)
         return e.exit_code
     if not main:
         return 0
@@ -138,6 +138,15 @@ def _run(args: argparse.Namespace, cfg, workdir: Path, out) -> int:
         print(json.dumps(result, indent=2), file=out, flush=True)
     _check_target(summary)
     return 0
+
+
+def stopped_line(e: Stopped, args: argparse.Namespace, workdir) -> str:
+    """What a stop says: where it stopped, and the command that resumes it, which for a
+    run of several processes names them as `supervisor.resume_hint` does."""
+    several = args.coordinator is not None or args.distributed
+    if several and e.step is not None:
+        return f"stopped at step {e.step}; {supervisor.resume_hint(args, workdir)}"
+    return str(e)
 
 
 def _resume_config(args: argparse.Namespace) -> tuple[config_lib.Config, Path, str | None]:

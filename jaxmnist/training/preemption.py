@@ -24,9 +24,9 @@ EXIT_CODES = {signal.SIGTERM: 143, signal.SIGINT: 130}  # 128 + signal number, a
 class Stopped(JaxmnistError):
     """The run stopped on a signal after saving a checkpoint; `exit_code` says which."""
 
-    def __init__(self, message: str, exit_code: int):
+    def __init__(self, message: str, exit_code: int, step: int | None = None):
         super().__init__(message)
-        self.exit_code = exit_code
+        self.exit_code, self.step = exit_code, step
 
 
 class StopRequest:

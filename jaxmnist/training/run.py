@@ -109,6 +109,7 @@ def train_and_evaluate(
             raise Stopped(
                 f"stopped at step {result.steps}; resume with: jaxmnist train --resume {workdir}",
                 stop.exit_code,
+                result.steps,
             )
         summary = summarise(cfg, result, dataset, layout, time.perf_counter() - wall_start)
         params = result.population.params(result.states)  # every process: a collective gather
