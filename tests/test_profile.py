@@ -481,6 +481,13 @@ def test_a_copy_in_flight_counts_only_where_nothing_else_runs():
     assert rows["conv_xla"]["share"] == pytest.approx(0.2)
     assert rows["copies"]["share"] == pytest.approx(0.4)
     assert rows["host"]["share"] == pytest.approx(0.0)
+    # The costliest operations count the copy the same way: 40 ns, not its 100 in flight.
+    table = breakdown_lib.breakdown(
+        ops, read_hlo(HLO), (0, 100), wall_seconds=100e-9, steps=1,
+        flops_per_step=None, peak_flops_per_second=None,
+    )  # fmt: skip
+    top = {o["name"]: o["seconds_per_step"] for o in table["top_ops"]}
+    assert top == pytest.approx({"copy.1": 40e-9, "dot.1": 40e-9, "convolution.1": 20e-9})
     # Two copies in flight alone share their time as any two operations do.
     both = [OpEvent("a", 0, 10, True), OpEvent("b", 0, 10, True), OpEvent("c", 10, 20)]
     assert breakdown_lib.attribute(
