@@ -29,6 +29,8 @@ def test_the_lost_processes_are_named():
     assert supervisor.peer_lost(HEARTBEAT, 0).startswith("processes 1 and 3 stopped answering")
     assert supervisor.peer_lost(HEARTBEAT, 3).startswith("process 1 stopped answering")
     assert supervisor.peer_lost(COORDINATOR, 1).startswith("process 0 (the coordinator) is gone")
+    # Process 0 is never told that it is itself gone.
+    assert not supervisor.peer_lost(COORDINATOR, 0).startswith("process 0")
     fatal = HEARTBEAT.split(b"F1201")[1]  # the fatal line alone names nobody
     assert supervisor.peer_lost(fatal, 0).startswith("another process of the run")
 
