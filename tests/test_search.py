@@ -774,3 +774,23 @@ def test_the_trials_draw_what_the_param_declares(tmp_path):
     assert 0.4 < np.mean(momenta < 0.895) < 0.6
     batches = {d["train.batch_size"] for d in drawn}
     assert batches == set(range(32, 257, 32))
+
+
+@pytest.mark.parametrize("keys", [1, 2, 4])
+def test_the_parallel_coordinates_figure_fits_its_canvas(keys):
+    """Its title was cut off with two parameters."""
+    from jaxmnist.search import page
+
+    names = ["optimizer.lr", "optimizer.weight_decay", "optimizer.momentum", "optimizer.b1"]
+    params = [f"{k}=log:1e-4:1e-1" for k in names[:keys]]
+    rng = np.random.default_rng(0)
+    trials = [
+        {"state": "COMPLETE", "value": float(rng.uniform(0.8, 0.99)),
+         "values": {k: float(10 ** rng.uniform(-4, -1)) for k in names[:keys]}}
+        for _ in range(6)
+    ]  # fmt: skip
+    fig = page.parallel_figure({"trials": trials, "params": params})
+    fig.canvas.draw()
+    box = fig.get_tightbbox(fig.canvas.get_renderer())  # inches
+    width, height = fig.get_size_inches()
+    assert box.x0 >= 0 and box.y0 >= 0 and box.x1 <= width and box.y1 <= height, box

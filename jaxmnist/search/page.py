@@ -101,7 +101,8 @@ def parallel_figure(result: dict) -> Figure:
     logs = ["=log:" in s for s in result["params"]]
     values = np.array([r["value"] for r in done])
     with plots.style():
-        fig = plots.new_figure(1.6 + 1.6 * len(keys), 3.6)
+        # Wide enough for its title and the accuracy's labels with one parameter or two.
+        fig = plots.new_figure(max(5.4, 1.6 + 1.6 * len(keys)), 3.6)
         ax = fig.add_subplot()
         lo, hi = values.min(), values.max()
         cmap = colormaps["viridis"]
@@ -136,7 +137,10 @@ def parallel_figure(result: dict) -> Figure:
         ax.set_xticks(range(len(keys) + 1), [*keys, "validation accuracy"], fontsize=8)
         ax.set_yticks([])
         ax.grid(False)
-        ax.set_title("Parallel coordinates (finished trials; log-scaled ranges on a log axis)")
+        ax.set_title(
+            "Parallel coordinates\n(finished trials; log-scaled ranges on a log axis)",
+            fontsize=10,
+        )
     return fig
 
 
