@@ -148,10 +148,15 @@ def test_bad_params_are_one_line_config_errors(spec, message):
         (["--param", "optimizer.lr=log:1e-4:1e-1", "--retries", "-1"], "must be 0 or more"),
         (["--param", "optimizer.lr=log:1e-4:1e-1", "--target-accuracy", "0.9"],
          "unrecognized arguments: --target-accuracy"),
+        (["--param", "optimizer.lr=log:1e-4:1e-1", "--out", "FILE"],
+         "is a file, not a folder; give a folder to write into"),
     ],
 )  # fmt: skip
 def test_cli_bad_searches_exit_2_in_one_line(extra, message, tmp_path, capsys):
     out = tmp_path / "search"
+    if "FILE" in extra:  # an existing file where the folder should go
+        (tmp_path / "FILE").write_text("mine")
+        extra = [str(tmp_path / "FILE") if e == "FILE" else e for e in extra]
     by_parser = False  # argparse's refusals exit with its usage line before the message
     try:
         code = main(["search", "--out", str(out), *extra])
@@ -162,6 +167,8 @@ def test_cli_bad_searches_exit_2_in_one_line(extra, message, tmp_path, capsys):
     if not by_parser:
         assert len(err.splitlines()) == 1 and err.startswith("jaxmnist search: error:")
     assert not out.exists()  # no folder either: nothing was tried
+    if (tmp_path / "FILE").exists():
+        assert (tmp_path / "FILE").read_text() == "mine"
 
 
 @pytest.mark.parametrize("folder", ["q?mode=ro", "pct%41", "sp ace#1"])

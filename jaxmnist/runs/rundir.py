@@ -121,6 +121,8 @@ def check_writable(workdir: str | os.PathLike) -> Path:
     clear message, and not after training.
     """
     path = Path(workdir)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{str(path)!r} is a file, not a folder; give a folder to write into")
     name = f".jaxmnist-probe-{os.getpid()}-{secrets.token_hex(4)}-"
     probe = path / name.ljust(PROBE_NAME_LENGTH, "x")
     try:
