@@ -173,11 +173,9 @@ def test_cli_bad_searches_exit_2_in_one_line(extra, message, tmp_path, capsys):
 
 @pytest.mark.parametrize("folder", ["q?mode=ro", "pct%41", "sp ace#1"])
 def test_the_default_study_file_is_in_the_out_folder_whatever_its_name(tmp_path, folder):
-    from jaxmnist.commands.search import sqlite_url
-
     path = tmp_path / folder / "search.db"
     path.parent.mkdir()
-    url = sqlite_url(path)
+    url = study_lib.sqlite_url(path)
     assert sqlalchemy.engine.make_url(url).database == str(path)
     storage = study_lib.open_storage(study_lib.StudyOptions(name="s", storage=url, trials=1))
     optuna.create_study(storage=storage, study_name="s")
@@ -206,9 +204,9 @@ def test_a_presets_target_never_stops_a_searchs_trials(tmp_path, tiny_dataset, t
     )
     args.argv = []
     seen = []
-    real = command.refuse_what_cannot_rank
+    real = space.check_rankable
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(command, "refuse_what_cannot_rank", lambda cfg: seen.append(cfg) or real(cfg))
+        m.setattr(space, "check_rankable", lambda cfg: seen.append(cfg) or real(cfg))
         m.setattr(command, "Path", lambda *a: (_ for _ in ()).throw(RuntimeError("stop")))
         with pytest.raises(RuntimeError, match="stop"):
             command.run(args)
@@ -217,7 +215,7 @@ def test_a_presets_target_never_stops_a_searchs_trials(tmp_path, tiny_dataset, t
     cfg = config_lib.apply_overrides(
         small(), {"train.target_accuracy": 0.5, "train.target_split": "val"}
     )
-    command.refuse_what_cannot_rank(search_run.with_validation(cfg, 100))  # allowed
+    space.check_rankable(search_run.with_validation(cfg, 100))  # allowed
 
 
 def test_the_command_names_the_same_samplers_and_pruners_as_the_study():

@@ -86,17 +86,16 @@ def test_the_resume_hint_repeats_the_process_flags():
 def test_a_stop_of_several_processes_says_the_command_that_names_them():
     """Process 0's line after a stop repeats the process flags, as the lost-peer line does
     (it said `jaxmnist train --resume RUN` alone)."""
-    from jaxmnist.commands.train import stopped_line
     from jaxmnist.training.preemption import Stopped
 
     stop = Stopped("stopped at step 7; resume with: jaxmnist train --resume r", 143, 7)
     args = _args(coordinator="127.0.0.1:1234", num_processes=2, process_id=0, process_timeout=60)
-    line = stopped_line(stop, args, "r")
+    line = supervisor.stopped_line(stop, args, "r")
     assert line.startswith("stopped at step 7; ")
     assert line.endswith(
         "jaxmnist train --resume r --coordinator 127.0.0.1:1234 --num-processes 2 --process-id 0"
     )
-    assert stopped_line(stop, _args(), "r") == str(stop)  # one process: as it was
+    assert supervisor.stopped_line(stop, _args(), "r") == str(stop)  # one process: as it was
 
 
 def test_a_communication_error_waits_for_the_verdict_only_in_a_child(monkeypatch):

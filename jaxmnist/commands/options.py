@@ -91,6 +91,31 @@ def preset_name(args: argparse.Namespace) -> str:
     return args.preset if args.preset is not None else DEFAULT_PRESET
 
 
+def whole_number(low: int, high: int | None = None):
+    """An argparse `type`: a whole number from `low` to `high` (None: no upper bound)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < low:
+            word = "0 or more" if low == 0 else f"at least {low}"
+            raise argparse.ArgumentTypeError(f"must be {word}, got {value}")
+        if high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"must be at most {high}, got {value}")
+        return value
+
+    return parse
+
+
+def not_empty(text: str) -> str:
+    """An argparse `type`: any text but an empty or blank one."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
 def add_config_args(p: argparse.ArgumentParser, leave_out: tuple[str, ...] = ()) -> None:
     """--preset, the flags of `FLAGS`, the compile cache and TensorBoard switches, KEY=VALUE;
     without the flags named in `leave_out` (those that mean nothing to a command)."""

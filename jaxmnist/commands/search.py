@@ -12,15 +12,13 @@ import argparse
 import dataclasses
 import importlib.util
 import shlex
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
 from jaxmnist import config as config_lib
 from jaxmnist.commands import options
-from jaxmnist.errors import ConfigError, JaxmnistError
+from jaxmnist.errors import ConfigError
 
 SAMPLERS = ("tpe", "random", "grid")  # jaxmnist.search.study's, named here for the parser
 # Training's flags that mean nothing to a search, or would harm it: a trial trains its
@@ -29,47 +27,8 @@ LEFT_OUT = ("--target-accuracy", "--target-split", "--steps", "--tensorboard")
 PRUNERS = ("median", "halving", "hyperband", "none")
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _examples(text: str) -> int:
-    return 0 if text.strip() == "0" else _count(text)
-
-
-def _times(text: str) -> int:
-    """A number of times, 0 or more."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
-
-
+_count, _examples = options.whole_number(1), options.whole_number(0)
 MAX_SAMPLER_SEED = 2**32 - 1  # NumPy's, which Optuna's samplers seed
-
-
-def _sampler_seed(text: str) -> int:
-    value = _times(text)
-    if value > MAX_SAMPLER_SEED:
-        raise argparse.ArgumentTypeError(f"must be at most {MAX_SAMPLER_SEED}, got {value}")
-    return value
-
-
-def _name(text: str) -> str:
-    if not text.strip():
-        raise argparse.ArgumentTypeError("must not be empty")
-    return text
-
-
 EPILOG = """\
 Resuming: run the same command again (the same --out, or --storage and --study): the
 study's finished trials stay, lost ones are retried with their values, and the rest of
@@ -78,38 +37,6 @@ budget; to search further, name another --study (the same --storage keeps both).
 Many workers: start the same command on several machines with one --storage (e.g.
 postgresql://...) and one --study; they share its trials and its budget, each drawing
 values of its own."""
-
-
-def sqlite_url(path: Path) -> str:
-    """The SQLAlchemy URL of the SQLite file at `path`, its characters escaped: a path is
-    a path (a `?` in it is no query, a `%41` no `A`)."""
-    from sqlalchemy.engine import URL  # start-up: the search extra
-
-    return URL.create("sqlite", database=str(path)).render_as_string(hide_password=False)
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the search is, to stop it as Ctrl-C does."""
-
-
-def _terminated(signum, frame) -> None:
-    raise Terminated()
-
-
-def refuse_what_cannot_rank(cfg: config_lib.Config) -> None:
-    """A search ranks, prunes and stops its trials on the validation split alone: one
-    line for a config that would have none, or would let the test set stop its trials."""
-    if not cfg.data.validation:
-        raise ConfigError(
-            "a search ranks its trials on a validation split: --validation must be at least 1 "
-            "(data.validation too)"
-        )
-    t = cfg.train
-    if t.target_accuracy is not None and t.target_split == "test":
-        raise ConfigError(
-            "a search never lets the test set decide: a target accuracy on it would stop "
-            "trials on test accuracy; give --target-split val (the validation split)"
-        )
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -150,7 +77,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--sampler-seed",
-        type=_sampler_seed,
+        type=options.whole_number(0, MAX_SAMPLER_SEED),
         default=0,
         help=f"the sampler's seed, 0 to {MAX_SAMPLER_SEED} (default 0)",
     )
@@ -162,13 +89,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--storage",
-        type=_name,
+        type=options.not_empty,
         metavar="URL",
         help="the study's database, any SQLAlchemy URL Optuna takes, e.g. "
         "postgresql://user:pass@host/db (default: sqlite:///OUT/search.db)",
     )
     g.add_argument(
-        "--study", type=_name, default="search", help="the study's name (default search)"
+        "--study",
+        type=options.not_empty,
+        default="search",
+        help="the study's name (default search)",
     )
     g.add_argument(
         "--heartbeat",
@@ -179,7 +109,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "this is failed and retried",
     )
     g.add_argument(
-        "--retries", type=_times, default=3, help="times a lost trial is retried (default 3)"
+        "--retries",
+        type=options.whole_number(0),
+        default=3,
+        help="times a lost trial is retried (default 3)",
     )
     p.add_argument(
         "--out",
@@ -213,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         cfg = search_run.with_validation(cfg, 10000 if args.validation is None else args.validation)
     config_lib.validate(cfg)
-    refuse_what_cannot_rank(cfg)
+    space.check_rankable(cfg)
     params = space.parse_params(args.param or [], cfg)
     trials = args.trials
     if args.sampler == "grid":
@@ -224,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
     rundir.check_writable(out)
     opts = StudyOptions(
         name=args.study,
-        storage=args.storage or sqlite_url(out.absolute() / "search.db"),
+        storage=args.storage or study_lib.sqlite_url(out.absolute() / "search.db"),
         trials=trials,
         sampler=args.sampler,
         seed=args.sampler_seed,
@@ -235,33 +168,19 @@ def run(args: argparse.Namespace) -> int:
     )
     log = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
     again = shlex.join(["jaxmnist", *args.argv])
-    main_thread = threading.current_thread() is threading.main_thread()
-    # SIGTERM stops a search as Ctrl-C does (signals reach the main thread alone).
-    previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
     try:
-        study = search_run.run_search(cfg, params, opts, batch=args.batch, log=log)
+        with search_run.sigterm_as_ctrl_c():  # SIGTERM stops a search as Ctrl-C does
+            study = search_run.run_search(cfg, params, opts, batch=args.batch, log=log)
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the batch's trials are requeued
-        name = "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C"
-        print(
-            f"jaxmnist search: {name}: stopped; the trials under way are failed and queued to "
-            f"run again first; resume with: {again}",
-            file=sys.stderr,
-        )
-        return 143 if isinstance(e, Terminated) else 130
+        line, code = search_run.stopped_line(e, again)
+        print(line, file=sys.stderr)
+        return code
     except study_lib.STORAGE_ERRORS as e:
-        first = str(getattr(e, "orig", e)).strip().splitlines() or [type(e).__name__]
-        raise JaxmnistError(
-            f"the study's storage {study_lib.safe_url(opts.storage)} stopped answering "
-            f"({first[0]}); the trials under way run again once a worker finds them lost; "
-            f"resume with: {again}"
-        ) from None
+        raise search_run.storage_failure(e, opts.storage, again) from None
     except BaseException:
         if made and out.is_dir() and not any(out.iterdir()):  # refused before a trial
             out.rmdir()
         raise
-    finally:
-        if main_thread:
-            signal.signal(signal.SIGTERM, previous)
     result = outputs.summarize(
         study, params, cfg, opts, preset=preset, wall_seconds=time.perf_counter() - start
     )

@@ -247,21 +247,27 @@ def stdout_for_json_only(on: bool):
     written to stdout, by Python or by native code (a collective library's connection
     lines), to stderr while the block runs, so that stdout holds the JSON alone. Without
     `on`: yields sys.stdout and changes nothing."""
+    entry = sys.stdout
     if not on:
-        yield sys.stdout
+        yield entry
         return
-    sys.stdout.flush()
+    try:
+        on_fd_1 = entry.fileno() == 1
+    except (AttributeError, OSError, ValueError):  # a stream of its own (a test's capture)
+        on_fd_1 = False
+    entry.flush()
     saved = os.dup(1)
     os.dup2(2, 1)
-    out = os.fdopen(os.dup(saved), "w")
+    out = os.fdopen(os.dup(saved), "w") if on_fd_1 else entry
     try:
         yield out
     finally:
         try:
-            sys.stdout.flush()
+            entry.flush()
             out.flush()
         finally:
-            out.close()
+            if out is not entry:
+                out.close()
             os.dup2(saved, 1)
             os.close(saved)
 

@@ -99,12 +99,11 @@ def run(args: argparse.Namespace) -> int:
         workdir = Path(args.run_dir) if args.run_dir else options.default_run_dir(preset, cfg)
     if (code := supervisor.run_watched(args, workdir)) is not None:  # several processes
         return code
-    with terminal.stdout_for_json_only(args.json) as out:
+    with terminal.stdout_for_json_only(args.json) as out:  # --json: stdout holds it alone
         return _run(args, cfg, workdir, out)
 
 
 def _run(args: argparse.Namespace, cfg, workdir: Path, out) -> int:
-    """The run itself, in the process that trains; `out`: where the JSON goes."""
     from jaxmnist.runs import rundir  # start-up: imports jax
     from jaxmnist.training import parallel  # start-up: imports jax
 
@@ -126,7 +125,7 @@ def _run(args: argparse.Namespace, cfg, workdir: Path, out) -> int:
                 renderer = ReportRenderer()
             summary = _train(args, cfg, workdir, callbacks, layout)
     except Stopped as e:  # a signal: checkpoint saved, no summary; not an error
-        print(f"jaxmnist train: {stopped_line(e, args, workdir)}", file=sys.stderr)
+        print(f"jaxmnist train: {supervisor.stopped_line(e, args, workdir)}", file=sys.stderr)
         return e.exit_code
     if not main:
         return 0
@@ -138,15 +137,6 @@ def _run(args: argparse.Namespace, cfg, workdir: Path, out) -> int:
         print(json.dumps(result, indent=2), file=out, flush=True)
     _check_target(summary)
     return 0
-
-
-def stopped_line(e: Stopped, args: argparse.Namespace, workdir) -> str:
-    """What a stop says: where it stopped, and the command that resumes it, which for a
-    run of several processes names them as `supervisor.resume_hint` does."""
-    several = args.coordinator is not None or args.distributed
-    if several and e.step is not None:
-        return f"stopped at step {e.step}; {supervisor.resume_hint(args, workdir)}"
-    return str(e)
 
 
 def _resume_config(args: argparse.Namespace) -> tuple[config_lib.Config, Path, str | None]:

@@ -14,7 +14,10 @@ same way, rather than leaving them to time out.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import signal
+import threading
 import time
 from collections.abc import Callable
 
@@ -24,7 +27,7 @@ from optuna.trial import TrialState
 from jaxmnist import config as config_lib
 from jaxmnist import runtime
 from jaxmnist.data import load_dataset
-from jaxmnist.errors import ConfigError
+from jaxmnist.errors import ConfigError, JaxmnistError
 from jaxmnist.search import study as study_lib
 from jaxmnist.search.batch import batch_size, run_batch
 from jaxmnist.search.space import Param, suggest
@@ -40,6 +43,48 @@ def with_validation(base: config_lib.Config, examples: int) -> config_lib.Config
 def grid_trials(params: list[Param], trials: int) -> int:
     """The budget of a grid search: at most every point of the grid."""
     return min(trials, math.prod(len(p.grid_values()) for p in params))
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the search is, to stop it as Ctrl-C does."""
+
+
+def _terminated(signum, frame) -> None:
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def sigterm_as_ctrl_c():
+    """SIGTERM raises `Terminated` (a KeyboardInterrupt) while the block runs, so that a
+    search stops on it as on Ctrl-C: the batch's trials failed and queued. Signals reach
+    the main thread alone: elsewhere this changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def stopped_line(e: KeyboardInterrupt, again: str) -> tuple[str, int]:
+    """(what a search stopped by Ctrl-C or SIGTERM says, its exit code)."""
+    name, code = ("SIGTERM", 143) if isinstance(e, Terminated) else ("Ctrl-C", 130)
+    line = (
+        f"jaxmnist search: {name}: stopped; the trials under way are failed and queued to "
+        f"run again first; resume with: {again}"
+    )
+    return line, code
+
+
+def storage_failure(e: Exception, storage: str, again: str) -> JaxmnistError:
+    """One line for a study storage that stopped answering mid-search."""
+    first = str(getattr(e, "orig", e)).strip().splitlines() or [type(e).__name__]
+    return JaxmnistError(
+        f"the study's storage {study_lib.safe_url(storage)} stopped answering ({first[0]}); "
+        f"the trials under way run again once a worker finds them lost; resume with: {again}"
+    )
 
 
 def _fail_and_retry(study: optuna.Study, storage, trials: list) -> None:

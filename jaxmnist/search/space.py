@@ -105,6 +105,22 @@ def _typed(base, key: str, text: str, spec: str):
     return get_field(cfg, key)
 
 
+def check_rankable(cfg: config_lib.Config) -> None:
+    """A search ranks, prunes and stops its trials on the validation split alone: one
+    line for a config that would have none, or would let the test set stop its trials."""
+    if not cfg.data.validation:
+        raise ConfigError(
+            "a search ranks its trials on a validation split: --validation must be at least 1 "
+            "(data.validation too)"
+        )
+    t = cfg.train
+    if t.target_accuracy is not None and t.target_split == "test":
+        raise ConfigError(
+            "a search never lets the test set decide: a target accuracy on it would stop "
+            "trials on test accuracy; give --target-split val (the validation split)"
+        )
+
+
 def parse_param(spec: str, base: config_lib.Config) -> Param:
     """One `KEY=KIND:...` string (see the module doc); ConfigError (one line) if malformed."""
     key, sep, text = (part.strip() for part in spec.partition("="))

@@ -37,7 +37,7 @@ import warnings
 import optuna
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
-from sqlalchemy.engine import make_url  # SQLAlchemy comes with Optuna's storage
+from sqlalchemy.engine import URL, make_url  # SQLAlchemy comes with Optuna's storage
 from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 
 from jaxmnist.errors import ConfigError
@@ -141,6 +141,12 @@ def _lost_creation_race(e: Exception) -> bool:
         "_sqlite3",
     )
     return sqlite and ("already exists" in message or "database is locked" in message)
+
+
+def sqlite_url(path) -> str:
+    """The SQLAlchemy URL of the SQLite file at `path`, its characters escaped: a path is
+    a path (a `?` in it is no query, a `%41` no `A`)."""
+    return URL.create("sqlite", database=str(path)).render_as_string(hide_password=False)
 
 
 def safe_url(url: str) -> str:

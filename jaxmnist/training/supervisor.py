@@ -112,6 +112,15 @@ def resume_hint(args, workdir) -> str:
     return f"start every process again to go on from the last checkpoint, here: {command}"
 
 
+def stopped_line(e, args, workdir) -> str:
+    """What a stop (`preemption.Stopped` `e`) says: where it stopped, and the command that
+    resumes it, which for a run of several processes names them as `resume_hint` does."""
+    several = args.coordinator is not None or args.distributed
+    if several and e.step is not None:
+        return f"stopped at step {e.step}; {resume_hint(args, workdir)}"
+    return str(e)
+
+
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
