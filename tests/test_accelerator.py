@@ -36,9 +36,11 @@ RECORDED_PARAMS = {
     "[1]['b']": [-0.004740755603052094, 0.002921332838013768],
     "[1]['w']": [-9.551251631448395, 0.09221336990594864],
 }
-# Relative: float32 sums of hundreds of thousands of terms in another order, and an
-# accelerator's exp and log, stay well within it; a changed step or order does not.
-TOLERANCE = 1e-4
+# Relative. On a CPU, float32 sums in another order (another CPU's vector width) stay
+# well within the first; an accelerator's exp, log and rsqrt differ in more bits, and
+# forty Adam steps carry the difference on, hence the second. A different data order
+# or step moves these figures by far more than either.
+TOLERANCE = 1e-4 if jax.default_backend() == "cpu" else 1e-3
 
 
 def tpu101(**train) -> config_lib.Config:
