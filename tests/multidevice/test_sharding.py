@@ -351,8 +351,12 @@ def test_a_signal_to_one_process_stops_every_process_at_the_same_step(tiny_data_
     assert [p.returncode for p in procs] == [143, 143], outs
     lines = [err.strip().splitlines()[-1] for _, err in outs]
     (step,) = checkpoint.checkpoint_steps(run)[-1:]
-    assert lines[0] == lines[1]
-    assert lines[0].startswith(f"jaxmnist train: stopped at step {step}; resume with:")
+    # Both stopped at one step; each says the command that resumes it, its own process
+    # flags included, as the lost-peer line does.
+    for i, line in enumerate(lines):
+        assert line.startswith(f"jaxmnist train: stopped at step {step}; start every process")
+        assert f"--resume {run}" in line and line.endswith(f"--process-id {i}")
+    assert lines[0].replace("--process-id 0", "--process-id 1") == lines[1]
     assert step < 200 * 20 and not (run / "summary.json").exists()
 
 
