@@ -87,7 +87,6 @@ def check_checkpoint_flags(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-
     check_checkpoint_flags(args)
     if args.resume:
         cfg, workdir, finished = _resume_config(args)

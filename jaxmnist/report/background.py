@@ -164,7 +164,8 @@ def main() -> int:
     describe.MODEL_FACTS.update(request["model_facts"])
     try:
         # As many drawers as the cores allow, all but one core to the copies.
-        copies = max(1, min(len(os.sched_getaffinity(0)) - 1, MAX_COPIES))
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        copies = max(1, min((cores or 2) - 1, MAX_COPIES))
         draw = functools.partial(draw_in_two, copies=copies)
         answer = {"report": str(write_run_report(request["run_dir"], draw=draw))}
     except errors.JaxmnistError as e:
