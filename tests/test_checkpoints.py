@@ -23,14 +23,13 @@ import numpy as np
 import pytest
 
 from jaxmnist import config as config_lib
-from jaxmnist import optim
 from jaxmnist.cli import main
 from jaxmnist.data import registry, synthetic
 from jaxmnist.runs import checkpoint, rundir
 from jaxmnist.runs.checkpoint import CheckpointOptions
 from jaxmnist.runs.reader import read_config
 from jaxmnist.runs.resume import Resumer
-from jaxmnist.training import memory, parallel, population
+from jaxmnist.training import memory
 from jaxmnist.training.hooks import Callback
 from jaxmnist.training.preemption import Stopped, StopRequest
 from jaxmnist.training.run import train_and_evaluate
@@ -574,19 +573,14 @@ def test_members_in_memory_chunks_resume_bit_for_bit_or_regrouped(
         base, compile_cache=False, train=dataclasses.replace(base.train, batch_size=32, epochs=4)
     )
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seeds=4))
-    pop = population.Population(
-        cfg, optim.make_optimizer(cfg.optimizer, 80), population.seed_members(cfg), (4,),
-        (28, 28), 10, 4, parallel.build_layout(1),
-    )  # fmt: skip
-    est = memory.estimate_for(cfg, pop, 20, tiny_dataset, (4, 1))
-    budget = est.total(4, 2) + est.transient_per_model // 2  # 2 at a time
-    # In bytes (a tiny model's working memory is less than memory_budget_mb's unit), for a
-    # config that sets memory_budget_mb; none when it is unset.
-    monkeypatch.setattr(
-        memory,
-        "device_budget",
-        lambda c: (budget, "the test's") if c.memory_budget_mb else (None, "unknown"),
-    )
+    # Two chunks of two for the config that sets memory_budget_mb (as a budget with room
+    # for two at a time gives them); one chunk when it is unset.
+    real_chunks_for = memory.chunks_for
+
+    def chunks_for(c, *args):
+        return ((2, 2), {"chunks": [2, 2]}) if c.memory_budget_mb else real_chunks_for(c, *args)
+
+    monkeypatch.setattr(memory, "chunks_for", chunks_for)
     chunked = dataclasses.replace(cfg, memory_budget_mb=1)
     stopped, alone = tmp_path / "stopped", tmp_path / "alone"
     stop = StopRequest()

@@ -236,7 +236,10 @@ def test_chunks_of_a_population_make_one_ensemble(tiny_dataset, tiny_arrays, mon
     params = chunked.population.params(chunked.states)
     _, direct = evaluate_lib.evaluate_stacked(cfg.model, params, data, 10, ensemble=True)
     assert chunked.ensemble.accuracy == direct.accuracy
-    assert chunked.ensemble.loss == pytest.approx(direct.loss, rel=1e-5)
+    # One sum of every member's log-probabilities against per-chunk sums: the same to the
+    # CPU's float32 rounding, an accelerator's transcendental functions round differently.
+    rel = 1e-5 if jax.default_backend() == "cpu" else 1e-4
+    assert chunked.ensemble.loss == pytest.approx(direct.loss, rel=rel)
     np.testing.assert_array_equal(chunked.ensemble.confusion, direct.confusion)
     assert chunked.records[-1]["ensemble_test_loss"] == chunked.ensemble.loss
     # ... and not any member's, nor their mean's.

@@ -98,6 +98,7 @@ ENTRY %main (a: f32[4,4], b: f32[4,4], x: f32[1,8,8,1], w: f32[3,3,1,2], v: f32[
   %dot.2 = f32[4,4]{1,0} dot(%a, %b), $DOT, metadata={op_name="d" stack_frame_id=2}
   %dot.3 = f32[4,4]{1,0} dot(%a, %b), $DOT, metadata={op_name="d" stack_frame_id=5}
   %convolution.1 = f32[1,8,8,2]{3,2,1,0} convolution(%x, %w), dim_labels=b01f_01io->b01f
+  %convolution.2 = f32[4,4]{1,0} convolution(%a, %b), dim_labels=bf_io->bf
   %ffi_call.1 = f32[1,8,8,2] custom-call(%x, %w), custom_call_target="$ONEDNN_forward"
   %y = f32[1,8,8,2]{3,2,1,0} negate(%convolution.1)
   %ffi_call.2 = f32[1,8,8,1] custom-call(%y, %w), custom_call_target="$ONEDNN_backward_data"
@@ -134,6 +135,7 @@ KNOWN = {
     "dot.2": "conv_im2col",
     "dot.3": "conv_im2col",  # a shared matmul helper, called by conv.py (frame 5's parent)
     "convolution.1": "conv_xla",
+    "convolution.2": "matmul",  # XLA:TPU writes a dot as a convolution without spatial dims
     "ffi_call.1": "conv_onednn",
     "ffi_call.2": "conv_onednn",
     "ffi_call.3": "conv_onednn",

@@ -12,7 +12,8 @@ it calls (a fusion's body) and the source files on the Python stack that made it
     pool_onednn   a custom call to oneDNN's max-pooling beside it
     first_block   a custom call to jaxmnist's own kernel for a one-channel first block
                   (convolution, pooling, bias and ReLU; or their gradient)
-    conv_xla      XLA's `convolution` (or cuDNN's custom call on a GPU)
+    conv_xla      XLA's `convolution` (or cuDNN's custom call on a GPU); one without
+                  spatial dimensions is a matmul (XLA:TPU writes its dots so)
     conv_im2col   a dot made by `models/conv.py` (im2col, patches)
     matmul        any other dot (or a cuBLAS gemm)
     optimizer     the optimizer's update: work whose stack passes through Optax's
@@ -109,6 +110,7 @@ _FRAME = re.compile(r"\bstack_frame_id=(\d+)")
 _SOURCE = re.compile(r'\bsource_file="([^"]*)"')
 _TABLE_ROW = re.compile(r"^(\d+)\s+(.*)$")
 _FIELD = re.compile(r"(\w+)=(\d+)")
+_DIM_LABELS = re.compile(r"\bdim_labels=(\w+->\w+)")
 
 
 class OpEvent(NamedTuple):
@@ -290,6 +292,13 @@ def _ops(name: str, index: HloIndex, seen: set) -> list[tuple[str, Instruction]]
     return out
 
 
+def _is_matmul(ins: Instruction) -> bool:
+    """Whether a `convolution` is a matmul: one with no spatial dimensions (`dim_labels`
+    such as `bf_io->bf`), which is how XLA:TPU writes every dot in optimized HLO."""
+    labels = _DIM_LABELS.search(ins.attributes)
+    return labels is not None and not any(c.isdigit() for c in labels.group(1))
+
+
 def classify(name: str, index: HloIndex) -> str | None:
     """The kind (one of KINDS) of instruction `name`, or None for a container."""
     top = index.instructions[name]
@@ -305,10 +314,11 @@ def classify(name: str, index: HloIndex) -> str | None:
         return "pool_onednn"
     if any(t.startswith(FIRST_BLOCK_PREFIX) for t in targets):
         return "first_block"
-    if "convolution" in opcodes or any(CONV_TARGET.search(t) for t in targets):
+    convs = [ins for _, ins in ops if ins.opcode == "convolution"]
+    if any(not _is_matmul(ins) for ins in convs) or any(CONV_TARGET.search(t) for t in targets):
         return "conv_xla"
-    if "dot" in opcodes or any(GEMM_TARGET.search(t) for t in targets):
-        dots = [ins for _, ins in ops if ins.opcode in ("dot", "custom-call")]
+    if convs or "dot" in opcodes or any(GEMM_TARGET.search(t) for t in targets):
+        dots = [ins for _, ins in ops if ins.opcode in ("dot", "custom-call", "convolution")]
         if any(_is_conv_module(s) for ins in dots for s in ins.sources):
             return "conv_im2col"
         return "matmul"
