@@ -13,13 +13,14 @@ accelerator, as the CPU computes).
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 import jax
 import numpy as np
 import pytest
 
 from jaxmnist import config as config_lib
-from jaxmnist.training import population
+from jaxmnist.training import parallel, population
 from jaxmnist.training.loop import train_population
 
 pytestmark = pytest.mark.accelerator
@@ -178,6 +179,50 @@ def test_a_failed_compile_among_many_is_raised(monkeypatch):
     good = jax.jit(lambda x: x + 1).lower(np.float32(1))
     with pytest.raises(RuntimeError, match="no such program"):
         population.compile_all({"good": good, "bad": Broken()}, workers=2)
+
+
+def test_each_program_compiles_as_soon_as_it_is_lowered():
+    """The next program is lowered while the first compiles: the first compile is under
+    way before the second program is handed over, and ends only after it was."""
+    started, handed_over = threading.Event(), threading.Event()
+
+    class Slow:
+        def compile(self):
+            started.set()
+            return "first" if handed_over.wait(5) else "compiled alone"
+
+    class Quick:
+        def compile(self):
+            return "second"
+
+    with population.Compiles(workers=2) as compiles:
+        compiles.add("first", Slow())
+        assert started.wait(5), "the first compile had not started when the next came"
+        compiles.add("second", Quick())
+        handed_over.set()
+        programs, seconds = compiles.results()
+    assert programs == {"first": "first", "second": "second"}
+    assert seconds.keys() == programs.keys()
+
+
+def test_the_device_opens_on_a_thread_in_a_process_that_joins_no_other(monkeypatch):
+    opened = []
+
+    def devices():
+        opened.append(threading.current_thread().name)
+        raise RuntimeError("TPU in use")  # said again where the run asks for devices
+
+    hooked = []
+    monkeypatch.setattr(jax, "devices", devices)
+    monkeypatch.setattr(threading, "excepthook", hooked.append)
+    parallel.open_devices_ahead(None)
+    for thread in threading.enumerate():
+        if thread.name == "jaxmnist-open-devices":
+            thread.join(10)
+    assert opened == ["jaxmnist-open-devices"] and not hooked
+    parallel.open_devices_ahead("127.0.0.1:1234")  # before jax.distributed: nothing
+    parallel.open_devices_ahead(None, auto=True)
+    assert opened == ["jaxmnist-open-devices"]
 
 
 def test_a_run_says_how_long_each_program_compiled(tiny_dataset):

@@ -15,6 +15,7 @@ from jaxmnist.data import (
     default_cache_dir,
     get_spec,
     load_dataset,
+    load_dataset_ahead,
     synthetic,
     verify_dataset,
 )
@@ -102,6 +103,18 @@ def test_load_from_data_dir(tmp_path, arrays, spec, roots, nested):
     ds = load_dataset(spec, root, download=False, **roots)
     assert_loaded(ds, arrays)
     assert ds.source == str(folder) and ds.spec is spec
+
+
+def test_a_dataset_loaded_ahead_is_the_one_loaded_now_and_its_errors_come_with_it(
+    tmp_path, arrays, spec, roots
+):
+    root = tmp_path / "data"
+    synthetic.write_idx_folder(root, arrays, spec)
+    ahead = load_dataset_ahead(spec, root, download=False, **roots)
+    assert_loaded(ahead.result(timeout=30), arrays)
+    missing = load_dataset_ahead(spec, tmp_path / "nothing", download=False, **roots)
+    with pytest.raises(DataError, match="not found"):
+        missing.result(timeout=30)
 
 
 def test_env_var_is_used_and_data_dir_overrides_it(tmp_path, monkeypatch, arrays, spec, roots):

@@ -204,6 +204,24 @@ def add_process_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def start_ahead(args: argparse.Namespace, cfg: config_lib.Config):
+    """Starts on threads what a run waits for before it trains: in a process that joins
+    no other, the device opens (`parallel.open_devices_ahead`) while the trainer's
+    modules are imported here and, for a new run, its data are read. Returns the data's
+    Future (`data.load_dataset_ahead`), or None for a resumed run, which reads the data
+    its run directory names."""
+    from jaxmnist.data import load_dataset_ahead  # start-up: imports numpy
+    from jaxmnist.training import parallel  # start-up: imports jax
+
+    parallel.open_devices_ahead(args.coordinator, args.distributed)
+    from jaxmnist.training import run  # noqa: F401  start-up: the trainer's imports
+
+    if args.resume:
+        return None
+    d = cfg.data
+    return load_dataset_ahead(d.dataset, d.data_dir, download=d.download)
+
+
 def start_processes(args: argparse.Namespace, cfg: config_lib.Config):
     """Joins the other processes (if any) and builds the mesh: one line and exit 2 for
     an impossible request, before any data is read. Returns the `parallel.Layout`."""

@@ -106,6 +106,7 @@ def _run(args: argparse.Namespace, cfg, workdir: Path, out) -> int:
     from jaxmnist.runs import rundir  # start-up: imports jax
     from jaxmnist.training import parallel  # start-up: imports jax
 
+    dataset = options.start_ahead(args, cfg)  # the device opens while the data are read
     layout = options.start_processes(args, cfg)
     main = parallel.is_main_process()
     # Process 0 holds the directory's lock until this command returns or dies; a run
@@ -122,7 +123,7 @@ def _run(args: argparse.Namespace, cfg, workdir: Path, out) -> int:
             callbacks += profile.profiler(args, workdir)  # --profile-steps
             if main and not args.no_report:  # a child imports matplotlib while this trains
                 renderer = ReportRenderer()
-            summary = _train(args, cfg, workdir, callbacks, layout)
+            summary = _train(args, cfg, workdir, callbacks, layout, dataset)
     except Stopped as e:  # a signal: checkpoint saved, no summary; not an error
         print(f"jaxmnist train: {supervisor.stopped_line(e, args, workdir)}", file=sys.stderr)
         return e.exit_code
@@ -154,18 +155,15 @@ def _resume_config(args: argparse.Namespace) -> tuple[config_lib.Config, Path, s
     return cfg, workdir, resume.nothing_to_resume(workdir, cfg, extended)
 
 
-def _train(args, cfg, workdir: Path, callbacks: list, layout) -> dict:
+def _train(args, cfg, workdir: Path, callbacks: list, layout, dataset) -> dict:
     """Trains with checkpoints (unless --no-checkpoint) and a clean stop on SIGTERM or
     Ctrl-C (`preemption.Stopped`); resumes RUN_DIR with --resume."""
     from jaxmnist.runs.checkpoint import CheckpointOptions  # start-up: imports jax
     from jaxmnist.runs.resume import Resumer  # start-up: imports jax
     from jaxmnist.training.run import train_and_evaluate  # start-up: imports jax
 
-    checkpoints = None
-    if not args.no_checkpoint:
-        checkpoints = CheckpointOptions(
-            args.checkpoint_every, args.keep_checkpoints, args.checkpoint_every_steps
-        )
+    every = (args.checkpoint_every, args.keep_checkpoints, args.checkpoint_every_steps)
+    checkpoints = None if args.no_checkpoint else CheckpointOptions(*every)
     resumer = Resumer(workdir, cfg) if args.resume else None
     stop = StopRequest().install()
     try:
@@ -173,6 +171,7 @@ def _train(args, cfg, workdir: Path, callbacks: list, layout) -> dict:
             cfg,
             workdir,
             callbacks,
+            dataset=dataset and dataset.result(),
             layout=layout,
             checkpoints=checkpoints,
             resume=resumer,

@@ -24,6 +24,7 @@ _PUBLIC = {  # name -> the module that defines it
     "download_dataset": "jaxmnist.data.download",
     "get_spec": "jaxmnist.data.registry",
     "load_dataset": "jaxmnist.data.dataset",
+    "load_dataset_ahead": "jaxmnist.data.dataset",
     "verify_dataset": "jaxmnist.data.dataset",
 }
 
@@ -38,6 +39,7 @@ __all__ = [
     "download_dataset",
     "get_spec",
     "load_dataset",
+    "load_dataset_ahead",
     "verify_dataset",
 ]
 

@@ -10,6 +10,8 @@ are read-only, aligned for XLA:CPU to use in place (`formats.aligned`).
 from __future__ import annotations
 
 import os
+import threading
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -130,6 +132,22 @@ def load_dataset(
         f"{contents.source}{note}",
         contents.folder,
     )
+
+
+def load_dataset_ahead(name: str | DatasetSpec, data_dir: PathLike | None = None, **kw) -> Future:
+    """`load_dataset(name, data_dir, **kw)` on a daemon thread, from now on: a Future of
+    the Dataset, whose `result()` raises what loading raised. For a command that has
+    other waiting to do meanwhile (opening an accelerator)."""
+    future: Future = Future()
+
+    def load() -> None:
+        try:
+            future.set_result(load_dataset(name, data_dir, **kw))
+        except BaseException as e:  # noqa: BLE001  raised by the Future, to whoever waits
+            future.set_exception(e)
+
+    threading.Thread(target=load, name="jaxmnist-load-data", daemon=True).start()
+    return future
 
 
 def verify_dataset(

@@ -23,6 +23,7 @@ writes files and prints. This module is the only one that asks for devices.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -39,6 +40,22 @@ from jax.sharding import PartitionSpec as P
 from jaxmnist.errors import ConfigError
 
 AXES = ("members", "data")
+
+
+def open_devices_ahead(coordinator: str | None, auto: bool = False) -> None:
+    """Starts JAX's backend on a daemon thread, for a process that joins no other: an
+    accelerator's runtime takes seconds to open (a TPU's, most of it outside the GIL),
+    which the command's imports and data reading then fill. Whoever asks for devices
+    next waits for it (JAX starts its backends under a lock) and gets any error itself.
+    A multi-process run opens nothing before `initialize_distributed`."""
+    if coordinator is not None or auto:
+        return
+
+    def start() -> None:
+        with contextlib.suppress(Exception):  # raised again where the devices are asked for
+            jax.devices()
+
+    threading.Thread(target=start, name="jaxmnist-open-devices", daemon=True).start()
 
 
 def initialize_distributed(

@@ -16,9 +16,9 @@ Three programs train: `plan_epoch` draws every member's epoch plan once,
 `new_metrics` makes the epoch's empty accumulators, and `train_steps` runs
 any range of an epoch's steps (its bounds are traced, so it compiles once for
 every range). The run loop chooses the ranges. A chunk's programs are lowered one
-after another and, off the CPU, compiled at once on threads (`compile_all`: the
-compiles are independent), so a run waits for its slowest program rather than for
-the sum of them.
+after another, the slowest first, and off the CPU each compiles on a thread as soon
+as it is lowered (`Compiles`: the compiles are independent), so a run waits for its
+slowest program rather than for the sum of them.
 
 On a TPU, the plan is drawn on the host's CPU and copied to the mesh, the next
 epoch's while this one trains: a TPU compiles a sort of a training set's size
@@ -38,8 +38,8 @@ import functools
 import itertools
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
-from typing import NamedTuple
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import NamedTuple, Self
 
 import jax
 import jax.numpy as jnp
@@ -110,23 +110,57 @@ def compile_workers(platform: str) -> int:
     return 1 if platform == "cpu" else min(os.cpu_count() or 1, 4)
 
 
+class Compiles:
+    """Compiles programs as they are lowered: each `add`ed `jax.stages.Lowered` starts
+    compiling at once on one of `workers` threads (with one worker, in the caller's
+    thread), so the slowest program compiles while the others are still being lowered.
+    `results()` waits for every compile and returns (name -> Compiled, name -> seconds
+    its compile took); the first error a compile raised is raised there, after every
+    compile has ended. Use it as a context manager: leaving it (an error while lowering
+    too) waits for the compiles already started."""
+
+    def __init__(self, workers: int = 1):
+        self.pool = (
+            ThreadPoolExecutor(workers, thread_name_prefix="jaxmnist-compile")
+            if workers > 1
+            else None
+        )
+        self.futures: dict[str, Future] = {}
+
+    def add(self, name: str, lowered) -> None:
+        if self.pool is None:
+            future: Future = Future()
+            future.set_result(_timed_compile(lowered))  # one by one: an error raises here
+        else:
+            future = self.pool.submit(_timed_compile, lowered)
+        self.futures[name] = future
+
+    def results(self) -> tuple[dict, dict]:
+        wait(self.futures.values())
+        done = {name: f.result() for name, f in self.futures.items()}
+        return {n: c for n, (c, _) in done.items()}, {n: t for n, (_, t) in done.items()}
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+
+
+def _timed_compile(lowered) -> tuple:
+    start = time.perf_counter()
+    compiled = lowered.compile()
+    return compiled, time.perf_counter() - start
+
+
 def compile_all(lowered: dict, workers: int = 1) -> tuple[dict, dict]:
     """Compiles every `jax.stages.Lowered` of `lowered` (name -> Lowered), `workers` at
-    once on threads; returns (name -> Compiled, name -> seconds its compile took). The
-    first error raised by a compile is raised here, after every compile has ended."""
-
-    def timed(item):
-        name, low = item
-        start = time.perf_counter()
-        compiled = low.compile()
-        return name, compiled, time.perf_counter() - start
-
-    if workers <= 1 or len(lowered) <= 1:
-        done = [timed(item) for item in lowered.items()]
-    else:
-        with ThreadPoolExecutor(workers, thread_name_prefix="jaxmnist-compile") as pool:
-            done = list(pool.map(timed, lowered.items()))
-    return {n: c for n, c, _ in done}, {n: t for n, _, t in done}
+    once (`Compiles`); returns (name -> Compiled, name -> seconds its compile took)."""
+    with Compiles(workers) as compiles:
+        for name, low in lowered.items():
+            compiles.add(name, low)
+        return compiles.results()
 
 
 def population_keys(seeds, num_epochs: int) -> tuple[np.ndarray, np.ndarray]:
@@ -339,16 +373,18 @@ class Population:
         bounds = jax.ShapeDtypeStruct((), np.int32, sharding=lay.replicated)
         plan_shapes = shapes(planned.eval_shape(plan_keys))
         metric_shapes = shapes(fresh.eval_shape())
-        lowered = {
-            "steps": stepped.lower(states, metric_shapes, plan_shapes, train_data, bounds, bounds),
-            "init": init.lower(raw_keys, hyper),
-            "plan": planned.lower(plan_keys),
-            "metrics": fresh.lower(),
-            "rate": self._rate_fn().lower(states),
-        }
-        for name, data in eval_sets.items():
-            lowered[f"eval/{name}"] = self._eval_fn(size, name).lower(states.params, data)
-        programs, seconds = compile_all(lowered, self.compile_workers)
+        with Compiles(self.compile_workers) as compiles:  # the slowest first
+            compiles.add(
+                "steps",
+                stepped.lower(states, metric_shapes, plan_shapes, train_data, bounds, bounds),
+            )
+            compiles.add("init", init.lower(raw_keys, hyper))
+            compiles.add("plan", planned.lower(plan_keys))
+            compiles.add("metrics", fresh.lower())
+            compiles.add("rate", self._rate_fn().lower(states))
+            for name, data in eval_sets.items():
+                compiles.add(f"eval/{name}", self._eval_fn(size, name).lower(states.params, data))
+            programs, seconds = compiles.results()
         self.compile_times.update(
             {
                 f"{name}" if size == len(self) else f"{name} ({size})": t
