@@ -15,9 +15,10 @@ import pytest
 from jaxmnist import config as config_lib
 from jaxmnist.cli import main
 from jaxmnist.models import get_model, model_config
-from jaxmnist.report import html, predictions, rundata
+from jaxmnist.report import html, rundata
 from jaxmnist.report.compare import write_comparison
 from jaxmnist.report.run_report import write_run_report
+from jaxmnist.runs import predictions
 from jaxmnist.training.evaluate import predict_probabilities
 from jaxmnist.training.run import train_and_evaluate
 

@@ -28,9 +28,9 @@ from jaxmnist.profiling.breakdown import read_profile
 from jaxmnist.profiling.page import profile_section
 from jaxmnist.report import filters, html, image_grids, plots, spread_plots
 from jaxmnist.report.describe import DASH, dataset_title, flatten, num, pct, secs, summary_rows
-from jaxmnist.report.predictions import GRID_SIZE, class_examples, confident_mistakes
 from jaxmnist.report.rundata import REPORT_FILE, RunData, class_stats, load_run
 from jaxmnist.runs import rundir
+from jaxmnist.runs.predictions import GRID_SIZE, class_examples, confident_mistakes
 
 PLOTS_DIR = "plots"
 CURVES_NOTE = (
