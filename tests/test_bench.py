@@ -12,15 +12,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxmnist import cli, optim
+from jaxmnist import cli, optim, timing
 from jaxmnist import config as config_lib
 from jaxmnist.bench import modes as modes_lib
 from jaxmnist.bench import options as options_lib
-from jaxmnist.bench import peak as peak_lib
-from jaxmnist.bench import schema, timing
+from jaxmnist.bench import schema
 from jaxmnist.bench.table import format_table
 from jaxmnist.cli import main
 from jaxmnist.models.layers import matmul
+from jaxmnist.profiling import peak as peak_lib
 from jaxmnist.training.loop import place_train_data
 from jaxmnist.training.step import init_state
 

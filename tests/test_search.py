@@ -25,7 +25,6 @@ import sqlalchemy.exc
 from optuna.trial import TrialState
 
 from jaxmnist import config as config_lib
-from jaxmnist.bench.timing import compile_count
 from jaxmnist.cli import build_parser, main
 from jaxmnist.commands import options
 from jaxmnist.errors import ConfigError
@@ -33,6 +32,7 @@ from jaxmnist.search import batch as batch_lib
 from jaxmnist.search import outputs, space
 from jaxmnist.search import run as search_run
 from jaxmnist.search import study as study_lib
+from jaxmnist.timing import compile_count
 
 BASE = config_lib.get_preset("tpu101")
 TESTS = Path(__file__).parent
