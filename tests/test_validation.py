@@ -11,9 +11,9 @@ import pytest
 from conftest import numpy_mlp_figures
 
 from jaxmnist import config as config_lib
-from jaxmnist import sweep
 from jaxmnist.cli import main
 from jaxmnist.runs import resume
+from jaxmnist.search import sweep
 from jaxmnist.training import validation
 from jaxmnist.training.hooks import Callback, EpochEnd, Evaluation
 from jaxmnist.training.loop import TargetAccuracy, setup_run
