@@ -20,8 +20,8 @@ from jaxmnist.report import rundata
 from jaxmnist.report.compare import write_comparison
 from jaxmnist.report.run_report import write_run_report
 from jaxmnist.runs import predictions
+from jaxmnist.train import train_and_evaluate
 from jaxmnist.training.evaluate import predict_probabilities
-from jaxmnist.training.run import train_and_evaluate
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 VOID = {"meta", "img", "br", "hr", "input", "link", "source", "wbr", "col", "area", "base"}

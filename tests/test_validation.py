@@ -14,11 +14,11 @@ from jaxmnist import config as config_lib
 from jaxmnist.cli import main
 from jaxmnist.runs import resume
 from jaxmnist.search import sweep
+from jaxmnist.train import train_and_evaluate
 from jaxmnist.training import validation
 from jaxmnist.training.hooks import Callback, EpochEnd, Evaluation
 from jaxmnist.training.loop import TargetAccuracy, setup_run
 from jaxmnist.training.population import seed_members
-from jaxmnist.training.run import train_and_evaluate
 from jaxmnist.use.evaluate import evaluate_run
 
 

@@ -159,7 +159,7 @@ def _train(args, cfg, workdir: Path, callbacks: list, layout) -> dict:
     Ctrl-C (`preemption.Stopped`); resumes RUN_DIR with --resume."""
     from jaxmnist.runs.checkpoint import CheckpointOptions  # start-up: imports jax
     from jaxmnist.runs.resume import Resumer  # start-up: imports jax
-    from jaxmnist.training.run import train_and_evaluate  # start-up: imports jax
+    from jaxmnist.train import train_and_evaluate  # start-up: imports jax
 
     checkpoints = None
     if not args.no_checkpoint:
