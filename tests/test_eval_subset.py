@@ -20,7 +20,7 @@ from jaxmnist.training import evaluate as evaluate_lib
 from jaxmnist.training.hooks import Callback
 from jaxmnist.training.loop import place_train_data, setup_run
 from jaxmnist.training.population import seed_members
-from jaxmnist.use.evaluate import evaluate_run
+from jaxmnist.use.reevaluate import evaluate_run
 
 
 def tiny_cfg(**train) -> config_lib.Config:

@@ -19,7 +19,7 @@ from jaxmnist.training import validation
 from jaxmnist.training.hooks import Callback, EpochEnd, Evaluation
 from jaxmnist.training.loop import TargetAccuracy, setup_run
 from jaxmnist.training.population import seed_members
-from jaxmnist.use.evaluate import evaluate_run
+from jaxmnist.use.reevaluate import evaluate_run
 
 
 def tiny_cfg(validation=100, **train) -> config_lib.Config:

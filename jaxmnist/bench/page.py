@@ -14,7 +14,7 @@ import json
 
 from jaxmnist.bench.table import breakdown_text, device
 from jaxmnist.pages import cards, figure, html_table, render_page
-from jaxmnist.profiling.page import profile_section
+from jaxmnist.profiling.section import profile_section
 
 COLUMNS = ["compile s", "ms/step", "spread", "examples/s", "GFLOP/s", "MFU"]
 

@@ -26,7 +26,7 @@ from matplotlib.figure import Figure
 from jaxmnist import pages
 from jaxmnist.errors import WriteError
 from jaxmnist.profiling.breakdown import read_profile
-from jaxmnist.profiling.page import profile_section
+from jaxmnist.profiling.section import profile_section
 from jaxmnist.report import filters, image_grids, plots, spread_plots
 from jaxmnist.report.describe import DASH, dataset_title, flatten, num, pct, secs, summary_rows
 from jaxmnist.report.rundata import REPORT_FILE, RunData, class_stats, load_run

@@ -2,7 +2,7 @@
 
 `profile_population` is the one recipe, used by `jaxmnist profile` (after a short
 warm-up run of the config, `profile_config`), by `train --profile-steps` (after
-training, `callback.ProfileSteps`) and by `bench --profile-steps` (`bench.run`). It
+training, `callback.ProfileSteps`) and by `bench --profile-steps` (`bench.measure`). It
 traces N steps of the population's own compiled program (`trace.capture`), indexes the
 program's optimized HLO (`classify.read_hlo`), reads the operations back from the trace
 with JAX's reader, and splits the measured time by kind (`breakdown`). The FLOPs are

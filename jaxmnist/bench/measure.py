@@ -37,7 +37,7 @@ from jaxmnist.data import Dataset, get_spec, load_dataset
 from jaxmnist.errors import ConfigError
 from jaxmnist.models import count_params, get_model
 from jaxmnist.profiling import peak as peak_lib
-from jaxmnist.profiling.run import profile_config
+from jaxmnist.profiling.recipe import profile_config
 from jaxmnist.training import evaluate as evaluate_lib
 from jaxmnist.training.loop import place_train_data
 from jaxmnist.training.step import init_state
