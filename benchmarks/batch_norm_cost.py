@@ -30,11 +30,11 @@ import numpy as np
 
 from jaxmnist import config as config_lib
 from jaxmnist import optim
-from jaxmnist.bench.run import synthetic_dataset
-from jaxmnist.bench.timing import Timed, time_interleaved
+from jaxmnist.bench.measure import synthetic_dataset
 from jaxmnist.data import load_dataset
 from jaxmnist.errors import DataError
 from jaxmnist.models import cnn
+from jaxmnist.timing import Timed, time_interleaved
 from jaxmnist.training.step import (
     TrainData,
     empty_metrics,

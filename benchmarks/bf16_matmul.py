@@ -33,8 +33,8 @@ import numpy as np
 import optax
 
 from jaxmnist import config as config_lib
-from jaxmnist.bench import peak
 from jaxmnist.models import cnn, conv, get_model, mlp
+from jaxmnist.profiling import peak
 
 from benchlib.results import SMOKE_HELP, default_out, save_benchmark
 from benchlib.steps import Case, median_step_ms

@@ -41,7 +41,7 @@ import numpy as np
 
 from jaxmnist import cli, train_and_evaluate
 from jaxmnist import config as config_lib
-from jaxmnist.bench.run import synthetic_dataset
+from jaxmnist.bench.measure import synthetic_dataset
 from jaxmnist.runs import checkpoint
 from jaxmnist.runs.checkpoint import Checkpointer, CheckpointOptions
 from jaxmnist.training.hooks import Callback

@@ -20,7 +20,7 @@ slow to train, and for XLA flag trials); the others train `--epochs` epochs and 
 evaluated on the test set after each (untimed). Figures: steady epoch seconds (median of
 epochs 2.. over rounds), compile seconds, time to 99.0% test accuracy (training seconds
 of the epochs up to the first that reaches it, median over rounds), MFU (analytic FLOPs
-× examples/s over a 2048³ matmul peak measured by `jaxmnist.bench.peak` in the same dtype,
+× examples/s over a 2048³ matmul peak measured by `jaxmnist.profiling.peak` in the same dtype,
 every round). CPU model, flags and load averages are recorded.
 
 Usage: JAXMNIST_DATA_DIR=../shared/datasets python benchmarks/cnn_vs_pytorch.py
@@ -238,8 +238,8 @@ def _drive(one_epoch, state, epochs, steps, compile_seconds, evaluate) -> dict:
 
 
 def run_peaks() -> dict:
-    """Matmul peaks, 2048³, float32 and bfloat16: XLA (jaxmnist.bench.peak) and PyTorch."""
-    from jaxmnist.bench.peak import measure_matmul_peak
+    """Matmul peaks, 2048³, float32 and bfloat16: XLA (jaxmnist.profiling.peak) and PyTorch."""
+    from jaxmnist.profiling.peak import measure_matmul_peak
 
     out = {}
     for dtype in ("float32", "bfloat16"):

@@ -31,7 +31,7 @@ import jax
 
 from jaxmnist import config as config_lib
 from jaxmnist import runtime
-from jaxmnist.bench.run import synthetic_dataset
+from jaxmnist.bench.measure import synthetic_dataset
 from jaxmnist.bench.scaling import measure_scaling, scaling_lines
 from jaxmnist.data import load_dataset
 from jaxmnist.training import parallel

@@ -37,10 +37,10 @@ import numpy as np
 
 from jaxmnist import config as config_lib
 from jaxmnist import optim, runtime
-from jaxmnist.bench.peak import default_size, measure_matmul_peak
-from jaxmnist.bench.run import synthetic_dataset
+from jaxmnist.bench.measure import synthetic_dataset
 from jaxmnist.data import load_dataset
 from jaxmnist.models import mlp
+from jaxmnist.profiling.peak import default_size, measure_matmul_peak
 from jaxmnist.training.loop import place_train_data
 from jaxmnist.training.step import init_state, make_train_epoch
 

@@ -108,7 +108,7 @@ _DATASETS: dict = {}
 def load(name: str, smoke: bool):
     if name not in _DATASETS:
         if smoke:
-            from jaxmnist.bench.run import synthetic_dataset
+            from jaxmnist.bench.measure import synthetic_dataset
 
             _DATASETS[name] = synthetic_dataset(name, train_size=96, test_size=40)
         else:

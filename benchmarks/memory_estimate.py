@@ -97,7 +97,7 @@ def measure_case(
     asked = dict(config_lib.parse_override(s) for s in sets)
     cfg = config_lib.apply_overrides(config_lib.get_preset(preset), overrides | asked)
     if smoke:
-        from jaxmnist.bench.run import synthetic_dataset
+        from jaxmnist.bench.measure import synthetic_dataset
 
         dataset = synthetic_dataset(cfg.data.dataset, train_size=64, test_size=32)
     else:

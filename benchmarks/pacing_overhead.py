@@ -25,7 +25,7 @@ from pathlib import Path
 import jax
 
 from jaxmnist import config as config_lib
-from jaxmnist.bench.run import synthetic_dataset
+from jaxmnist.bench.measure import synthetic_dataset
 from jaxmnist.data import load_dataset
 from jaxmnist.training.loop import setup_run
 from jaxmnist.training.pacing import Pacer

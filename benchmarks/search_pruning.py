@@ -43,8 +43,7 @@ def run_one(pruner: str, args, dataset) -> dict:
     from optuna.trial import TrialState
 
     from jaxmnist import config as config_lib
-    from jaxmnist.search import run as search_run
-    from jaxmnist.search import space
+    from jaxmnist.search import space, worker
     from jaxmnist.search.study import StudyOptions
 
     overrides = {"train.epochs": args.epochs, "optimizer.name": "adamw", "compile_cache": False}
@@ -55,7 +54,7 @@ def run_one(pruner: str, args, dataset) -> dict:
             "model.hidden": "8",
         }
     cfg = config_lib.apply_overrides(config_lib.get_preset("tpu101"), overrides)
-    cfg = search_run.with_validation(cfg, args.validation)
+    cfg = worker.with_validation(cfg, args.validation)
     params = space.parse_params(SMOKE_PARAMS if args.smoke else PARAMS, cfg)
     with tempfile.TemporaryDirectory() as where:
         opts = StudyOptions(
@@ -63,7 +62,7 @@ def run_one(pruner: str, args, dataset) -> dict:
             trials=args.trials, pruner=pruner, seed=args.seed,
         )  # fmt: skip
         start, t0 = time.time(), time.perf_counter()
-        study = search_run.run_search(cfg, params, opts, batch=args.batch, dataset=dataset)
+        study = worker.run_search(cfg, params, opts, batch=args.batch, dataset=dataset)
         wall = time.perf_counter() - t0
         trials = study.get_trials(deepcopy=False)
     done = sorted(
@@ -108,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the table says what it would
     if args.smoke:
-        from jaxmnist.bench.run import synthetic_dataset
+        from jaxmnist.bench.measure import synthetic_dataset
 
         dataset = synthetic_dataset("mnist", train_size=96, test_size=40)
     else:

@@ -25,7 +25,7 @@ _PUBLIC = {  # name -> the module that defines it
     "TrainingError": "jaxmnist.errors",
     "load_dataset": "jaxmnist.data",
     "open_run": "jaxmnist.runs.reader",
-    "train_and_evaluate": "jaxmnist.training.run",
+    "train_and_evaluate": "jaxmnist.train",
     "TrainState": "jaxmnist.training.step",
     "make_train_epoch": "jaxmnist.training.step",
 }

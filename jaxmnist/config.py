@@ -17,7 +17,8 @@ the family does not have is a `ConfigError` naming its fields. Reading a saved c
 config.json of older versions holds every family's fields), and refuses anything else.
 
 Reading presets and overrides imports no jax (the command line's `--help` reads the
-presets); `validate` does, through the model family and the mesh's syntax.
+presets); `validate` does, through the model family (the mesh's syntax, `jaxmnist.mesh`,
+needs none).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field, replace
 
 from jaxmnist.data.registry import get_spec
 from jaxmnist.errors import ConfigError
+from jaxmnist.mesh import parse_devices, parse_mesh
 from jaxmnist.models import (
     MODELS,
     CNNConfig,
@@ -453,11 +455,9 @@ def validate(cfg: Config, *, num_train_examples: int | None = None) -> None:
             "--target-split val watches the validation split, and there is none: hold out "
             "examples with data.validation=N"
         )
-    # Syntax only here; the devices are checked by parallel.layout_for.
-    from jaxmnist.training import parallel  # start-up: imports jax, which parsing never needs
-
-    parallel.parse_devices(cfg.parallel.devices)
-    parallel.parse_mesh(cfg.parallel.mesh)
+    # Syntax only here; the devices are checked by training.parallel.layout_for.
+    parse_devices(cfg.parallel.devices)
+    parse_mesh(cfg.parallel.mesh)
     if cfg.memory_budget_mb is not None and cfg.memory_budget_mb <= 0:
         raise ConfigError(f"memory_budget_mb must be positive, got {cfg.memory_budget_mb}")
     if t.progress_every < 0:

@@ -201,7 +201,7 @@ def tiny_model_run(tmp_path_factory, tiny_dataset) -> Path:
     import dataclasses
 
     from jaxmnist import config as config_lib
-    from jaxmnist.training.run import train_and_evaluate
+    from jaxmnist.train import train_and_evaluate
 
     cfg = config_lib.get_preset("tpu101")
     cfg = dataclasses.replace(
@@ -223,7 +223,7 @@ def real_mnist_run(tmp_path_factory) -> Path:
     from jaxmnist import config as config_lib
     from jaxmnist.data import load_dataset
     from jaxmnist.errors import DataError
-    from jaxmnist.training.run import train_and_evaluate
+    from jaxmnist.train import train_and_evaluate
 
     try:
         dataset = load_dataset("mnist", download=False)

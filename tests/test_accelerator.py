@@ -248,7 +248,8 @@ def test_the_run_trains_on_every_local_device_it_is_given(tiny_dataset):
 def test_the_saved_predictions_program_compiles_ahead_where_programs_compile_at_once(
     tiny_dataset, tmp_path, monkeypatch
 ):
-    from jaxmnist.training import evaluate, run
+    from jaxmnist.train import train_and_evaluate
+    from jaxmnist.training import evaluate
 
     cfg = tpu101(epochs=1)
     programs = []
@@ -262,7 +263,7 @@ def test_the_saved_predictions_program_compiles_ahead_where_programs_compile_at_
     saved = {}
     for workers in (1, 4):  # a CPU's one by one, then an accelerator's four at once
         monkeypatch.setattr(population, "compile_workers", lambda platform, w=workers: w)
-        run.train_and_evaluate(cfg, tmp_path / f"w{workers}", dataset=tiny_dataset)
+        train_and_evaluate(cfg, tmp_path / f"w{workers}", dataset=tiny_dataset)
         saved[workers] = np.load(tmp_path / f"w{workers}" / "test_predictions.npz")["probs"]
     assert programs[0] is None and isinstance(programs[1], jax.stages.Compiled)
     np.testing.assert_array_equal(saved[1], saved[4])

@@ -10,7 +10,7 @@ import pytest
 from jaxmnist import config as config_lib
 from jaxmnist.data import load_dataset
 from jaxmnist.errors import DataError
-from jaxmnist.training.run import train_and_evaluate
+from jaxmnist.train import train_and_evaluate
 
 
 def real_dataset(name):

@@ -1,4 +1,5 @@
-"""The package's shape: no import cycle, no hidden local import, every module importable.
+"""The package's shape: floors that no import climbs, no import cycle, no hidden local
+import, every module importable.
 
 Read from the source with `ast`, so the checks do not depend on the order in which
 modules happen to be imported: an import cycle that works in one order and fails in
@@ -95,6 +96,99 @@ def test_the_cycle_check_finds_a_cycle():
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
+# The package's rooms on floors, from the bottom up. A room is a folder of the package
+# (`data` is jaxmnist/data/) or a module at its top (`config` is jaxmnist/config.py);
+# `jaxmnist` is the package's own __init__. A module may import its own room and the
+# rooms of lower floors: never a room of its own floor or of a floor above. No exception:
+# where an import would climb, the code it wants belongs lower down, and moves there.
+# (`jaxmnist/__init__` and `cli` load modules above them by name, with importlib: the
+# public names on first use, and the commands. Those are not imports, and not read here.)
+FLOORS = (
+    # Depend on nothing of the package: errors, draws, the host's memory, the compilation
+    # cache, statistics, optimizers, timed windows, the HTML page frame.
+    ("jaxmnist", "errors", "rng", "hostmem", "compile_cache", "stats", "optim", "timing", "pages"),
+    ("mesh", "data"),  # the mesh's syntax; datasets
+    ("models",),
+    ("runtime", "config"),
+    ("training",),  # the loop and the core it drives
+    ("runs",),  # the run directory: writer, checkpoints, resume, reader
+    ("use", "profiling"),  # a trained run at work; where a step's time goes
+    ("report",),  # seeing runs: plots, pages, TensorBoard
+    ("bench", "search", "train"),  # throughput; sweeps and searches; one run's recipe
+    ("commands",),
+    ("cli",),
+    ("__main__",),
+)
+
+
+def room(module: str) -> str:
+    """The room of a module of the package: `jaxmnist.use.serve.app` -> `use`."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def all_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) for every import of the package's modules in the file, wherever it
+    stands (module level, in a function, under `if TYPE_CHECKING`)."""
+    tree = ast.parse(path.read_text())
+    nodes = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    return sorted((n.lineno, m) for n in nodes for m in imported(n))
+
+
+def climbs(modules: dict[str, list[tuple[int, str]]], floors) -> list[str]:
+    """Every import of `modules` ({module: [(line, imported module)]}) that goes to a room
+    on its own floor or higher, as `module:line imports other (room floor i -> room floor j)`."""
+    floor = {r: i for i, rooms in enumerate(floors) for r in rooms}
+    found = []
+    for name, targets in modules.items():
+        here = room(name)
+        for line, other in targets:
+            there = room(other)
+            if there != here and floor[there] >= floor[here]:
+                found.append(
+                    f"{name}:{line} imports {other} ({here} on floor {floor[here]} -> "
+                    f"{there} on floor {floor[there]})"
+                )
+    return found
+
+
+def test_every_room_stands_on_one_floor():
+    declared = [r for rooms in FLOORS for r in rooms]
+    assert len(declared) == len(set(declared)), "a room on two floors"
+    rooms = {room(name) for name in MODULES}
+    assert rooms == set(declared), (
+        f"rooms on no floor: {sorted(rooms - set(declared))}; "
+        f"floors naming no room: {sorted(set(declared) - rooms)}"
+    )
+
+
+def test_no_import_climbs_to_its_own_floor_or_higher():
+    """Every import of a module goes to its own room or down (see `FLOORS`); relative
+    imports, which this reading does not resolve, are not used."""
+    relative = [
+        f"{name}:{node.lineno}"
+        for name, path in MODULES.items()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom) and node.level
+    ]
+    assert not relative, f"relative imports: {relative}"
+    found = climbs({name: all_imports(path) for name, path in MODULES.items()}, FLOORS)
+    assert not found, "imports that climb:\n" + "\n".join(found)
+
+
+def test_the_floor_check_finds_a_climb():
+    floors = (("base",), ("mid", "side"), ("top",))
+    modules = {
+        "pkg.mid.a": [(3, "pkg.base.x"), (4, "pkg.mid.b")],  # down, and within its room
+        "pkg.side": [(5, "pkg.mid.a")],  # across its floor
+        "pkg.base.x": [(7, "pkg.top")],  # up
+    }
+    assert climbs(modules, floors) == [
+        "pkg.side:5 imports pkg.mid.a (side on floor 1 -> mid on floor 1)",
+        "pkg.base.x:7 imports pkg.top (base on floor 0 -> top on floor 2)",
+    ]
+
+
 def test_local_imports_of_the_package_say_why():
     unexplained = []
     for name, path in MODULES.items():
@@ -125,7 +219,7 @@ def _quiet(line: str) -> bool:
 def test_the_loop_vocabulary_and_the_run_files_depend_on_nothing_above(floor):
     """The bottom floors of the run layer import nothing from the loop, the run
     directory's readers or the commands above them."""
-    above = ("jaxmnist.training.loop", "jaxmnist.training.run", "jaxmnist.runs.", "jaxmnist.cli")
+    above = ("jaxmnist.training.loop", "jaxmnist.train", "jaxmnist.runs", "jaxmnist.cli")
     above += ("jaxmnist.commands",)
     graph = {name: imports(path)[0] for name, path in MODULES.items()}
     seen, todo = set(), [floor]
@@ -133,7 +227,12 @@ def test_the_loop_vocabulary_and_the_run_files_depend_on_nothing_above(floor):
         for nxt in graph[todo.pop()] - seen:
             seen.add(nxt)
             todo.append(nxt)
-    assert not [m for m in seen if m.startswith(above) and m != floor]
+    assert not [m for m in seen if m != floor and any(_within(m, a) for a in above)]
+
+
+def _within(module: str, name: str) -> bool:
+    """`module` is the module or package `name`, or inside it."""
+    return module == name or module.startswith(name + ".")
 
 
 def test_every_module_imports_in_a_fresh_interpreter():

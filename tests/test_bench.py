@@ -12,15 +12,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxmnist import cli, optim
+from jaxmnist import cli, optim, timing
 from jaxmnist import config as config_lib
 from jaxmnist.bench import modes as modes_lib
 from jaxmnist.bench import options as options_lib
-from jaxmnist.bench import peak as peak_lib
-from jaxmnist.bench import schema, timing
+from jaxmnist.bench import schema
 from jaxmnist.bench.table import format_table
 from jaxmnist.cli import main
 from jaxmnist.models.layers import matmul
+from jaxmnist.profiling import peak as peak_lib
 from jaxmnist.training.loop import place_train_data
 from jaxmnist.training.step import init_state
 
@@ -252,7 +252,7 @@ def variants_run(tmp_path_factory, tiny_arrays, tiny_spec):
     """One real `jaxmnist bench --variants model.conv_impl=xla,im2col` on the tiny dataset
     with a tiny CNN (4 channels, batch 64: 10 steps a window); records the config each
     runner was built for and the order in which windows ran."""
-    from jaxmnist.bench import run as run_lib
+    from jaxmnist.bench import measure as run_lib
     from jaxmnist.data import registry, synthetic
 
     tmp = tmp_path_factory.mktemp("variants")
@@ -390,7 +390,7 @@ def test_values_that_resolve_alike_are_measured_and_flagged():
 def test_bad_variants_are_one_line_and_exit_2_before_measuring(
     preset, variants, message, tmp_path, capsys, monkeypatch
 ):
-    from jaxmnist.bench import run as run_lib
+    from jaxmnist.bench import measure as run_lib
 
     def measured(*args, **kwargs):
         pytest.fail("measured before the variants were checked")
@@ -427,7 +427,7 @@ def test_quick_peak_shrinks_the_cpus_matmul_but_not_an_accelerators(
     # A 512-side product left a TPU v5e at a fifteenth of the rate of an 8192-side one, so
     # a quick peak taken from it inflated every MFU of the run as many times.
     from jaxmnist import config as config_lib
-    from jaxmnist.bench import run as run_lib
+    from jaxmnist.bench import measure as run_lib
     from jaxmnist.bench.options import make_options
 
     asked = []

@@ -29,10 +29,10 @@ from jaxmnist.runs import checkpoint, rundir
 from jaxmnist.runs.checkpoint import CheckpointOptions
 from jaxmnist.runs.reader import read_config
 from jaxmnist.runs.resume import Resumer
+from jaxmnist.train import train_and_evaluate
 from jaxmnist.training import memory
 from jaxmnist.training.hooks import Callback
 from jaxmnist.training.preemption import Stopped, StopRequest
-from jaxmnist.training.run import train_and_evaluate
 
 RUNNER = Path(__file__).parent / "run_tiny_cli.py"
 EPOCHS = "6"

@@ -19,6 +19,7 @@ from test_seeds import small_cfg
 
 from jaxmnist.cli import main
 from jaxmnist.data import registry, synthetic
+from jaxmnist.models.ensemble import ensemble_log_probs
 from jaxmnist.training import evaluate as evaluate_lib
 from jaxmnist.training import memory, population
 from jaxmnist.training.loop import train_population
@@ -93,7 +94,7 @@ def test_an_ensemble_of_identical_members_is_that_member(ensemble_run, tiny_arra
     copies = jax.tree.map(lambda x: jnp.stack([x] * SEEDS), member.params)
     model_cfg, classes = member.config.model, len(member.class_names)
     images = tiny_arrays["test_images"]
-    ensemble = jnp.exp(evaluate_lib.ensemble_log_probs(model_cfg, copies, images))
+    ensemble = jnp.exp(ensemble_log_probs(model_cfg, copies, images))
     alone = predict.probabilities_fn(model_cfg)(member.params, images)
     np.testing.assert_allclose(ensemble, alone, rtol=1e-5, atol=1e-6)
 

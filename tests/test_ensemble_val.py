@@ -16,9 +16,9 @@ from jaxmnist.commands.terminal import TerminalReporter
 from jaxmnist.models import apply_uint8
 from jaxmnist.report import plots
 from jaxmnist.report.tensorboard import EVENTS_DIR, EventWriter
+from jaxmnist.train import train_and_evaluate
 from jaxmnist.training import memory, validation
 from jaxmnist.training.hooks import Callback
-from jaxmnist.training.run import train_and_evaluate
 
 SEEDS, HELD_OUT = 3, 100
 

@@ -15,12 +15,12 @@ from jaxmnist.data import formats
 from jaxmnist.report.describe import summary_rows
 from jaxmnist.report.rundata import load_run
 from jaxmnist.runs import resume
+from jaxmnist.train import train_and_evaluate
 from jaxmnist.training import evaluate as evaluate_lib
 from jaxmnist.training.hooks import Callback
 from jaxmnist.training.loop import place_train_data, setup_run
 from jaxmnist.training.population import seed_members
-from jaxmnist.training.run import train_and_evaluate
-from jaxmnist.use.evaluate import evaluate_run
+from jaxmnist.use.reevaluate import evaluate_run
 
 
 def tiny_cfg(**train) -> config_lib.Config:

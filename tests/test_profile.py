@@ -16,7 +16,7 @@ from jaxmnist import config as config_lib
 from jaxmnist.profiling import breakdown as breakdown_lib
 from jaxmnist.profiling import flops as flops_lib
 from jaxmnist.profiling.classify import OpEvent, read_hlo
-from jaxmnist.profiling.run import profile_config
+from jaxmnist.profiling.recipe import profile_config
 from jaxmnist.profiling.trace import call_steps, read_ops
 
 # A cuBLAS GEMM's backend config as a GPU's optimized HLO prints it (abridged).
@@ -499,7 +499,7 @@ def test_a_copy_in_flight_counts_only_where_nothing_else_runs():
 
 def test_the_peak_is_the_best_of_several_windows(monkeypatch):
     """Anything else running only slows a window down: the best one is the peak."""
-    from jaxmnist.profiling import run as profiling_run
+    from jaxmnist.profiling import recipe as profiling_run
 
     asked = {}
 

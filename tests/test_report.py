@@ -13,13 +13,15 @@ import numpy as np
 import pytest
 
 from jaxmnist import config as config_lib
+from jaxmnist import pages
 from jaxmnist.cli import main
 from jaxmnist.models import get_model, model_config
-from jaxmnist.report import html, predictions, rundata
+from jaxmnist.report import rundata
 from jaxmnist.report.compare import write_comparison
 from jaxmnist.report.run_report import write_run_report
+from jaxmnist.runs import predictions
+from jaxmnist.train import train_and_evaluate
 from jaxmnist.training.evaluate import predict_probabilities
-from jaxmnist.training.run import train_and_evaluate
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 VOID = {"meta", "img", "br", "hr", "input", "link", "source", "wbr", "col", "area", "base"}
@@ -357,21 +359,21 @@ def test_data_show(tiny_data_dir, tmp_path, capsys):
 
 
 def test_html_helpers_escape_and_highlight():
-    table = html.html_table(
+    table = pages.html_table(
         ["a", "b<"],
-        [["<x>", 1.5], [html.Raw("<i>ok</i>"), "2 %"]],
+        [["<x>", 1.5], [pages.Raw("<i>ok</i>"), "2 %"]],
         highlight={1, (0, 1)},
         best={(1, 1)},
     )
     assert "&lt;x&gt;" in table and "b&lt;" in table and "<i>ok</i>" in table
     assert '<tr class="hl">' in table and 'class="num hl"' in table and 'class="num best"' in table
-    page = html.render_page("T & t", [("One", "<p>1</p>"), ("One", "<p>2</p>")], subtitle="<s>")
+    page = pages.render_page("T & t", [("One", "<p>1</p>"), ("One", "<p>2</p>")], subtitle="<s>")
     assert (
         'id="one"' in page and 'id="one-2"' in page and "T &amp; t" in page and "&lt;s&gt;" in page
     )
     parse_page(page)
     with pytest.raises(ValueError):
-        html.embed_png(b"GIF89a", "x")
+        pages.embed_png(b"GIF89a", "x")
     assert (
         rundata.class_stats(np.array([[2, 0], [1, 0]]))["precision"][1]
         != rundata.class_stats(np.array([[2, 0], [1, 0]]))["precision"][1]
@@ -539,7 +541,7 @@ def _specificity(selector: str) -> tuple[int, int, int]:
 def test_the_highlight_outranks_the_striping_of_even_rows():
     """The confusion table's "most common mistake" must show on every row: each selector
     that paints a highlighted cell is more specific than the striping of even rows."""
-    css = re.sub(r"/\*.*?\*/", "", html.CSS.replace("\\\n", ""), flags=re.DOTALL)
+    css = re.sub(r"/\*.*?\*/", "", pages.CSS.replace("\\\n", ""), flags=re.DOTALL)
     rules = re.findall(r"([^{}]+)\{([^}]*)\}", css)
     selectors = lambda want: [
         s.strip() for sel, body in rules if want(sel, body) for s in sel.split(",")

@@ -20,8 +20,8 @@ from jax.extend.core import jaxprs_in_params
 from jaxmnist import config as config_lib
 from jaxmnist import optim
 from jaxmnist.models import apply_uint8
+from jaxmnist.train import train_and_evaluate
 from jaxmnist.training import step as core  # the step, its state and the epoch's shuffle
-from jaxmnist.training.run import train_and_evaluate
 
 
 def small_cfg(dtype="float32", optimizer=None, **train):

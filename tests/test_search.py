@@ -25,14 +25,14 @@ import sqlalchemy.exc
 from optuna.trial import TrialState
 
 from jaxmnist import config as config_lib
-from jaxmnist.bench.timing import compile_count
 from jaxmnist.cli import build_parser, main
 from jaxmnist.commands import options
 from jaxmnist.errors import ConfigError
 from jaxmnist.search import batch as batch_lib
 from jaxmnist.search import outputs, space
-from jaxmnist.search import run as search_run
 from jaxmnist.search import study as study_lib
+from jaxmnist.search import worker as search_run
+from jaxmnist.timing import compile_count
 
 BASE = config_lib.get_preset("tpu101")
 TESTS = Path(__file__).parent
@@ -694,7 +694,7 @@ def test_a_table_another_worker_made_first_on_sqlite_is_a_race_lost_not_an_error
 def _stopped_search(tmp_path, tiny_data_dir, monkeypatch, capsys, stop):
     """`jaxmnist search` on the tiny data, `stop()` called inside its first batch; (exit
     code, stderr, the study)."""
-    from jaxmnist.search import run as run_lib
+    from jaxmnist.search import worker as run_lib
 
     real = run_lib.run_batch
 

@@ -154,7 +154,7 @@ def test_plan_chunks_and_the_too_small_message():
 
 
 def test_target_accuracy_stops_early_and_records_times(tiny_dataset, tmp_path):
-    from jaxmnist.training.run import train_and_evaluate
+    from jaxmnist.train import train_and_evaluate
 
     summary = train_and_evaluate(
         small_cfg(seeds=2, epochs=6, target_accuracy=0.5), tmp_path / "run", dataset=tiny_dataset
@@ -369,7 +369,7 @@ def test_an_accuracy_exactly_at_the_target_reaches_it():
 
 
 def test_a_run_whose_first_epoch_lands_exactly_on_the_target_stops_there(tiny_dataset, tmp_path):
-    from jaxmnist.training.run import train_and_evaluate
+    from jaxmnist.train import train_and_evaluate
 
     free = train_and_evaluate(small_cfg(epochs=3), tmp_path / "free", dataset=tiny_dataset)
     records = (tmp_path / "free" / "metrics.jsonl").read_text().splitlines()

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from jaxmnist import stats, sweep
+from jaxmnist import stats
 from jaxmnist.cli import main
 from jaxmnist.report import sweep_report
+from jaxmnist.search import sweep
 
 # (a, b): equal sizes, unequal sizes, unequal spreads, a negative difference, large n.
 SAMPLES = [

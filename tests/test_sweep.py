@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from jaxmnist import config as config_lib
-from jaxmnist import sweep
 from jaxmnist.cli import main
 from jaxmnist.errors import ConfigError
+from jaxmnist.search import sweep
 from jaxmnist.training.loop import train_population
 from jaxmnist.training.population import Member
 

@@ -9,7 +9,7 @@ import pytest
 from jaxmnist import config as config_lib
 from jaxmnist.cli import main
 from jaxmnist.report.tensorboard import EPOCH_SCALARS, EVENTS_DIR, EventWriter
-from jaxmnist.training.run import train_and_evaluate
+from jaxmnist.train import train_and_evaluate
 
 event_accumulator = pytest.importorskip(
     "tensorboard.backend.event_processing.event_accumulator",

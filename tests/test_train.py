@@ -12,12 +12,12 @@ import pytest
 
 from jaxmnist import config as config_lib
 from jaxmnist import optim
-from jaxmnist.bench.timing import compile_count
 from jaxmnist.errors import TrainingError
 from jaxmnist.models import count_params, mlp
+from jaxmnist.timing import compile_count
+from jaxmnist.train import train_and_evaluate
 from jaxmnist.training import evaluate as evaluate_lib
 from jaxmnist.training.loop import place_train_data
-from jaxmnist.training.run import train_and_evaluate
 from jaxmnist.training.step import (
     EpochMetrics,
     empty_metrics,

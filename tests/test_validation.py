@@ -11,15 +11,15 @@ import pytest
 from conftest import numpy_mlp_figures
 
 from jaxmnist import config as config_lib
-from jaxmnist import sweep
 from jaxmnist.cli import main
 from jaxmnist.runs import resume
+from jaxmnist.search import sweep
+from jaxmnist.train import train_and_evaluate
 from jaxmnist.training import validation
 from jaxmnist.training.hooks import Callback, EpochEnd, Evaluation
 from jaxmnist.training.loop import TargetAccuracy, setup_run
 from jaxmnist.training.population import seed_members
-from jaxmnist.training.run import train_and_evaluate
-from jaxmnist.use.evaluate import evaluate_run
+from jaxmnist.use.reevaluate import evaluate_run
 
 
 def tiny_cfg(validation=100, **train) -> config_lib.Config:

@@ -19,7 +19,7 @@ import jax
 import optax
 from jax import lax
 
-from jaxmnist.bench.timing import Timed, time_interleaved
+from jaxmnist.timing import Timed, time_interleaved
 
 
 class Case(NamedTuple):

@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmnist.bench.timing import Guard
+from jaxmnist.timing import Guard
 from jaxmnist.training.step import (
     TrainData,
     TrainState,

@@ -3,10 +3,10 @@
 `write_outputs(result, out_dir)` writes bench.json (every figure, the config and the
 environment; non-finite numbers become null so that the file is strict JSON), bench.png
 (examples/s by variant, by mode, by dtype and by batch size, with the min-max range of
-the windows as error bars) and bench.html, a self-contained page built with the run
-report's template (`jaxmnist.report.html`) that holds the terminal's tables too
-(`table.format_table`). Tokens/s appears only as a projection, labelled as one, when the
-user gave tokens per example.
+the windows as error bars) and bench.html, a self-contained page built with the shared
+template (`jaxmnist.pages`) that holds the terminal's tables too (`table.format_table`).
+Tokens/s appears only as a projection, labelled as one, when the user gave tokens per
+example.
 """
 
 from __future__ import annotations

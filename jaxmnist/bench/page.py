@@ -1,6 +1,6 @@
 """bench.html: the benchmark as a self-contained page, in the style of the run report.
 
-Built with `jaxmnist.report.html` (the shared template, tables and embedded
+Built with `jaxmnist.pages` (the shared template, tables and embedded
 images), so it opens from disk with no network. Headline cards, one table per
 comparison (the variants of `--variants` first), the bar chart, the method in a
 few sentences (so a reader can judge the figures without reading the code), the
@@ -13,8 +13,8 @@ import html as html_lib
 import json
 
 from jaxmnist.bench.table import breakdown_text, device
-from jaxmnist.profiling.page import profile_section
-from jaxmnist.report.html import cards, figure, html_table, render_page
+from jaxmnist.pages import cards, figure, html_table, render_page
+from jaxmnist.profiling.section import profile_section
 
 COLUMNS = ["compile s", "ms/step", "spread", "examples/s", "GFLOP/s", "MFU"]
 

@@ -2,7 +2,7 @@
 
 Each value is the bench's config with that one field overridden (`config.apply_overrides`,
 so the key and the values are type-checked exactly as `KEY=VALUE` overrides are), and
-each variant is one measurement in the sweep mode; `run` makes them side by side, their
+each variant is one measurement in the sweep mode; `measure` makes them side by side, their
 timed windows interleaved (A B A B ...). Values are separated by commas; a tuple field
 takes its elements separated by spaces within a value (`model.channels=16 32,32 64`).
 

@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         cfg, opts, preset=preset, log=log, command=shlex.join(["jaxmnist", *args.argv])
     )
     if args.profile_steps:
-        from jaxmnist.profiling.run import profile_bench_config  # start-up: imports jax
+        from jaxmnist.bench.measure import profile_bench_config  # start-up: imports jax
 
         result["profile"] = profile_bench_config(cfg, opts, result, args.profile_steps, out)
     paths = write_outputs(result, out)

@@ -30,7 +30,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from jaxmnist.use.evaluate import evaluate_run  # start-up: imports jax
+    from jaxmnist.use.reevaluate import evaluate_run  # start-up: imports jax
 
     result = evaluate_run(args.run_dir, data_dir=args.data_dir, member=args.member)
     if args.json:

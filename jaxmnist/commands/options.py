@@ -214,7 +214,7 @@ def start_ahead(args: argparse.Namespace, cfg: config_lib.Config):
     from jaxmnist.training import parallel  # start-up: imports jax
 
     parallel.open_devices_ahead(args.coordinator, args.distributed)
-    from jaxmnist.training import run  # noqa: F401  start-up: the trainer's imports
+    from jaxmnist import train  # noqa: F401  start-up: the trainer's imports
 
     if args.resume:
         return None

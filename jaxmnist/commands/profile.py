@@ -3,7 +3,7 @@ step's time goes.
 
 The config is resolved as `train` resolves it; its population is compiled and warmed
 up by the run loop (N steps), then N more steps are traced into the output folder
-(`profiling.run.profile_config`), which TensorBoard's profile plugin and Perfetto open.
+(`profiling.recipe.profile_config`), which TensorBoard's profile plugin and Perfetto open.
 Without `--profile-steps` it warms up 20 steps and traces as many as one of a run's
 calls holds (`profiling.trace.call_steps`).
 """
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     from jaxmnist import runtime
     from jaxmnist.data import load_dataset
     from jaxmnist.profiling.breakdown import PROFILE_JSON, format_table
-    from jaxmnist.profiling.run import profile_config
+    from jaxmnist.profiling.recipe import profile_config
     from jaxmnist.runs import rundir
     from jaxmnist.training import parallel
 

@@ -129,8 +129,7 @@ def run(args: argparse.Namespace) -> int:
     import optuna  # start-up: the search extra
 
     from jaxmnist.runs import rundir  # start-up: imports jax
-    from jaxmnist.search import outputs, space  # start-up: imports jax and optuna
-    from jaxmnist.search import run as search_run  # start-up: imports jax and optuna
+    from jaxmnist.search import outputs, space, worker  # start-up: imports jax and optuna
     from jaxmnist.search import study as study_lib  # start-up: imports optuna
     from jaxmnist.search.study import StudyOptions, grid_space  # start-up: imports optuna
 
@@ -144,14 +143,14 @@ def run(args: argparse.Namespace) -> int:
         if args.validation is not None:
             raise ConfigError("give the validation split once: --validation N or data.validation=N")
     else:
-        cfg = search_run.with_validation(cfg, 10000 if args.validation is None else args.validation)
+        cfg = worker.with_validation(cfg, 10000 if args.validation is None else args.validation)
     config_lib.validate(cfg)
     space.check_rankable(cfg)
     params = space.parse_params(args.param or [], cfg)
     trials = args.trials
     if args.sampler == "grid":
         grid_space(params)  # every parameter finite, or one line
-        trials = search_run.grid_trials(params, trials)
+        trials = worker.grid_trials(params, trials)
     out = Path(args.out or options.default_out("search", preset))
     made = not out.exists()
     rundir.check_writable(out)
@@ -169,14 +168,14 @@ def run(args: argparse.Namespace) -> int:
     log = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
     again = shlex.join(["jaxmnist", *args.argv])
     try:
-        with search_run.sigterm_as_ctrl_c():  # SIGTERM stops a search as Ctrl-C does
-            study = search_run.run_search(cfg, params, opts, batch=args.batch, log=log)
+        with worker.sigterm_as_ctrl_c():  # SIGTERM stops a search as Ctrl-C does
+            study = worker.run_search(cfg, params, opts, batch=args.batch, log=log)
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the batch's trials are requeued
-        line, code = search_run.stopped_line(e, again)
+        line, code = worker.stopped_line(e, again)
         print(line, file=sys.stderr)
         return code
     except study_lib.STORAGE_ERRORS as e:
-        raise search_run.storage_failure(e, opts.storage, again) from None
+        raise worker.storage_failure(e, opts.storage, again) from None
     except BaseException:
         if made and out.is_dir() and not any(out.iterdir()):  # refused before a trial
             out.rmdir()

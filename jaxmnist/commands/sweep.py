@@ -50,8 +50,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from jaxmnist import sweep  # start-up: imports jax
     from jaxmnist.runs import rundir  # start-up: imports jax
+    from jaxmnist.search import sweep  # start-up: imports jax
 
     cfg, preset = options.resolve_config(args)
     given = options.explicit_overrides(args)

@@ -160,7 +160,7 @@ def _train(args, cfg, workdir: Path, callbacks: list, layout, dataset) -> dict:
     Ctrl-C (`preemption.Stopped`); resumes RUN_DIR with --resume."""
     from jaxmnist.runs.checkpoint import CheckpointOptions  # start-up: imports jax
     from jaxmnist.runs.resume import Resumer  # start-up: imports jax
-    from jaxmnist.training.run import train_and_evaluate  # start-up: imports jax
+    from jaxmnist.train import train_and_evaluate  # start-up: imports jax
 
     every = (args.checkpoint_every, args.keep_checkpoints, args.checkpoint_every_steps)
     checkpoints = None if args.no_checkpoint else CheckpointOptions(*every)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from jaxmnist.profiling.breakdown import format_table
-from jaxmnist.profiling.run import profile_population
+from jaxmnist.profiling.recipe import profile_population
 from jaxmnist.training import parallel
 from jaxmnist.training.hooks import Callback, RunEnd, RunStart
 

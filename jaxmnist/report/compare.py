@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxmnist import stats
+from jaxmnist import pages, stats
 from jaxmnist.errors import ConfigError, WriteError
-from jaxmnist.report import html, plots
+from jaxmnist.report import plots
 from jaxmnist.report.describe import DASH, flatten, pct, summary_rows
 from jaxmnist.report.rundata import RunData, load_run
 from jaxmnist.runs import rundir
@@ -91,7 +91,7 @@ def _side_by_side(
             if label in rank and len(valid) > 1:
                 target = (max if rank[label] else min)(x for x, _ in valid)
                 best |= {(i, j + 1) for x, j in valid if x == target}
-    return html.html_table(["", *labels], rows, highlight=differ, best=best, kv=True)
+    return pages.html_table(["", *labels], rows, highlight=differ, best=best, kv=True)
 
 
 def _config_value(flat: dict, key: str) -> str:
@@ -113,7 +113,7 @@ def _config_diff(runs: list[RunData], labels: list[str]) -> str:
     ]
     if not rows:
         return "<p>The runs have identical configs.</p>"
-    return html.html_table(["config field", *labels], rows, kv=True) + (
+    return pages.html_table(["config field", *labels], rows, kv=True) + (
         '<p class="note">Only the fields that differ; everything else is the same in every run.</p>'
     )
 
@@ -208,8 +208,8 @@ def _significance_table(runs: list[RunData], labels: list[str]) -> str:
             'keeps the chance of any false "significant" among the pairs at 5%.'
         )
     highlight = {i for i, c in enumerate(found) if c.significant}
-    return html.html_table(header, rows, highlight=highlight) + (
-        f'<p class="note">{html.esc(note)} Highlighted: significant differences.</p>'
+    return pages.html_table(header, rows, highlight=highlight) + (
+        f'<p class="note">{pages.esc(note)} Highlighted: significant differences.</p>'
     )
 
 
@@ -270,7 +270,7 @@ def render_comparison(runs: list[RunData]) -> str:
         "test_accuracy": "Test accuracy of every run after each epoch, overlaid",
         "val_accuracy": "Validation accuracy of every run after each epoch, overlaid",
     }
-    legend = html.html_table(
+    legend = pages.html_table(
         ["Run", "Directory", "Command"],
         [[label, str(r.path.resolve()), r.command or DASH] for label, r in zip(labels, runs)],
     )
@@ -285,8 +285,8 @@ def render_comparison(runs: list[RunData]) -> str:
         ("Config differences", _config_diff(runs, labels)),
         (
             "Curves",
-            html.figure_grid(
-                html.figure(plots.to_png(fig), alts[name]) for name, fig in curves.items()
+            pages.figure_grid(
+                pages.figure(plots.to_png(fig), alts[name]) for name, fig in curves.items()
             )
             + '<p class="note">Training loss is a moving average of each step\'s batch loss.</p>',
         ),
@@ -298,7 +298,7 @@ def render_comparison(runs: list[RunData]) -> str:
         f"{len(runs)} runs · best test accuracy {pct(runs[best].summary.get('test_accuracy'))} "
         f"({labels[best]})"
     )
-    return html.render_page("jaxmnist run comparison", sections, subtitle)
+    return pages.render_page("jaxmnist run comparison", sections, subtitle)
 
 
 def load_runs(run_dirs: list[str | os.PathLike]) -> list[RunData]:

@@ -16,7 +16,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from jaxmnist.report.plots import BAD, GOOD, new_figure, style, to_png
-from jaxmnist.report.predictions import class_examples as first_of_each_class
+from jaxmnist.runs.predictions import class_examples as first_of_each_class
 from jaxmnist.use import preprocess
 
 CELL_INCHES = 1.5  # width of one image and its gap on the page

@@ -23,14 +23,15 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
+from jaxmnist import pages
 from jaxmnist.errors import WriteError
 from jaxmnist.profiling.breakdown import read_profile
-from jaxmnist.profiling.page import profile_section
-from jaxmnist.report import filters, html, image_grids, plots, spread_plots
+from jaxmnist.profiling.section import profile_section
+from jaxmnist.report import filters, image_grids, plots, spread_plots
 from jaxmnist.report.describe import DASH, dataset_title, flatten, num, pct, secs, summary_rows
-from jaxmnist.report.predictions import GRID_SIZE, class_examples, confident_mistakes
 from jaxmnist.report.rundata import REPORT_FILE, RunData, class_stats, load_run
 from jaxmnist.runs import rundir
+from jaxmnist.runs.predictions import GRID_SIZE, class_examples, confident_mistakes
 
 PLOTS_DIR = "plots"
 CURVES_NOTE = (
@@ -48,7 +49,7 @@ FILTERS_NOTE = (
 
 
 def _note(text: str) -> str:
-    return f'<p class="note">{html.esc(text)}</p>'
+    return f'<p class="note">{pages.esc(text)}</p>'
 
 
 def epoch_table(run: RunData) -> str:
@@ -82,7 +83,7 @@ def epoch_table(run: RunData) -> str:
         for r in run.records
     ]
     best = int(np.argmax([r["test_accuracy"] for r in run.records]))
-    return html.html_table(header, rows, highlight={best}) + _note(
+    return pages.html_table(header, rows, highlight={best}) + _note(
         "Highlighted: the epoch with the best test accuracy "
         f"({pct(run.records[best]['test_accuracy'])}). "
         "Time is the compiled epoch alone; evaluation is timed apart."
@@ -120,7 +121,7 @@ def class_table(run: RunData) -> str:
         )
         if st["recall"][i] < overall:
             below.add(i)
-    return html.html_table(header, rows, highlight=below) + _note(
+    return pages.html_table(header, rows, highlight=below) + _note(
         f"Highlighted: classes below the overall accuracy ({pct(overall)}). Precision: of the "
         "examples predicted as the class, the share that are; a class never predicted has none."
     )
@@ -133,7 +134,7 @@ def confusion_table(run: RunData) -> str:
     np.fill_diagonal(off, -1)
     worst = {(i, int(off[i].argmax()) + 1) for i in range(len(m)) if off[i].max() > 0}
     diag = {(i, i + 1) for i in range(len(m))}
-    return html.html_table(
+    return pages.html_table(
         ["true \\ predicted", *run.class_names], rows, highlight=worst, best=diag
     ) + _note(
         "Counts; rows are the true class. Bold: right; "
@@ -270,7 +271,7 @@ def seeds_section(run: RunData, figs) -> str:
     """Mean, spread and interval of test accuracy over seeds, and every seed's figures."""
     s = run.summary
     ci = s.get("test_accuracy_ci95")
-    cards = html.cards(
+    cards = pages.cards(
         [
             ("Seeds", f"{len(s['seeds'])} ({s['seeds'][0]}–{s['seeds'][-1]})"),
             ("Mean ± std", accuracy_text(s)),
@@ -294,7 +295,7 @@ def seeds_section(run: RunData, figs) -> str:
         )
     ]
     below = {i for i, a in enumerate(s["test_accuracy_per_seed"]) if a < mean}
-    table = html.html_table(
+    table = pages.html_table(
         ["Seed", "Test accuracy", "Test loss", "Train accuracy"], rows, highlight=below
     )
     note = _note(
@@ -310,7 +311,7 @@ def seeds_section(run: RunData, figs) -> str:
             else ""
         )
     )
-    fig = html.figure(*figs["seed_accuracy"]) if "seed_accuracy" in figs else ""
+    fig = pages.figure(*figs["seed_accuracy"]) if "seed_accuracy" in figs else ""
     return cards + fig + table + note
 
 
@@ -340,7 +341,7 @@ def target_table(s: dict) -> str:
                 ),
             ],
         ]
-    return html.html_table(["", ""], rows, kv=True)
+    return pages.html_table(["", ""], rows, kv=True)
 
 
 def render_run_report(run: RunData, figs: dict[str, tuple[bytes, str]]) -> str:
@@ -348,9 +349,9 @@ def render_run_report(run: RunData, figs: dict[str, tuple[bytes, str]]) -> str:
     s = run.summary
 
     def fig(name: str, caption: str = "") -> str:
-        return html.figure(*figs[name], caption)
+        return pages.figure(*figs[name], caption)
 
-    headline = html.cards(
+    headline = pages.cards(
         [
             (
                 "Test accuracy" + (f" ({len(s['seeds'])} seeds)" if "seeds" in s else ""),
@@ -367,7 +368,7 @@ def render_run_report(run: RunData, figs: dict[str, tuple[bytes, str]]) -> str:
             ("Parameters", f"{s.get('num_params', 0):,}"),
         ]
     )
-    summary = html.html_table(["", ""], [[k, v] for k, v, _ in summary_rows(run)], kv=True)
+    summary = pages.html_table(["", ""], [[k, v] for k, v, _ in summary_rows(run)], kv=True)
     sections = [("Summary", headline + summary)]
     if "seeds" in s:
         sections.append(("Seeds", seeds_section(run, figs)))
@@ -378,7 +379,7 @@ def render_run_report(run: RunData, figs: dict[str, tuple[bytes, str]]) -> str:
     if "augmented" in figs:
         moves = _note("Drawn from the run's seed; training draws new moves every step.")
         sections.append(("Augmentation", fig("augmented") + moves))
-    curves = html.figure_grid([fig("loss_curves"), fig("accuracy_curves")])
+    curves = pages.figure_grid([fig("loss_curves"), fig("accuracy_curves")])
     sections.append(("Training curves", curves + _note(CURVES_NOTE)))
     if "first_layer_filters" in figs:
         sections.append(("First-layer filters", fig("first_layer_filters") + _note(FILTERS_NOTE)))
@@ -405,12 +406,12 @@ def render_run_report(run: RunData, figs: dict[str, tuple[bytes, str]]) -> str:
     if (profile := read_profile(run.path)) is not None:  # `train --profile-steps N`
         sections.append(profile_section(profile))
     config = [[k, json.dumps(v)] for k, v in flatten(run.config).items()]
-    sections.append(("Configuration", html.html_table(["", ""], config, kv=True)))
+    sections.append(("Configuration", pages.html_table(["", ""], config, kv=True)))
     subtitle = (
         f"{dataset_title(s.get('dataset', ''))} · {accuracy_text(s)} test accuracy · "
         f"{run.path.resolve()}"
     )
-    return html.render_page(f"jaxmnist run {run.name}", sections, subtitle)
+    return pages.render_page(f"jaxmnist run {run.name}", sections, subtitle)
 
 
 def write_run_report(

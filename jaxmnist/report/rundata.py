@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from jaxmnist.errors import CorruptRunError, NotARunError
-from jaxmnist.report.predictions import Predictions, load_test_predictions
+from jaxmnist.runs.predictions import Predictions, load_test_predictions
 from jaxmnist.runs.rundir import COMMAND_FILE
 
 REPORT_FILE = "report.html"

@@ -15,8 +15,8 @@ import json
 import os
 from pathlib import Path
 
-from jaxmnist import stats
-from jaxmnist.report import html, plots, spread_plots
+from jaxmnist import pages, stats
+from jaxmnist.report import plots, spread_plots
 from jaxmnist.report.describe import DASH, flatten, pct, secs
 from jaxmnist.runs import rundir
 
@@ -100,7 +100,7 @@ def results_table(sweep: dict, metric: str | None = None) -> str:
             " Highlighted: the best point and those the seeds' noise cannot tell from it; add "
             "seeds before trusting the ranking among them."
         )
-    return html.html_table(header, rows, highlight=near) + f'<p class="note">{html.esc(note)}</p>'
+    return pages.html_table(header, rows, highlight=near) + f'<p class="note">{pages.esc(note)}</p>'
 
 
 def _chunks_text(chunks: list[int]) -> str:
@@ -143,13 +143,13 @@ def programs_table(sweep: dict) -> str:
         "times the program ran per epoch, and how many models each time, so that they fit in "
         "memory."
     )
-    return html.html_table(header, rows) + f'<p class="note">{html.esc(note)}</p>'
+    return pages.html_table(header, rows) + f'<p class="note">{pages.esc(note)}</p>'
 
 
 def render_sweep_page(sweep: dict, png: bytes) -> str:
     best = sweep["results"][0]
     n = sweep["seeds_per_point"]
-    headline = html.cards(
+    headline = pages.cards(
         [
             (
                 "Best point",
@@ -197,11 +197,11 @@ def render_sweep_page(sweep: dict, png: bytes) -> str:
         2: "Mean test accuracy of every pair of values, ± the standard deviation over seeds.",
     }
     sections = [
-        ("Summary", headline + html.html_table(["", ""], about, kv=True)),
+        ("Summary", headline + pages.html_table(["", ""], about, kv=True)),
         ("Results", results_table(sweep)),
         (
             "Plot",
-            html.figure(
+            pages.figure(
                 png,
                 "Test accuracy across the sweep",
                 caption.get(len(sweep["axes"]), "Every point's mean with its 95% CI, best first."),
@@ -210,14 +210,14 @@ def render_sweep_page(sweep: dict, png: bytes) -> str:
         ("Programs", programs_table(sweep)),
         (
             "Base configuration",
-            html.html_table(
+            pages.html_table(
                 ["", ""], [[k, json.dumps(v)] for k, v in flatten(sweep["config"]).items()], kv=True
             )
             + '<p class="note">Every point is this configuration with its swept values put in.</p>',
         ),
     ]
     subtitle = f"best {best['label']}: {_spread(best)} test accuracy over {n} seed{'s' * (n != 1)}"
-    return html.render_page("jaxmnist sweep", sections, subtitle)
+    return pages.render_page("jaxmnist sweep", sections, subtitle)
 
 
 def write_sweep_page(sweep: dict, page: str | os.PathLike, png_path: str | os.PathLike) -> Path:

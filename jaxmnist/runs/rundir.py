@@ -9,7 +9,7 @@
     confusion_matrix.json   test-set confusion matrix with class names
     params.npz              final parameters, one array per pytree path (several seeds:
                             stacked along a leading seed axis)
-    test_predictions.npz    test-set probabilities and a few images (jaxmnist.report.predictions)
+    test_predictions.npz    test-set probabilities and a few images (jaxmnist.runs.predictions)
     command.txt             the command line, when run from the CLI
     report.html, plots/     the report (jaxmnist.report), unless --no-report
     tensorboard/            TensorBoard events, with tensorboard=true

@@ -30,8 +30,8 @@ import numpy as np
 from jaxmnist import runtime
 from jaxmnist.data.augment import examples
 from jaxmnist.errors import WriteError
-from jaxmnist.report.predictions import PREDICTIONS_FILE, save_test_predictions
 from jaxmnist.runs import rundir
+from jaxmnist.runs.predictions import PREDICTIONS_FILE, save_test_predictions
 from jaxmnist.training.hooks import Callback, EpochEnd, RunEnd, RunStart
 
 # What a finished run adds; none of it may survive into a run that replaces or extends it.

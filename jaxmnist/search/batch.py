@@ -34,7 +34,7 @@ from jaxmnist import optim
 from jaxmnist.errors import ConfigError
 from jaxmnist.models import count_params
 from jaxmnist.search.space import Param, trial_config
-from jaxmnist.sweep import Point, SweepReporter, format_value, get_field, group_points
+from jaxmnist.search.sweep import Point, SweepReporter, format_value, get_field, group_points
 from jaxmnist.training import memory
 from jaxmnist.training.hooks import Callback, EpochEnd
 from jaxmnist.training.loop import train_population

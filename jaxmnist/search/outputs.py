@@ -27,7 +27,7 @@ from jaxmnist.report.describe import flatten
 from jaxmnist.runs.rundir import atomic_write, write_json
 from jaxmnist.search.space import Param, trial_config
 from jaxmnist.search.study import OVER_BUDGET, StudyOptions, counts_text, safe_url
-from jaxmnist.sweep import get_field
+from jaxmnist.search.sweep import get_field
 
 FILES = {"json": "search.json", "csv": "search.csv", "html": "search.html"}
 _ORDER = {TrialState.COMPLETE: 0, TrialState.PRUNED: 1, TrialState.RUNNING: 2}

@@ -21,7 +21,8 @@ import numpy as np
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 
-from jaxmnist.report import html, plots
+from jaxmnist import pages
+from jaxmnist.report import plots
 from jaxmnist.report.describe import DASH, flatten, pct, secs
 from jaxmnist.runs import rundir
 from jaxmnist.search.study import counts_text
@@ -182,12 +183,12 @@ def trials_table(result: dict) -> str:
         "last epoch); test accuracy is shown beside it and was never used to choose. "
         + (result["near_best_legend"] or "")
     )
-    return html.html_table(header, rows, highlight=near) + f'<p class="note">{html.esc(note)}</p>'
+    return pages.html_table(header, rows, highlight=near) + f'<p class="note">{pages.esc(note)}</p>'
 
 
 def render_search_page(result: dict, pngs: dict[str, bytes]) -> str:
     best, c = result["best"], result["counts"]
-    headline = html.cards(
+    headline = pages.cards(
         [
             ("Best trial", best["number"] if best else DASH),
             ("Its validation accuracy", pct(best["val_accuracy_mean"]) if best else DASH),
@@ -220,18 +221,18 @@ def render_search_page(result: dict, pngs: dict[str, bytes]) -> str:
         ["Command", result.get("command") or "not recorded (not run from the command line)"],
         ["See it live", f"optuna-dashboard {result['storage']}"],
     ]
-    figures = [html.figure(pngs["history"], "Optimisation history")]
+    figures = [pages.figure(pngs["history"], "Optimisation history")]
     if "importances" in pngs:
-        figures.append(html.figure(pngs["importances"], "Parameter importances"))
+        figures.append(pages.figure(pngs["importances"], "Parameter importances"))
     if "parallel" in pngs:
-        figures.append(html.figure(pngs["parallel"], "Parallel coordinates"))
+        figures.append(pages.figure(pngs["parallel"], "Parallel coordinates"))
     sections = [
-        ("Summary", headline + html.html_table(["", ""], about, kv=True)),
-        ("Figures", html.figure_grid(figures)),
+        ("Summary", headline + pages.html_table(["", ""], about, kv=True)),
+        ("Figures", pages.figure_grid(figures)),
         ("Trials", trials_table(result)),
         (
             "Base configuration",
-            html.html_table(
+            pages.html_table(
                 ["", ""],
                 [[k, json.dumps(v)] for k, v in flatten(result["config"]).items()],
                 kv=True,
@@ -244,7 +245,7 @@ def render_search_page(result: dict, pngs: dict[str, bytes]) -> str:
         if best
         else "no trial finished"
     )
-    return html.render_page("jaxmnist search", sections, subtitle)
+    return pages.render_page("jaxmnist search", sections, subtitle)
 
 
 def write_search_page(result: dict, page: str | os.PathLike) -> Path:

@@ -23,7 +23,7 @@ import optuna
 
 from jaxmnist import config as config_lib
 from jaxmnist.errors import ConfigError
-from jaxmnist.sweep import format_value, get_field
+from jaxmnist.search.sweep import format_value, get_field
 
 KINDS = ("log", "uniform", "choice")
 # Fields a trial may not draw: each has its own flag, or it would make trials unequal.

@@ -296,16 +296,6 @@ def predict_probabilities(
     return np.asarray(probs, np.float32).reshape(-1, probs.shape[-1])[:n]
 
 
-def ensemble_log_probs(model_cfg, params: Any, images: jax.Array) -> jax.Array:
-    """The log of an ensemble's class probabilities, float32 (B, C), for uint8 images
-    (B, H, W[, C]): the mean of the softmax probabilities of the S members stacked on
-    `params`' leading axis, as logsumexp over the members of their log-softmax minus
-    log S (so that no member's vanishing probability underflows the ensemble's). Pure."""
-    logits = jax.vmap(lambda p: apply_uint8(p, images, model_cfg))(params)
-    log_sums = jax.nn.logsumexp(jax.nn.log_softmax(logits, axis=-1), axis=0)
-    return log_sums - jnp.log(logits.shape[0])
-
-
 def ensemble_sums(log_sums: jax.Array, members: int, data: EvalData, num_classes: int) -> EvalSums:
     """The ensemble's `EvalSums` from its `members` members' summed probabilities
     (`log_sums`, as `with_ensemble` returns them, of every chunk together): its loss is

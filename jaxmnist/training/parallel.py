@@ -38,8 +38,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxmnist.errors import ConfigError
-
-AXES = ("members", "data")
+from jaxmnist.mesh import AXES, parse_devices, parse_mesh
 
 
 def open_devices_ahead(coordinator: str | None, auto: bool = False) -> None:
@@ -204,33 +203,6 @@ def check_process_args(coordinator, num_processes, process_id) -> None:
         host, sep, port = coordinator.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ConfigError(f"--coordinator must be HOST:PORT, got {coordinator!r}")
-
-
-def parse_mesh(text: str | None) -> dict[str, int] | None:
-    """`members=M,data=D` (either may be left out: 1) -> {"members": M, "data": D}."""
-    if text is None or not text.strip():
-        return None
-    sizes = {}
-    for part in text.split(","):
-        name, sep, value = part.partition("=")
-        name = name.strip()
-        if not sep or name not in AXES or not value.strip().isdigit() or int(value) < 1:
-            raise ConfigError(f"mesh: expected members=M,data=D with positive sizes, got {text!r}")
-        sizes[name] = int(value)
-    return {"members": sizes.get("members", 1), "data": sizes.get("data", 1)}
-
-
-def parse_devices(text: str | int | None) -> int | None:
-    """`N` or `all` -> a device count, or None for all devices."""
-    if text is None or str(text).strip().lower() == "all":
-        return None
-    try:
-        n = int(text)
-    except ValueError:
-        raise ConfigError(f"devices: expected a number or 'all', got {text!r}") from None
-    if n < 1:
-        raise ConfigError(f"devices must be at least 1, got {n}")
-    return n
 
 
 @dataclasses.dataclass(frozen=True)

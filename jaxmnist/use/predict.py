@@ -28,8 +28,8 @@ from jaxmnist import config as config_lib
 from jaxmnist.data.registry import DatasetSpec, get_spec
 from jaxmnist.errors import DataError, JaxmnistError
 from jaxmnist.models import apply_uint8, count_params, get_model
+from jaxmnist.models.ensemble import ensemble_log_probs
 from jaxmnist.runs.reader import open_run
-from jaxmnist.training.evaluate import ensemble_log_probs
 from jaxmnist.use import preprocess
 from jaxmnist.use.members import choose_member, describe_ensemble
 
@@ -147,7 +147,7 @@ def load_trained(run_dir, member: str | int | None = None) -> TrainedModel:
 def probabilities_fn(model_cfg, ensemble: bool = False) -> Callable:
     """The pure `(params, images uint8 (B, H, W[, C])) -> probabilities float32 (B, C)` of
     one model, or with `ensemble` of the members stacked on `params`' leading axis: the
-    mean of their softmax probabilities (`training.evaluate.ensemble_log_probs`, the
+    mean of their softmax probabilities (`models.ensemble.ensemble_log_probs`, the
     figure `jaxmnist eval` and training count), one function with the members vmapped."""
 
     def probabilities(params, images):

@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 
 from jaxmnist import config as config_lib
-from jaxmnist.bench.timing import compile_count
 from jaxmnist.cli import main
 from jaxmnist.models import model_config
 from jaxmnist.runs import checkpoint
+from jaxmnist.timing import compile_count
 from jaxmnist.training import parallel
 from jaxmnist.training.hooks import Callback
 from jaxmnist.training.loop import train_population

@@ -7,6 +7,9 @@ summarise (summary.json's figures), and hand the end to every callback. The run
 directory, TensorBoard, checkpoints and the terminal are all callbacks: this
 module writes no file itself. In a multi-process run only process 0 writes the
 run directory; every process checkpoints (an Orbax save is collective).
+
+It composes what the packages below it own, and none of them imports it: the loop
+(`training`), the run directory and checkpoints (`runs`), TensorBoard (`report`).
 """
 
 from __future__ import annotations

@@ -1,5 +1,9 @@
 """Timed windows: an untimed warm-up, then repeated synchronised windows, with guards.
 
+What `jaxmnist bench` times, and the device's matmul peak (`profiling.peak`), are timed
+this way, as are some scripts under benchmarks/; the tests count compilations with
+`compile_count`.
+
 A measurement runs `warmup` untimed windows (they compile, fill caches and
 reach steady state), then `windows` timed ones. Work inside a window is
 enqueued asynchronously; `jax.block_until_ready` is called only at its edges:
@@ -14,7 +18,7 @@ lowering to MLIR or a backend compile, each reported through `jax.monitoring`)
 raises `RecompilationError`. Implicit transfers are refused by
 `jax.transfer_guard`; a `Guard` says which directions are refused, because the
 un-jitted step cannot run without uploading its Python-scalar constants (see
-`modes`). Explicit `jax.device_put` is always allowed by a transfer guard.
+`bench.modes`). Explicit `jax.device_put` is always allowed by a transfer guard.
 """
 
 from __future__ import annotations

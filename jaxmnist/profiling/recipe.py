@@ -2,14 +2,14 @@
 
 `profile_population` is the one recipe, used by `jaxmnist profile` (after a short
 warm-up run of the config, `profile_config`), by `train --profile-steps` (after
-training, `callback.ProfileSteps`) and by `bench --profile-steps`. It traces N
-steps of the population's own compiled program (`trace.capture`), indexes the
-program's optimized HLO (`classify.read_hlo`), reads the operations back from the
-trace with JAX's reader, and splits the measured time by kind (`breakdown`). The
-FLOPs are counted from the program (`flops`), beside the model family's analytic
-count, and the peak is `jaxmnist bench`'s measured matmul peak (`bench.peak`).
-The table is written to profile.json beside the trace; the report and bench.html
-read it from there.
+training, `callback.ProfileSteps`) and by `bench --profile-steps` (`bench.measure`). It
+traces N steps of the population's own compiled program (`trace.capture`), indexes the
+program's optimized HLO (`classify.read_hlo`), reads the operations back from the trace
+with JAX's reader, and splits the measured time by kind (`breakdown`). The FLOPs are
+counted from the program (`flops`), beside the model family's analytic count, and the
+peak is a large matmul's measured FLOP/s (`peak`, which `jaxmnist bench` uses too). The
+table is written to profile.json beside the trace; the report and bench.html read it
+from there.
 """
 
 from __future__ import annotations
@@ -23,10 +23,8 @@ from pathlib import Path
 
 import jax
 
-from jaxmnist.bench import peak as peak_lib
-from jaxmnist.bench.run import synthetic_dataset
-from jaxmnist.data import load_dataset
 from jaxmnist.models import get_model
+from jaxmnist.profiling import peak as peak_lib
 from jaxmnist.profiling import trace
 from jaxmnist.profiling.breakdown import PROFILE_JSON, breakdown
 from jaxmnist.profiling.classify import read_hlo
@@ -42,7 +40,7 @@ FLOPS_NOTE = (
 
 
 def measure_peak(dtype: str, size: int | None = None) -> float:
-    """FLOP/s of a large square matmul in `dtype` on the default device (`bench.peak`): the
+    """FLOP/s of a large square matmul in `dtype` on the default device (`peak`): the
     best of 5 windows, since anything else running only ever slows a window down."""
     n = size or peak_lib.default_size(jax.default_backend())
     return peak_lib.measure_matmul_peak(dtype, n, windows=5)["flops_per_second"]["max"]
@@ -165,15 +163,3 @@ def profile_config(
         peak_size=peak_size,
         log=log,
     )
-
-
-def profile_bench_config(cfg, opts, bench_result: dict, steps: int, out_dir) -> dict:
-    """`bench --profile-steps N`: `profile_config` on the benchmark's kind of data (random
-    with `opts.synthetic`, else the real set) and with the peak the benchmark measured."""
-    if opts.synthetic:
-        dataset = synthetic_dataset(cfg.data.dataset, cfg.train.seed, opts.train_examples)
-    else:
-        dataset = load_dataset(cfg.data.dataset, cfg.data.data_dir, download=cfg.data.download)
-    peak = bench_result["peak"].get(cfg.model.dtype, {}).get("flops_per_second", {})
-    cfg = dataclasses.replace(cfg, compile_cache=False)  # as the benchmark ran it
-    return profile_config(cfg, dataset, steps=steps, out_dir=out_dir, peak_flops=peak.get("median"))

@@ -1,11 +1,13 @@
 """Self-contained HTML pages: the page template, its inline CSS, embedded images, tables.
 
-Every page jaxmnist writes (a run's report.html, a comparison, a benchmark page)
-is one file that opens from disk with no network: styles are inline, images are
-`data:` URIs, there is no script, and a Content-Security-Policy forbids loading
-anything else, so a stray external reference fails closed instead of fetching.
-The layout is one readable column that shrinks to a phone's width; wide tables
-scroll sideways inside their own box instead of widening the page.
+Every page jaxmnist writes (a run's report.html, a comparison, a sweep's, a search's and
+a benchmark's page, the profile's section of them) is built with this module, at the
+bottom of the package so that any of them may use it. Each page is one file that opens
+from disk with no network: styles are inline, images are `data:` URIs, there is no
+script, and a Content-Security-Policy forbids loading anything else, so a stray external
+reference fails closed instead of fetching. The layout is one readable column that
+shrinks to a phone's width; wide tables scroll sideways inside their own box instead of
+widening the page.
 
 Stable API (other modules build pages with it): `render_page`, `embed_png`,
 `html_table`, plus the small helpers `Raw`, `figure`, `figure_grid`, `cards`.

@@ -1,14 +1,14 @@
 """The profile's table as an HTML section, for report.html and bench.html.
 
-Both pages are built with `jaxmnist.report.html`; this gives them the same
+Both pages are built with `jaxmnist.pages`; this gives them the same
 section: the table of kinds, the lines under it, and where the trace is with how
 to open it.
 """
 
 from __future__ import annotations
 
+from jaxmnist.pages import esc, html_table
 from jaxmnist.profiling.breakdown import HEADER, notes, table_rows
-from jaxmnist.report.html import esc, html_table
 
 TITLE = "Where a step's time goes"
 

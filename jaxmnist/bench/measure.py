@@ -5,11 +5,11 @@ the config's batch size and compute dtype; the compute dtypes in `sweep_mode`;
 the batch sizes in `sweep_mode`; and, with `--variants`, the values of one config
 field in `sweep_mode` (`variants`), their timed windows interleaved. A measurement
 is a short training run from the same initial parameters: compile, warm up, time
-the windows (`timing`), then evaluate on the test set, so that speed and quality
+the windows (`jaxmnist.timing`), then evaluate on the test set, so that speed and quality
 are reported together. A measurement that appears in two comparisons is made once.
 Utilisation is analytic FLOPs per example (forward and backward, from the shapes of
 the measurement's own model) times examples/s, over the peak of a large matmul in
-the same dtype measured in the same run (`peak`). JAX's persistent compilation
+the same dtype measured in the same run (`profiling.peak`). JAX's persistent compilation
 cache is not used, so that compile times are compile times. The result is one
 JSON-ready dict, laid out in `schema`.
 """
@@ -26,10 +26,8 @@ import jax
 import numpy as np
 
 from jaxmnist import config as config_lib
-from jaxmnist import optim, runtime
+from jaxmnist import optim, runtime, timing
 from jaxmnist.bench import options as options_lib
-from jaxmnist.bench import peak as peak_lib
-from jaxmnist.bench import timing
 from jaxmnist.bench import variants as variants_lib
 from jaxmnist.bench.modes import HostData, build_runner
 from jaxmnist.bench.options import BenchOptions
@@ -38,6 +36,8 @@ from jaxmnist.bench.schema import BREAKDOWN_PARTS
 from jaxmnist.data import Dataset, get_spec, load_dataset
 from jaxmnist.errors import ConfigError
 from jaxmnist.models import count_params, get_model
+from jaxmnist.profiling import peak as peak_lib
+from jaxmnist.profiling.recipe import profile_config
 from jaxmnist.training import evaluate as evaluate_lib
 from jaxmnist.training.loop import place_train_data
 from jaxmnist.training.step import init_state
@@ -338,6 +338,18 @@ def run_bench(
         "variants": variant_section,
         "wall_seconds": time.perf_counter() - wall_start,
     }
+
+
+def profile_bench_config(cfg, opts, bench_result: dict, steps: int, out_dir) -> dict:
+    """`bench --profile-steps N`: `profile_config` on the benchmark's kind of data (random
+    with `opts.synthetic`, else the real set) and with the peak the benchmark measured."""
+    if opts.synthetic:
+        dataset = synthetic_dataset(cfg.data.dataset, cfg.train.seed, opts.train_examples)
+    else:
+        dataset = load_dataset(cfg.data.dataset, cfg.data.data_dir, download=cfg.data.download)
+    peak = bench_result["peak"].get(cfg.model.dtype, {}).get("flops_per_second", {})
+    cfg = dataclasses.replace(cfg, compile_cache=False)  # as the benchmark ran it
+    return profile_config(cfg, dataset, steps=steps, out_dir=out_dir, peak_flops=peak.get("median"))
 
 
 def _eps(records: list[dict], key: str, value: str) -> float | None:

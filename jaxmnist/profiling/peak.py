@@ -7,7 +7,8 @@ training step: `C = A @ B` with A, B (n, n) in that dtype, by the models' own
 matmul (`layers.matmul`, which accumulates bfloat16 in float32), 2 n^3 FLOPs per
 product. Each timed window runs enough chained products to last about
 `min_window_seconds`; the figure is the median over the windows, like every
-other figure in the benchmark.
+other timed figure (`jaxmnist.timing`). `jaxmnist bench` and `jaxmnist profile` both
+divide by it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmnist.bench import timing
+from jaxmnist import timing
 from jaxmnist.models.layers import matmul
 
 # A side long enough to be compute-bound on each backend yet quick to run:
