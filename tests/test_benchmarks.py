@@ -38,7 +38,6 @@ SMOKE = {
     "epoch_versions": ([], {"runs", "median", "ratio_to_this", "environment"}),
     "epoch_vs_tutorial": ([], {"epoch_seconds", "epoch_ratio", "peak_fraction"}),
     "eval_overhead": (["--seeds", "2", "--rounds", "1"], {"cases", "side_by_side"}),
-    "first_block": ([], {"speedrun", "environment"}),
     "onednn_pool": ([], {"speedrun+bn", "environment"}),
     "pacing_overhead": (["--presets", "tpu101"], {"presets", "environment"}),
     "run_overhead": ([], {"runs", "median", "goal_report_seconds", "goal_peak_mb"}),

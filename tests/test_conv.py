@@ -2,7 +2,6 @@
 
 import dataclasses
 import logging
-from functools import partial
 from importlib import metadata
 
 import jax
@@ -10,7 +9,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
-from jax.custom_derivatives import SymbolicZero
 
 from jaxmnist import config
 from jaxmnist.errors import ConfigError
@@ -161,24 +159,6 @@ def test_onednn_builds_once_per_cache_and_reuses_the_library(tmp_path, monkeypat
     assert [p.name for p in first.parent.iterdir() if p.suffix == ".tmp"] == []
 
 
-def test_a_compiler_without_openmp_still_builds_the_library(tmp_path, monkeypatch):
-    """OpenMP only spreads the first block over threads: a compiler that lacks it (clang
-    without libomp) builds the library without it, the first block then serial."""
-    log = tmp_path / "compiles"
-    cxx = tmp_path / "cxx"
-    cxx.write_text(
-        f'#!/bin/sh\necho "$*" >> {log}\n'
-        'case "$*" in *-fopenmp*) echo "error: unsupported option -fopenmp" >&2; exit 1;; esac\n'
-        'exec c++ "$@"\n'
-    )
-    cxx.chmod(0o755)
-    monkeypatch.setenv("CXX", str(cxx))
-    library = onednn.build(onednn.find_onednn(), tmp_path / "cache")
-    assert library.is_file()
-    tries = log.read_text().splitlines()
-    assert len(tries) == 2 and "-fopenmp" in tries[0] and "-fopenmp" not in tries[1]
-
-
 def test_without_onednn_its_explicit_choice_is_a_one_line_config_error(monkeypatch):
     monkeypatch.setattr(onednn, "unavailable_reason", lambda: "no oneDNN 3 here")
     cfg = config.get_preset("cnn").model
@@ -283,143 +263,6 @@ def test_pool_bias_relu_is_the_pooled_activation_under_vmap_and_differentiated(i
     for call in ("jaxmnist_onednn_pool_bias_relu_forward", "jaxmnist_onednn_pool_backward"):
         assert (call in training) == (impl == "onednn")
     assert "jaxmnist_onednn_pool_bias_relu(" not in training
-
-
-# (H, W, k, O, padding): the presets' first blocks, odd maps, every channel count.
-FIRST_BLOCKS = [
-    (28, 28, 3, 16, "same"),
-    (28, 28, 5, 24, "valid"),
-    (13, 14, 3, 32, "same"),
-    (9, 8, 5, 8, "valid"),
-    (7, 7, 3, 48, "same"),
-    (11, 10, 3, 64, "valid"),
-]
-
-
-@pytest.mark.parametrize("shape", FIRST_BLOCKS, ids=str)
-def test_first_block_is_its_parts_under_vmap_and_differentiated(shape):
-    """A one-channel ReLU block whole (convolution, pooling with odd edges dropped, bias,
-    ReLU) in one call of jaxmnist's kernel: the values of the parts, for a population
-    (per-member weights and biases over shared images, per-member images, both), and the
-    parts' gradients exactly (its VJP is theirs)."""
-    if not onednn.available():
-        pytest.skip(onednn.unavailable_reason())
-    h, wd, k, o, padding = shape
-    rng = np.random.default_rng(h * o)
-    x = jnp.asarray(rng.uniform(size=(3, 5, h, wd, 1)), jnp.float32)  # 3 members
-    w = jnp.asarray(rng.normal(size=(3, k, k, 1, o)), jnp.float32)
-    b = jnp.asarray(rng.normal(size=(3, o)), jnp.float32)
-
-    def block(x, w, b):
-        return conv.conv_pool_bias_relu(x, w, b, "onednn", padding)
-
-    def parts(x, w, b):
-        return jax.nn.relu(_reduce_window_max(reference(x, w, padding), 2) + b)
-
-    def unfused(x, w, b):  # oneDNN's convolution, then its pooling with bias and ReLU
-        return conv._block_parts(x, w, b, "onednn", padding)
-
-    def grads(fn, axes):
-        def loss(x, w, b):
-            return jnp.tanh(fn(x, w, b)).sum()
-
-        return jax.jit(jax.vmap(jax.grad(loss, (0, 1, 2)), axes))
-
-    for axes in [(None, 0, 0), (0, None, None), (0, 0, 0)]:
-        args = [a[0] if axis is None else a for a, axis in zip((x, w, b), axes, strict=True)]
-        fused = jax.jit(jax.vmap(block, axes))
-        got, want = fused(*args), jax.vmap(parts, axes)(*args)
-        assert "jaxmnist_first_block" in fused.lower(*args).as_text()
-        _close(got, want, "float32")
-        assert 0 < int((got == 0).sum()) < got.size
-        for g, expected in zip(grads(block, axes)(*args), grads(unfused, axes)(*args), strict=True):
-            np.testing.assert_array_equal(g, expected)
-
-
-@pytest.mark.parametrize("shape", FIRST_BLOCKS, ids=str)
-def test_first_block_in_training_is_two_calls_with_the_parts_gradients(shape):
-    """Differentiated for its weights and bias only (the input is the data), the block is
-    its kernel's training forward pass and gradient, no oneDNN convolution: the parts'
-    values and, summed in another order, their gradients, for a population's members."""
-    if not onednn.available():
-        pytest.skip(onednn.unavailable_reason())
-    h, wd, k, o, padding = shape
-    rng = np.random.default_rng(h + o)
-    x = jnp.asarray(rng.uniform(size=(6, h, wd, 1)) * (rng.uniform(size=(6, h, wd, 1)) > 0.3))
-    w = jnp.asarray(rng.normal(size=(3, k, k, 1, o)), jnp.float32)  # 3 members
-    b = jnp.asarray(rng.normal(size=(3, o)), jnp.float32)
-
-    def step(block):
-        def loss(w, b):
-            return jnp.tanh(block(x.astype(jnp.float32), w, b, "onednn", padding)).sum()
-
-        return jax.jit(jax.vmap(jax.value_and_grad(loss, (0, 1))))
-
-    fused, parts = step(conv.conv_pool_bias_relu), step(conv._block_parts)
-    text = fused.lower(w, b).as_text()
-    assert "jaxmnist_first_block_forward" in text and "jaxmnist_first_block_backward" in text
-    assert "jaxmnist_onednn" not in text
-    (value, grads), (want_value, want_grads) = fused(w, b), parts(w, b)
-    _close(value, want_value, "float32")
-    for g, want in zip(grads, want_grads, strict=True):
-        _close(g, want, "float32")
-        assert float(jnp.abs(want).max()) > 0
-
-
-def test_first_block_differentiated_for_its_input_uses_the_parts():
-    """An input that is differentiated (an image asked for its gradient) gets the parts'
-    gradient, which the kernel's pass does not compute."""
-    if not onednn.available():
-        pytest.skip(onednn.unavailable_reason())
-    rng = np.random.default_rng(1)
-    x = jnp.asarray(rng.uniform(size=(4, 28, 28, 1)), jnp.float32)
-    w = jnp.asarray(rng.normal(size=(3, 3, 1, 16)), jnp.float32)
-    b = jnp.asarray(rng.normal(size=(16,)), jnp.float32)
-
-    def loss(block):
-        return lambda x, w, b: jnp.tanh(block(x, w, b, "onednn", "same")).sum()
-
-    fused = jax.jit(jax.grad(loss(conv.conv_pool_bias_relu), (0, 1, 2)))
-    assert "jaxmnist_first_block_backward" not in fused.lower(x, w, b).as_text()
-    want = jax.jit(jax.grad(loss(conv._block_parts), (0, 1, 2)))(x, w, b)
-    for g, expected in zip(fused(x, w, b), want, strict=True):
-        np.testing.assert_array_equal(g, expected)
-        assert float(jnp.abs(expected).max()) > 0
-
-    # A cotangent JAX knows to be zero (with symbolic zeros, the VJP may be handed one):
-    # zero gradients from either pass.
-    y, first = onednn.first_block_forward(x, w, b)
-    zero = SymbolicZero(jax.typeof(y))
-    kernel = conv._first_block_bwd("same", (None, (x, y, first, w)), zero)
-    _, vjp = jax.vjp(partial(conv._block_parts, impl="onednn", padding="same"), x, w, b)
-    for grads in (kernel[1:], conv._first_block_bwd("same", (vjp, None), zero)):
-        for g in grads:
-            np.testing.assert_array_equal(g, 0.0)
-
-
-@pytest.mark.parametrize(
-    "x_shape, w_shape, dtype",
-    [
-        ((2, 8, 8, 3), (3, 3, 3, 16), "float32"),  # three input channels
-        ((2, 8, 8, 1), (3, 3, 1, 16), "bfloat16"),
-        ((2, 8, 8, 1), (7, 7, 1, 16), "float32"),  # a kernel size it has no kernel for
-        ((2, 8, 8, 1), (3, 3, 1, 20), "float32"),  # a channel count it has no kernel for
-    ],
-)
-def test_blocks_without_a_first_block_kernel_are_computed_by_their_parts(x_shape, w_shape, dtype):
-    if not onednn.supports(dtype):
-        pytest.skip(f"oneDNN has no {dtype} kernels for this CPU")
-    x, w = jnp.ones(x_shape, dtype), jnp.ones(w_shape, dtype)
-    b = jnp.ones(w_shape[3:], dtype)
-    assert not onednn.first_block_supported(x_shape, w_shape, dtype, "valid")
-    text = (
-        jax.jit(conv.conv_pool_bias_relu, static_argnums=(3, 4))
-        .lower(x, w, b, "onednn", "valid")
-        .as_text()
-    )
-    assert "jaxmnist_first_block" not in text and "jaxmnist_onednn_conv_forward" in text
-    with pytest.raises(ValueError, match="first block: no kernel"):
-        onednn.first_block(x, w, b, "valid")
 
 
 def test_onednn_pool_bias_relu_refuses_a_bias_that_is_not_one_per_channel():

@@ -20,17 +20,6 @@ With ReLU a block's pooling, bias and activation are one call (`max_pool_bias_re
 bias and ReLU applied as the kernel writes each output (oneDNN's post-ops), in training
 with the workspace (`max_pool_bias_relu_forward`), in inference without.
 
-Three handlers in the same library are not oneDNN's: a first block (one input channel,
-float32) convolves, pools, adds the bias and rectifies in one pass of jaxmnist's own
-kernel, which never writes the convolution's full-size map: `first_block` in inference,
-`first_block_forward` in training (which also writes each window's maximum), and
-`first_block_backward`, the weights' and bias's gradient from those maxima. oneDNN has no
-convolution fused with pooling, and its one-channel convolution, the pooling of that map
-and their gradients take several times as long (`benchmarks/first_block.py`). The kernels
-are compiled for AVX-512, AVX2 and plain x86-64 and one is picked by the CPU, capped as
-oneDNN's kernels are by `$ONEDNN_MAX_CPU_ISA`; they run on OpenMP's threads, as oneDNN's
-build does.
-
 The library is not a runtime dependency: the `onednn` extra installs Intel's oneDNN
 wheels (the OpenMP CPU build, headers included) into the environment, and the first use
 compiles `onednn_conv.cc` against them and JAX's FFI headers with the C++ compiler
@@ -77,9 +66,6 @@ TARGETS = {
     "jaxmnist_onednn_pool_backward": "JaxmnistOnednnPoolBackward",
     "jaxmnist_onednn_pool_bias_relu": "JaxmnistOnednnPoolBiasRelu",
     "jaxmnist_onednn_pool_bias_relu_forward": "JaxmnistOnednnPoolBiasReluForward",
-    "jaxmnist_first_block": "JaxmnistFirstBlock",
-    "jaxmnist_first_block_forward": "JaxmnistFirstBlockForward",
-    "jaxmnist_first_block_backward": "JaxmnistFirstBlockBackward",
 }
 DTYPES = (jnp.float32, jnp.bfloat16)
 VERSION_PARTS = ("MAJOR", "MINOR", "PATCH")
@@ -151,13 +137,7 @@ def build(root: Path, cache: Path | None = None) -> Path:
             f"-L{lib_dir}", "-ldnnl", f"-Wl,-rpath,{lib_dir}",
         ]  # fmt: skip
         try:
-            # With OpenMP (the first block's threads) where the compiler has it, else without.
-            for flags in (["-fopenmp"], []):
-                done = subprocess.run(
-                    [*command, *flags], check=False, capture_output=True, text=True, timeout=300
-                )
-                if done.returncode == 0:
-                    break
+            done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=300)
             if done.returncode != 0:
                 lines = done.stderr.splitlines() or [f"{cxx} exited {done.returncode}"]
                 first = next((ln for ln in lines if "error" in ln), lines[0])
@@ -381,70 +361,3 @@ def max_pool_bias_relu_forward(
     out = _pooled(x, size)
     workspace = jax.ShapeDtypeStruct(out.shape, jnp.uint8)
     return _call("jaxmnist_onednn_pool_bias_relu_forward", (out, workspace), x, b, size=size)
-
-
-# The output channels and kernel sizes `first_block` has kernels for (onednn_conv.cc's
-# FirstBlockKernelFor): every CNN preset's first block among them.
-FIRST_BLOCK_CHANNELS = (8, 16, 24, 32, 48, 64)
-FIRST_BLOCK_KERNELS = (3, 5)
-
-
-def first_block_supported(x_shape, w_shape, dtype, padding: str) -> bool:
-    """Whether `first_block` computes this block: a one-channel float32 image, a kernel
-    size and channel count it was compiled for, and a map of at least 2x2 to pool (else
-    the block's parts do)."""
-    if jnp.dtype(dtype) != jnp.float32 or len(x_shape) != 4 or len(w_shape) != 4:
-        return False
-    k, o = w_shape[0], w_shape[3]
-    if padding not in ("same", "valid") or tuple(w_shape[1:3]) != (k, 1) or x_shape[3] != 1:
-        return False
-    pad = k // 2 if padding == "same" else 0
-    sizes = [n + 2 * pad - k + 1 for n in x_shape[1:3]]
-    return (
-        k in FIRST_BLOCK_KERNELS and o in FIRST_BLOCK_CHANNELS and min(sizes) >= 2 and available()
-    )
-
-
-def _first_block_out(x, w, b, padding: str) -> jax.ShapeDtypeStruct:
-    ok = first_block_supported(x.shape, w.shape, x.dtype, padding)
-    if not ok or w.dtype != x.dtype or b.dtype != x.dtype or b.shape != w.shape[3:]:
-        raise ValueError(
-            f"first block: no kernel for x {x.shape} {x.dtype}, w {w.shape} {w.dtype}, "
-            f"b {b.shape} {b.dtype}, padding {padding!r}"
-        )
-    k, p = w.shape[0], _pad(w, padding)
-    n, h, wd, _ = x.shape
-    out = (n, (h + 2 * p - k + 1) // 2, (wd + 2 * p - k + 1) // 2, w.shape[3])
-    return jax.ShapeDtypeStruct(out, x.dtype)
-
-
-def first_block(x: jax.Array, w: jax.Array, b: jax.Array, padding: str = "same") -> jax.Array:
-    """relu(max-pool 2x2(conv(x, w)) + b), the pooling's odd edges dropped, in one call of
-    jaxmnist's own kernel (onednn_conv.cc: oneDNN fuses no pooling into a convolution):
-    x (B, H, W, 1), w (k, k, 1, O), b (O,), float32 -> (B, H' // 2, W' // 2, O). Not
-    differentiable (`conv.conv_pool_bias_relu` gives it a gradient).
-    `first_block_supported` says which shapes it takes."""
-    out = _first_block_out(x, w, b, padding)
-    return _call("jaxmnist_first_block", out, x, w, b, pad=_pad(w, padding))
-
-
-def first_block_forward(
-    x: jax.Array, w: jax.Array, b: jax.Array, padding: str = "same"
-) -> tuple[jax.Array, jax.Array]:
-    """`first_block` and, for `first_block_backward`, a byte per output naming its window's
-    first maximum in row-major order (0 to 3), as the pooling's workspace does: the
-    forward pass of training."""
-    out = _first_block_out(x, w, b, padding)
-    first = jax.ShapeDtypeStruct(out.shape, jnp.uint8)
-    return _call("jaxmnist_first_block_forward", (out, first), x, w, b, pad=_pad(w, padding))
-
-
-def first_block_backward(
-    x: jax.Array, y: jax.Array, first: jax.Array, g: jax.Array, w: jax.Array, padding="same"
-) -> tuple[jax.Array, jax.Array]:
-    """The gradient of `first_block_forward(x, w, ...)`'s output `y` (maxima `first`) for
-    its weights and bias, given the output's cotangent `g`: each output's cotangent, where
-    the ReLU passed it, times the input patch under its window's maximum, summed over the
-    images in order (the same sums on any number of threads)."""
-    result = (jax.ShapeDtypeStruct(w.shape, w.dtype), jax.ShapeDtypeStruct(w.shape[3:], w.dtype))
-    return _call("jaxmnist_first_block_backward", result, x, y, first, g, pad=_pad(w, padding))
