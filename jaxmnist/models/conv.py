@@ -18,8 +18,9 @@ Every convolution here is the same function: stride 1, a square kernel, NHWC act
 - `patches`: `lax.conv_general_dilated_patches` + one matmul: the same algorithm with
   XLA's own patch extraction (a convolution with a one-hot kernel), kept to compare.
 - `onednn`: oneDNN's direct convolution kernels (PyTorch's on CPU), called from XLA as FFI
-  custom calls (`jaxmnist.models.onednn`); CPU only, needs the `onednn` extra and a C++
-  compiler. They build the patches in registers, where im2col writes them to memory.
+  custom calls (`jaxmnist.models.onednn`); CPU only, needs the optional package
+  jaxmnist-onednn (compiled when it is installed). They build the patches in registers,
+  where im2col writes them to memory.
 
 In bfloat16 every im2col matmul reads bfloat16 and accumulates in float32
 (`layers.wide_dot`), and the patches' gradient is folded back in float32. On CPU XLA
@@ -166,7 +167,7 @@ def resolve(impl: str, backend: str | None = None, dtype="float32") -> str:
             return CPU_FASTEST
         if onednn.available():
             _say_fallback(f"oneDNN has no {jnp.dtype(dtype).name} convolution for this CPU")
-        elif onednn.build_failed():
+        elif onednn.load_failed():
             _say_fallback(onednn.unavailable_reason())
     return CPU_FASTEST_XLA
 

@@ -1,7 +1,7 @@
 // Stride-1 2-D convolution and the max-pooling after it through oneDNN, as XLA
-// FFI handlers for the CPU (jaxmnist/models/onednn.py builds, loads and calls
-// this file); the pooling also with a block's bias and ReLU applied as it writes
-// (post-ops), in training and in inference.
+// FFI handlers for the CPU (jaxmnist/models/onednn.py registers and calls them;
+// module.cc hands them to Python); the pooling also with a block's bias and ReLU
+// applied as it writes (post-ops), in training and in inference.
 //
 // Activations are NHWC and weights HWIO, as everywhere in jaxmnist.models.conv.
 // oneDNN reads and writes the activations in place; the weights go into the
