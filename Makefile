@@ -1,4 +1,5 @@
-# Two entry points: `make train` and `make test`. Both create .venv on first use.
+# Two entry points: `make train` and `make test`. Both create .venv on first use and install
+# jaxmnist-onednn into it where a C++ compiler is found.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -12,7 +13,23 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-train: $(STAMP)
+# jaxmnist-onednn (native/): oneDNN's CPU convolution as XLA FFI handlers, compiled by pip as
+# it installs the package, against JAX's headers and Intel's oneDNN wheels. Where a C++
+# compiler is found (the one setuptools uses: $CXX, else Python's own build's) a failed
+# build stops make: a fault to fix, not a fallback. Without one, jaxmnist runs its
+# convolutions with im2col; this says so each time, and builds it once a compiler is there.
+NATIVE := $(VENV)/.onednn
+HAS_CXX := import os, shlex, shutil, sysconfig; \
+  cxx = os.environ.get("CXX") or sysconfig.get_config_var("CXX") or "c++"; \
+  raise SystemExit(shutil.which(shlex.split(cxx)[0]) is None)
+$(NATIVE): $(STAMP) $(wildcard native/*.toml native/*.py native/src/* native/jaxmnist_onednn/*.py)
+	@if $(BIN)/python -c '$(HAS_CXX)'; then \
+	  echo "$(BIN)/pip install ./native"; $(BIN)/pip install --quiet ./native && touch $@; \
+	else \
+	  echo "no C++ compiler: jaxmnist-onednn not built; CNNs on the CPU use im2col"; \
+	fi
+
+train: $(STAMP) $(NATIVE)
 	$(BIN)/jaxmnist train --preset tpu101
 
 lint: $(STAMP)
@@ -28,7 +45,7 @@ lint: $(STAMP)
 # loss, so they keep one test process per core.
 CORES := $(shell $(PYTHON) -c 'import os; print(len(getattr(os, "sched_getaffinity", lambda _: range(os.cpu_count() or 1))(0)))')
 PYTEST := $(BIN)/python -m pytest -q
-test: lint
+test: lint $(NATIVE)
 	$(PYTEST) -n $$(( $(CORES) + 1 < 4 ? $(CORES) + 1 : 4 ))
 	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PYTEST) -n $$(( $(CORES) < 4 ? $(CORES) : 4 )) tests/multidevice
 
@@ -41,4 +58,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/epoch_vs_tutorial.py
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) runs native/build native/*.egg-info

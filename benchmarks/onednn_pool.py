@@ -11,7 +11,7 @@ gradient) keeps XLA's pooling in both, so it is not timed here.
 
 Usage: python benchmarks/onednn_pool.py [--windows 8] [--presets cnn,speedrun,...] [--smoke]
 Prints a table and writes JSON (`--out`, default benchmarks/results/onednn_pool.json).
-Needs the `onednn` extra.
+Needs the jaxmnist-onednn package (`pip install ./native`).
 """
 
 from __future__ import annotations

@@ -19,11 +19,11 @@ from pathlib import Path
 #   writing; the lock, and the scan of every entry that each write then makes, cost more
 #   than they save for programs that compile in less than half a second, so those are
 #   compiled again.
-# - jaxmnist's own cache folder (XDG_CACHE_HOME: its compilation cache, the oneDNN
-#   build, downloads), never the user's ~/.cache/jaxmnist. A run with `compile_cache` on
-#   points JAX at <that folder>/xla for the rest of its process, and a user's folder,
-#   written without the size limit, lacks the access-time files JAX's size limit then
-#   expects beside each entry: every later compile of the process warned, and failed.
+# - jaxmnist's own cache folder (XDG_CACHE_HOME: its compilation cache, downloads), never
+#   the user's ~/.cache/jaxmnist. A run with `compile_cache` on points JAX at <that
+#   folder>/xla for the rest of its process, and a user's folder, written without the
+#   size limit, lacks the access-time files JAX's size limit then expects beside each
+#   entry: every later compile of the process warned, and failed.
 if "JAXMNIST_TEST_CACHES" not in os.environ:
     _caches = tempfile.mkdtemp(prefix="jaxmnist-tests-")
     atexit.register(shutil.rmtree, _caches, ignore_errors=True)

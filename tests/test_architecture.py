@@ -1,5 +1,5 @@
 """The package's shape: floors that no import climbs, no import cycle, no hidden local
-import, every module importable.
+import, every module importable, no compiler run at run time.
 
 Read from the source with `ast`, so the checks do not depend on the order in which
 modules happen to be imported: an import cycle that works in one order and fails in
@@ -249,6 +249,85 @@ def _has(module: str) -> bool:
     import importlib.util
 
     return importlib.util.find_spec(module) is not None
+
+
+# Calls that start another program, by module: what the package may start is this Python
+# interpreter (a child run, the report's drawing process), never a compiler; native code
+# is compiled when a package is installed (jaxmnist-onednn, `native/`), not at run time.
+STARTS_A_PROGRAM = {
+    "subprocess": {"run", "Popen", "call", "check_call", "check_output", "getoutput"},
+    "os": {"system", "popen", "posix_spawn", "posix_spawnp"}
+    | {f"exec{s}" for s in ("l", "le", "lp", "lpe", "v", "ve", "vp", "vpe")}
+    | {f"spawn{s}" for s in ("l", "le", "lp", "lpe", "v", "ve", "vp", "vpe")},
+}
+SOURCES = (".c", ".cc", ".cpp", ".cxx", ".h", ".hpp")
+
+
+def programs_started(tree: ast.Module) -> list[str]:
+    """The calls in `tree` that start a program other than this interpreter, as
+    "line: source": every list literal in the call's first argument must begin with
+    `sys.executable`, and there must be one (a command held in a variable could be
+    anything)."""
+    bound: dict[str, tuple[str, str | None]] = {}  # local name -> (module, function)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name in STARTS_A_PROGRAM:
+                    bound[a.asname or a.name] = (a.name, None)
+        elif isinstance(node, ast.ImportFrom) and node.module in STARTS_A_PROGRAM:
+            for a in node.names:
+                bound[a.asname or a.name] = (node.module, a.name)
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+            module, name = bound.get(func.value.id, (None, None))[0], func.attr
+        elif isinstance(func, ast.Name) and func.id in bound:
+            module, name = bound[func.id]
+        else:
+            continue
+        if module is None or name not in STARTS_A_PROGRAM[module]:
+            continue
+        lists = [n for n in ast.walk(node.args[0]) if isinstance(n, ast.List)] if node.args else []
+        if not lists or not all(lst.elts and _is_interpreter(lst.elts[0]) for lst in lists):
+            found.append(f"{node.lineno}: {ast.unparse(node)[:120]}")
+    return found
+
+
+def _is_interpreter(node: ast.expr) -> bool:
+    return ast.unparse(node) == "sys.executable"
+
+
+def test_no_module_compiles_code_at_run_time():
+    """No module starts a program other than Python (a compiler, a shell), and the
+    package holds no C or C++ source it could compile."""
+    started = {
+        name: found
+        for name, path in MODULES.items()
+        if (found := programs_started(ast.parse(path.read_text())))
+    }
+    assert not started, f"programs other than Python started: {started}"
+    sources = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*") if p.suffix in SOURCES)
+    assert not sources, f"native source inside the package (it belongs in native/): {sources}"
+
+
+@pytest.mark.parametrize(
+    "code, flagged",
+    [
+        ("import subprocess, sys\nsubprocess.run([sys.executable, '-m', 'x'])", False),
+        ("import subprocess, sys\nsubprocess.Popen(argv or [sys.executable, '-c', ''])", False),
+        ("import subprocess\nsubprocess.run([cxx, '-shared', src])", True),
+        ("import subprocess\nsubprocess.run(command)", True),
+        ("import subprocess as sp, sys\nsp.check_call(['c++', sys.executable])", True),
+        ("from subprocess import run\nrun(['g++', 'x.cc'])", True),
+        ("import os\nos.system('c++ -shared x.cc')", True),
+        ("import os\nos.environ.get('CXX')", False),
+    ],
+)
+def test_the_compiler_check_tells_python_from_other_programs(code, flagged):
+    assert bool(programs_started(ast.parse(code))) == flagged
 
 
 def config_walk(argv: list[str], stop_at: str = "make_train_steps") -> list[str]:

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from jaxmnist.models import onednn
+
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 SCRIPTS = sorted(p.stem for p in BENCHMARKS.glob("*.py"))
 
@@ -38,7 +40,6 @@ SMOKE = {
     "epoch_versions": ([], {"runs", "median", "ratio_to_this", "environment"}),
     "epoch_vs_tutorial": ([], {"epoch_seconds", "epoch_ratio", "peak_fraction"}),
     "eval_overhead": (["--seeds", "2", "--rounds", "1"], {"cases", "side_by_side"}),
-    "first_block": ([], {"speedrun", "environment"}),
     "onednn_pool": ([], {"speedrun+bn", "environment"}),
     "pacing_overhead": (["--presets", "tpu101"], {"presets", "environment"}),
     "run_overhead": ([], {"runs", "median", "goal_report_seconds", "goal_peak_mb"}),
@@ -51,6 +52,8 @@ SMOKE = {
     ),
     "tutorial_tpu101": ([], None),
 }
+# Scripts that time oneDNN's custom calls: skipped where jaxmnist-onednn is not installed.
+NEEDS_ONEDNN = {"onednn_pool"}
 # Scripts whose every mode trains in `jaxmnist` (or PyTorch) child processes on the real
 # data, each a JAX start-up and a compile or more: too slow here, so --help only.
 HELP_ONLY = {"cnn_presets", "cnn_vs_pytorch", "host_memory", "seeds_vs_single", "stop_latency"}
@@ -271,6 +274,8 @@ def test_accelerator_session_stops_before_any_step_when_an_import_fails(tmp_path
 
 @pytest.mark.parametrize("name", sorted(SMOKE))
 def test_smoke_mode(name, on_path, tmp_path, capsys):
+    if name in NEEDS_ONEDNN and not onednn.available():
+        pytest.skip(onednn.unavailable_reason())
     extra, keys = SMOKE[name]
     module = load(name)
     if keys is None:

@@ -220,8 +220,7 @@ def _reference_forward(params, images, cfg):
 def test_cnn_equals_the_textbook_order_of_its_operations(cfg, activation, impl):
     # With ReLU the block pools before the bias and activation (they commute); with GELU,
     # which dips below zero, it must not. Either way the function is the textbook one.
-    # Beside oneDNN's convolution, inference with ReLU pools, adds and rectifies in one call,
-    # and the one-channel first block is one call of jaxmnist's kernel, convolution included.
+    # Beside oneDNN's convolution, a block with ReLU pools, adds and rectifies in one call.
     if impl == "onednn" and not onednn.available():
         pytest.skip(onednn.unavailable_reason())
     cfg = dataclasses.replace(cfg, activation=activation, conv_impl=impl)
@@ -237,16 +236,17 @@ def test_cnn_equals_the_textbook_order_of_its_operations(cfg, activation, impl):
     )
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(jnp.abs(want).max()))
     text = jax.jit(cnn.apply, static_argnums=2).lower(params, images, cfg).as_text()
-    fused = impl == "onednn" and activation == "relu"
-    assert text.count("jaxmnist_first_block") == fused
-    assert text.count("jaxmnist_onednn_pool_bias_relu") == fused  # the second block's
-    assert text.count("jaxmnist_onednn_conv_forward") == (impl == "onednn") * (2 - fused)
-    # Training: the first block's kernel forward and its gradient, one call each.
+    blocks = 2 * (impl == "onednn")  # custom calls per kind, one for each block
+    fused = blocks * (activation == "relu")
+    assert text.count("jaxmnist_onednn_conv_forward") == blocks
+    assert text.count("jaxmnist_onednn_pool_bias_relu") == fused
+    assert text.count("jaxmnist_onednn_pool_forward") == blocks - fused
+    # Training: the same, the pooling writing its workspace for the gradient.
     step = jax.jit(jax.grad(lambda p: cnn.apply(p, images, cfg, train=True)[0].sum()))
     text = step.lower(params).as_text()
-    assert text.count("jaxmnist_first_block_forward") == fused
-    assert text.count("jaxmnist_first_block_backward") == fused
-    assert text.count("jaxmnist_onednn_conv_forward") == (impl == "onednn") * (2 - fused)
+    assert text.count("jaxmnist_onednn_conv_forward") == blocks
+    assert text.count("jaxmnist_onednn_pool_bias_relu_forward") == fused
+    assert text.count("jaxmnist_onednn_pool_backward") == blocks
     if impl == "onednn":
         # Its forward pass rounds differently: a near-tie in a pooling window can go the
         # other way and send a gradient elsewhere (test_conv checks its gradients).

@@ -104,11 +104,6 @@ ENTRY %main (a: f32[4,4], b: f32[4,4], x: f32[1,8,8,1], w: f32[3,3,1,2], v: f32[
   %ffi_call.2 = f32[1,8,8,1] custom-call(%y, %w), custom_call_target="$ONEDNN_backward_data"
   %ffi_call.3 = f32[3,3,1,2] custom-call(%x, %y), custom_call_target="$ONEDNN_backward_weights"
   %ffi_call.4 = (f32[1,2,2,2], u8[1,2,2,2]) custom-call(%x), custom_call_target="$POOL_forward"
-  %ffi_call.5 = (f32[1,4,4,2], u8[1,4,4,2]) custom-call(%x, %w, %v), custom_call_target="$BF"
-  %pb = f32[1,4,4,2]{3,2,1,0} get-tuple-element(%ffi_call.5), index=0
-  %mx = u8[1,4,4,2]{3,2,1,0} get-tuple-element(%ffi_call.5), index=1
-  %ffi_call.6 = (f32[3,3,1,2], f32[2]) custom-call(%x, %pb, %mx, %pb), custom_call_target="$BB"
-  %ffi_call.7 = f32[1,4,4,2] custom-call(%x, %w, %v), custom_call_target="$BLOCK"
   %gemm.1 = f32[4,4]{1,0} custom-call(%a, %b), custom_call_target="__cublas$gemm"
   %gemm.2 = (f32[4,4]{1,0}, s8[8]{0}) custom-call(%a, %b), custom_call_target="__cublas$gemm", $GEMM
   %ynn_fusion.1 = f32[4,4]{1,0} fusion(%a, %b), kind=kCustom, calls=%fused_computation.1
@@ -123,9 +118,6 @@ ENTRY %main (a: f32[4,4], b: f32[4,4], x: f32[1,8,8,1], w: f32[3,3,1,2], v: f32[
 """.replace("$DOT", "lhs_contracting_dims={1}, rhs_contracting_dims={0}")
     .replace("$ONEDNN", "jaxmnist_onednn_conv")
     .replace("$POOL", "jaxmnist_onednn_pool")
-    .replace("$BF", "jaxmnist_first_block_forward")
-    .replace("$BB", "jaxmnist_first_block_backward")
-    .replace("$BLOCK", "jaxmnist_first_block")
     .replace("$GEMM", GEMM_CONFIG)
 )
 
@@ -140,9 +132,6 @@ KNOWN = {
     "ffi_call.2": "conv_onednn",
     "ffi_call.3": "conv_onednn",
     "ffi_call.4": "pool_onednn",
-    "ffi_call.5": "first_block",
-    "ffi_call.6": "first_block",
-    "ffi_call.7": "first_block",
     "gemm.1": "matmul",
     "gemm.2": "matmul",
     "multiply_add_fusion": "elementwise",
@@ -204,10 +193,6 @@ FLOPS = {
     "ffi_call.1": 2304.0,
     "ffi_call.2": 2304.0,
     "ffi_call.3": 2304.0,
-    # The first block: its pooled map's 32 outputs, 4 window positions, 3x3 terms, twice.
-    "ffi_call.5": 2304.0,
-    "ffi_call.6": 2304.0,
-    "ffi_call.7": 2304.0,
     "multiply_add_fusion": 0.0,
     "copy.1": 0.0,
     "gemm.1": None,  # a GEMM call without its dimension numbers: not known

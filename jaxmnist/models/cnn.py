@@ -215,7 +215,7 @@ def apply(params: dict, images: jax.Array, cfg, key: jax.Array | None = None, tr
             else:
                 x = conv.max_pool(activation(x), impl=impl)
         elif pool_first:  # ReLU: the block whole
-            x = conv.conv_pool_bias_relu(x, w, b, impl, cfg.padding)
+            x = conv.max_pool_bias_relu(conv.conv2d(x, w, impl, cfg.padding), b, impl=impl)
         else:
             x = conv.max_pool(activation(conv.conv2d(x, w, impl, cfg.padding) + b), impl=impl)
     x = x.reshape(x.shape[0], -1)

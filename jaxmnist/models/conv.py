@@ -18,8 +18,9 @@ Every convolution here is the same function: stride 1, a square kernel, NHWC act
 - `patches`: `lax.conv_general_dilated_patches` + one matmul: the same algorithm with
   XLA's own patch extraction (a convolution with a one-hot kernel), kept to compare.
 - `onednn`: oneDNN's direct convolution kernels (PyTorch's on CPU), called from XLA as FFI
-  custom calls (`jaxmnist.models.onednn`); CPU only, needs the `onednn` extra and a C++
-  compiler. They build the patches in registers, where im2col writes them to memory.
+  custom calls (`jaxmnist.models.onednn`); CPU only, needs the optional package
+  jaxmnist-onednn (compiled when it is installed). They build the patches in registers,
+  where im2col writes them to memory.
 
 In bfloat16 every im2col matmul reads bfloat16 and accumulates in float32
 (`layers.wide_dot`), and the patches' gradient is folded back in float32. On CPU XLA
@@ -43,13 +44,8 @@ of their consumers, so its pooling was computed three times from the convolution
 full-size output (for the activation, the activation's gradient and the pooling's own
 gradient), where a custom call is computed once. Without a gradient (evaluation,
 prediction) oneDNN pools too, and with ReLU one call pools, adds the bias and rectifies
-(`max_pool_bias_relu`), writing the block's output once. A first block (one input
-channel, float32) is one call of jaxmnist's own kernel that convolves, pools, adds and
-rectifies without writing the convolution's full-size map (`conv_pool_bias_relu`,
-`onednn.first_block`), and in training one more call for its weights' and bias's
-gradient, from the window maxima the forward pass wrote: oneDNN's convolution of a single
-channel, the pooling of its large output and their gradients are slow beside it.
-The measured comparisons are in the README ("Results").
+(`max_pool_bias_relu`), writing the block's output once. The measured comparisons are in
+the README ("Results").
 """
 
 from __future__ import annotations
@@ -61,7 +57,6 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.custom_derivatives import SymbolicZero
 
 from jaxmnist.models import onednn
 from jaxmnist.models.layers import wide_dot
@@ -172,7 +167,7 @@ def resolve(impl: str, backend: str | None = None, dtype="float32") -> str:
             return CPU_FASTEST
         if onednn.available():
             _say_fallback(f"oneDNN has no {jnp.dtype(dtype).name} convolution for this CPU")
-        elif onednn.build_failed():
+        elif onednn.load_failed():
             _say_fallback(onednn.unavailable_reason())
     return CPU_FASTEST_XLA
 
@@ -217,52 +212,6 @@ def max_pool_bias_relu(x: jax.Array, b: jax.Array, size: int = 2, impl: str = "x
     if impl == "onednn":
         return _onednn_pool_bias_relu(x, b, size, x.shape[1:3])
     return jax.nn.relu(max_pool(x, size, impl) + b)
-
-
-def conv_pool_bias_relu(
-    x: jax.Array, w: jax.Array, b: jax.Array, impl: str, padding: str = "same"
-) -> jax.Array:
-    """A ReLU conv block whole: relu(max_pool(conv2d(x, w)) + b), 2x2 windows. `impl`, the
-    resolved formulation: beside oneDNN, a block `onednn.first_block` has a kernel for
-    (one input channel, float32) is one call of it, and its gradient for the weights and
-    bias one call more (`onednn.first_block_backward`); where the input is differentiated
-    too (not the data, but an image asked for its gradient), the parts' gradient is used.
-    Otherwise the parts (`conv2d`, `max_pool_bias_relu`)."""
-    if impl == "onednn" and onednn.first_block_supported(x.shape, w.shape, x.dtype, padding):
-        return _first_block(x, w, b, padding)
-    return _block_parts(x, w, b, impl, padding)
-
-
-def _block_parts(x, w, b, impl: str, padding: str) -> jax.Array:
-    return max_pool_bias_relu(conv2d(x, w, impl, padding), b, impl=impl)
-
-
-@partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _first_block(x: jax.Array, w: jax.Array, b: jax.Array, padding: str) -> jax.Array:
-    return onednn.first_block(x, w, b, padding)
-
-
-def _first_block_fwd(x, w, b, padding: str):
-    # With symbolic zeros (defvjp below) each primal says whether it is differentiated.
-    if x.perturbed:  # the input's gradient: the parts have it
-        parts = partial(_block_parts, impl="onednn", padding=padding)
-        y, vjp = jax.vjp(parts, x.value, w.value, b.value)
-        return y, (vjp, None)
-    y, first = onednn.first_block_forward(x.value, w.value, b.value, padding)
-    return y, (None, (x.value, y, first, w.value))
-
-
-def _first_block_bwd(padding: str, residuals, g):
-    vjp, kernel = residuals
-    if isinstance(g, SymbolicZero):  # the block's output does not reach the loss
-        g = jnp.zeros(g.shape, g.dtype)
-    if vjp is not None:
-        return vjp(g)
-    x, y, first, w = kernel
-    return (None, *onednn.first_block_backward(x, y, first, g, w, padding))
-
-
-_first_block.defvjp(_first_block_fwd, _first_block_bwd, symbolic_zeros=True)
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(2, 3))

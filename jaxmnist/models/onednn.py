@@ -4,7 +4,7 @@ the CPU (`model.conv_impl=onednn`).
 oneDNN (the library behind PyTorch's CPU convolutions) computes a convolution directly,
 with kernels that build each patch in registers and never write an im2col buffer; its
 forward, input-gradient and weight-gradient primitives run here as three XLA FFI custom
-calls (`onednn_conv.cc`, beside this file), with the VJP written out in terms of them.
+calls (`native/src/onednn_conv.cc`), with the VJP written out in terms of them.
 Activations stay NHWC in place; weights go into the kernel's preferred layout by a
 reorder (the weight gradient comes back through one). A population's vmap reaches the
 handlers as leading dimensions (`vmap_method="expand_dims"`), which they loop over. Each
@@ -20,25 +20,13 @@ With ReLU a block's pooling, bias and activation are one call (`max_pool_bias_re
 bias and ReLU applied as the kernel writes each output (oneDNN's post-ops), in training
 with the workspace (`max_pool_bias_relu_forward`), in inference without.
 
-Three handlers in the same library are not oneDNN's: a first block (one input channel,
-float32) convolves, pools, adds the bias and rectifies in one pass of jaxmnist's own
-kernel, which never writes the convolution's full-size map: `first_block` in inference,
-`first_block_forward` in training (which also writes each window's maximum), and
-`first_block_backward`, the weights' and bias's gradient from those maxima. oneDNN has no
-convolution fused with pooling, and its one-channel convolution, the pooling of that map
-and their gradients take several times as long (`benchmarks/first_block.py`). The kernels
-are compiled for AVX-512, AVX2 and plain x86-64 and one is picked by the CPU, capped as
-oneDNN's kernels are by `$ONEDNN_MAX_CPU_ISA`; they run on OpenMP's threads, as oneDNN's
-build does.
-
-The library is not a runtime dependency: the `onednn` extra installs Intel's oneDNN
-wheels (the OpenMP CPU build, headers included) into the environment, and the first use
-compiles `onednn_conv.cc` against them and JAX's FFI headers with the C++ compiler
-(`$CXX`, else `c++`), into `<cache>/native/<hash>/` (`data.default_cache_dir()`), which
-later processes load directly. `$DNNLROOT` (oneDNN's own convention) points at another
-oneDNN 3 install. `available()` says whether this worked and `unavailable_reason()` why
-not; `conv.resolve("auto")` picks oneDNN on a one-device CPU only when it is available
-and has kernels for the network's dtype (`supports`: bfloat16 needs AVX-512 or later).
+The handlers are compiled when the optional package `jaxmnist-onednn` (`native/` in
+jaxmnist's source tree; `make` installs it) is installed: pip builds it against JAX's FFI
+headers and Intel's oneDNN wheels, and it hands each handler over as a capsule, which
+the first use registers with JAX. Nothing is compiled at run time. `available()` says
+whether this worked and `unavailable_reason()` why not; `conv.resolve("auto")` picks
+oneDNN on a one-device CPU only when it is available and has kernels for the network's
+dtype (`supports`: bfloat16 needs AVX-512 or later).
 
 Not for export: the custom calls exist only in a process that registered them, so
 `jaxmnist export` traces with a portable formulation instead (`conv.portable`). Not for a
@@ -48,179 +36,70 @@ gather a sharded batch onto every device before it, so `auto` keeps im2col there
 
 from __future__ import annotations
 
-import ctypes
 import functools
-import hashlib
-import os
-import re
-import shutil
-import subprocess
-import sys
-import tempfile
 from functools import partial
-from pathlib import Path
+from importlib import metadata
 
-import filelock
 import jax
 import jax.numpy as jnp
 
-from jaxmnist.data.locate import default_cache_dir
-
-SOURCE = Path(__file__).with_name("onednn_conv.cc")
-LIBRARY = "libjaxmnist_onednn.so"
-# FFI target name -> the handler symbol in the library.
-TARGETS = {
-    "jaxmnist_onednn_conv_forward": "JaxmnistOnednnConvForward",
-    "jaxmnist_onednn_conv_backward_data": "JaxmnistOnednnConvBackwardData",
-    "jaxmnist_onednn_conv_backward_weights": "JaxmnistOnednnConvBackwardWeights",
-    "jaxmnist_onednn_pool_forward": "JaxmnistOnednnPoolForward",
-    "jaxmnist_onednn_pool_backward": "JaxmnistOnednnPoolBackward",
-    "jaxmnist_onednn_pool_bias_relu": "JaxmnistOnednnPoolBiasRelu",
-    "jaxmnist_onednn_pool_bias_relu_forward": "JaxmnistOnednnPoolBiasReluForward",
-    "jaxmnist_first_block": "JaxmnistFirstBlock",
-    "jaxmnist_first_block_forward": "JaxmnistFirstBlockForward",
-    "jaxmnist_first_block_backward": "JaxmnistFirstBlockBackward",
-}
+DISTRIBUTION = "jaxmnist-onednn"
+NOT_INSTALLED = (
+    "the jaxmnist-onednn package is not installed (`pip install ./native` in jaxmnist's "
+    "source tree builds it; needs a C++17 compiler)"
+)
 DTYPES = (jnp.float32, jnp.bfloat16)
-VERSION_PARTS = ("MAJOR", "MINOR", "PATCH")
 
 
 class Unavailable(Exception):
     """oneDNN cannot be used in this process; the message says why, in one line."""
 
 
-def _version_header(root: Path) -> Path:
-    return root / "include" / "oneapi" / "dnnl" / "dnnl_version.h"
-
-
-def _version(root: Path) -> tuple[int, ...]:
-    """(major, minor, patch) from the install's header; () where it has none."""
-    header = _version_header(root)
-    if not header.is_file():
-        return ()
-    text = header.read_text()
-    parts = [re.search(rf"#define DNNL_VERSION_{p} (\d+)", text) for p in VERSION_PARTS]
-    return tuple(int(m.group(1)) for m in parts if m)
-
-
-def find_onednn() -> Path:
-    """The prefix of a oneDNN 3 install: `$DNNLROOT`, else this environment's."""
-    roots = [Path(os.environ["DNNLROOT"])] if os.environ.get("DNNLROOT") else []
-    roots.append(Path(sys.prefix))
-    for root in roots:
-        if _version(root)[:1] >= (3,) and any((root / "lib").glob("libdnnl.so*")):
-            return root
-    where = " or ".join(str(r) for r in roots)
-    raise Unavailable(
-        f"no oneDNN 3 (headers and libdnnl) in {where}: pip install 'jaxmnist[onednn]'"
-    )
-
-
-def _cache_root() -> Path:
-    return default_cache_dir() / "native"
-
-
-def build(root: Path, cache: Path | None = None) -> Path:
-    """The compiled handlers for oneDNN at `root`: compiled once per source, JAX and
-    oneDNN version and compiler, into a folder named by their hash, then reused."""
-    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
-    if not cxx:
-        raise Unavailable("no C++ compiler to build the oneDNN convolution (set $CXX)")
-    version = _version_header(root).read_bytes()
-    key = hashlib.sha256(
-        b"\0".join([SOURCE.read_bytes(), jax.__version__.encode(), str(root).encode(), version])
-        + cxx.encode()
-    ).hexdigest()[:16]
-    folder = (cache or _cache_root()) / key
-    library = folder / LIBRARY
-    if library.is_file():
-        return library
-    folder.mkdir(parents=True, exist_ok=True)
-    # One build at a time (parallel test processes, several runs starting at once); each
-    # compiles under a temporary name and renames, so a killed build never leaves a
-    # library that looks complete.
-    with filelock.FileLock(folder / ".build.lock", timeout=600):
-        if library.is_file():
-            return library
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{LIBRARY}.", suffix=".tmp")
-        os.close(fd)
-        lib_dir = root / "lib"
-        command = [
-            cxx, "-O2", "-std=c++17", "-shared", "-fPIC", str(SOURCE), "-o", tmp,
-            "-isystem", jax.ffi.include_dir(), "-isystem", str(root / "include"),
-            f"-L{lib_dir}", "-ldnnl", f"-Wl,-rpath,{lib_dir}",
-        ]  # fmt: skip
-        try:
-            # With OpenMP (the first block's threads) where the compiler has it, else without.
-            for flags in (["-fopenmp"], []):
-                done = subprocess.run(
-                    [*command, *flags], check=False, capture_output=True, text=True, timeout=300
-                )
-                if done.returncode == 0:
-                    break
-            if done.returncode != 0:
-                lines = done.stderr.splitlines() or [f"{cxx} exited {done.returncode}"]
-                first = next((ln for ln in lines if "error" in ln), lines[0])
-                raise Unavailable(f"building the oneDNN convolution failed: {first.strip()[:300]}")
-            os.replace(tmp, library)
-        finally:
-            Path(tmp).unlink(missing_ok=True)
-    return library
-
-
 @functools.cache
 def _load() -> str | None:
-    """Builds, loads and registers the handlers once per process; the reason it could
+    """Registers the package's handlers with JAX once per process; the reason it could
     not, or None."""
-    global _build_failed
-    if sys.platform != "linux":
-        return "the oneDNN convolution is built for Linux only"
+    global _load_failed
     try:
-        root = find_onednn()
-    except Unavailable as e:  # the optional extra is not installed
-        return str(e)
-    _build_failed = True  # installed, yet not usable: `build_failed`
-    try:
-        library = ctypes.CDLL(str(build(root)))
-    except Unavailable as e:
-        return str(e)
-    except OSError as e:
-        if e.filename:  # an unwritable cache folder
-            return (
-                f"the oneDNN convolution cannot be built: cannot write {e.filename} ({e.strerror})"
-            )
-        return f"the oneDNN convolution could not be built or loaded: {e}"
-    except subprocess.SubprocessError as e:
-        return f"the oneDNN convolution could not be built or loaded: {e}"
-    _build_failed = False
-    for target, symbol in TARGETS.items():
-        capsule = jax.ffi.pycapsule(getattr(library, symbol))
+        # The optional package: imported on first use, since it loads oneDNN's library.
+        import jaxmnist_onednn
+    except ImportError as e:
+        if isinstance(e, ModuleNotFoundError) and e.name == "jaxmnist_onednn":
+            return NOT_INSTALLED
+        _load_failed = True  # installed, yet not usable: `load_failed`
+        return f"jaxmnist-onednn is installed but cannot be loaded: {e}"
+    for target, capsule in jaxmnist_onednn.handlers().items():
         jax.ffi.register_ffi_target(target, capsule, platform="cpu")
     return None
 
 
-_build_failed = False
+_load_failed = False
 
 
-def build_failed() -> bool:
-    """Whether oneDNN is installed but its convolution could not be built or loaded
-    here (a compiler error, an unwritable cache folder): what `conv_impl=auto` says
-    when it falls back, unlike a missing optional extra."""
-    return unavailable_reason() is not None and _build_failed
+def load_failed() -> bool:
+    """Whether jaxmnist-onednn is installed but cannot be loaded here (its oneDNN library
+    missing or of another release): what `conv_impl=auto` says when it falls back,
+    unlike a package that is not installed."""
+    return unavailable_reason() is not None and _load_failed
 
 
 def describe() -> dict:
-    """For environment.json: the oneDNN install found (prefix and version), without
-    building or loading anything."""
+    """For environment.json: the jaxmnist-onednn release installed and the oneDNN wheel
+    beside it, without loading either."""
     try:
-        root = find_onednn()
-    except Unavailable as e:
-        return {"found": None, "reason": str(e)}
-    return {"found": str(root), "version": ".".join(map(str, _version(root)))}
+        package = metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        return {"package": None, "reason": NOT_INSTALLED}
+    try:
+        wheel = metadata.version("onednn-cpu-gomp")
+    except metadata.PackageNotFoundError:
+        wheel = None
+    return {"package": package, "onednn_cpu_gomp": wheel}
 
 
 def available() -> bool:
-    """Whether `conv_onednn` works in this process (building it on first call)."""
+    """Whether `conv_onednn` works in this process (registering the handlers on first
+    call)."""
     return unavailable_reason() is None
 
 
@@ -381,70 +260,3 @@ def max_pool_bias_relu_forward(
     out = _pooled(x, size)
     workspace = jax.ShapeDtypeStruct(out.shape, jnp.uint8)
     return _call("jaxmnist_onednn_pool_bias_relu_forward", (out, workspace), x, b, size=size)
-
-
-# The output channels and kernel sizes `first_block` has kernels for (onednn_conv.cc's
-# FirstBlockKernelFor): every CNN preset's first block among them.
-FIRST_BLOCK_CHANNELS = (8, 16, 24, 32, 48, 64)
-FIRST_BLOCK_KERNELS = (3, 5)
-
-
-def first_block_supported(x_shape, w_shape, dtype, padding: str) -> bool:
-    """Whether `first_block` computes this block: a one-channel float32 image, a kernel
-    size and channel count it was compiled for, and a map of at least 2x2 to pool (else
-    the block's parts do)."""
-    if jnp.dtype(dtype) != jnp.float32 or len(x_shape) != 4 or len(w_shape) != 4:
-        return False
-    k, o = w_shape[0], w_shape[3]
-    if padding not in ("same", "valid") or tuple(w_shape[1:3]) != (k, 1) or x_shape[3] != 1:
-        return False
-    pad = k // 2 if padding == "same" else 0
-    sizes = [n + 2 * pad - k + 1 for n in x_shape[1:3]]
-    return (
-        k in FIRST_BLOCK_KERNELS and o in FIRST_BLOCK_CHANNELS and min(sizes) >= 2 and available()
-    )
-
-
-def _first_block_out(x, w, b, padding: str) -> jax.ShapeDtypeStruct:
-    ok = first_block_supported(x.shape, w.shape, x.dtype, padding)
-    if not ok or w.dtype != x.dtype or b.dtype != x.dtype or b.shape != w.shape[3:]:
-        raise ValueError(
-            f"first block: no kernel for x {x.shape} {x.dtype}, w {w.shape} {w.dtype}, "
-            f"b {b.shape} {b.dtype}, padding {padding!r}"
-        )
-    k, p = w.shape[0], _pad(w, padding)
-    n, h, wd, _ = x.shape
-    out = (n, (h + 2 * p - k + 1) // 2, (wd + 2 * p - k + 1) // 2, w.shape[3])
-    return jax.ShapeDtypeStruct(out, x.dtype)
-
-
-def first_block(x: jax.Array, w: jax.Array, b: jax.Array, padding: str = "same") -> jax.Array:
-    """relu(max-pool 2x2(conv(x, w)) + b), the pooling's odd edges dropped, in one call of
-    jaxmnist's own kernel (onednn_conv.cc: oneDNN fuses no pooling into a convolution):
-    x (B, H, W, 1), w (k, k, 1, O), b (O,), float32 -> (B, H' // 2, W' // 2, O). Not
-    differentiable (`conv.conv_pool_bias_relu` gives it a gradient).
-    `first_block_supported` says which shapes it takes."""
-    out = _first_block_out(x, w, b, padding)
-    return _call("jaxmnist_first_block", out, x, w, b, pad=_pad(w, padding))
-
-
-def first_block_forward(
-    x: jax.Array, w: jax.Array, b: jax.Array, padding: str = "same"
-) -> tuple[jax.Array, jax.Array]:
-    """`first_block` and, for `first_block_backward`, a byte per output naming its window's
-    first maximum in row-major order (0 to 3), as the pooling's workspace does: the
-    forward pass of training."""
-    out = _first_block_out(x, w, b, padding)
-    first = jax.ShapeDtypeStruct(out.shape, jnp.uint8)
-    return _call("jaxmnist_first_block_forward", (out, first), x, w, b, pad=_pad(w, padding))
-
-
-def first_block_backward(
-    x: jax.Array, y: jax.Array, first: jax.Array, g: jax.Array, w: jax.Array, padding="same"
-) -> tuple[jax.Array, jax.Array]:
-    """The gradient of `first_block_forward(x, w, ...)`'s output `y` (maxima `first`) for
-    its weights and bias, given the output's cotangent `g`: each output's cotangent, where
-    the ReLU passed it, times the input patch under its window's maximum, summed over the
-    images in order (the same sums on any number of threads)."""
-    result = (jax.ShapeDtypeStruct(w.shape, w.dtype), jax.ShapeDtypeStruct(w.shape[3:], w.dtype))
-    return _call("jaxmnist_first_block_backward", result, x, y, first, g, pad=_pad(w, padding))

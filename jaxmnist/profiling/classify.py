@@ -10,8 +10,6 @@ it calls (a fusion's body) and the source files on the Python stack that made it
 
     conv_onednn   a custom call to the oneDNN convolution (`models/onednn.py`)
     pool_onednn   a custom call to oneDNN's max-pooling beside it
-    first_block   a custom call to jaxmnist's own kernel for a one-channel first block
-                  (convolution, pooling, bias and ReLU; or their gradient)
     conv_xla      XLA's `convolution` (or cuDNN's custom call on a GPU); one without
                   spatial dimensions is a matmul (XLA:TPU writes its dots so)
     conv_im2col   a dot made by `models/conv.py` (im2col, patches)
@@ -37,20 +35,18 @@ KINDS = (
     "conv_im2col",
     "conv_onednn",
     "pool_onednn",
-    "first_block",
     "elementwise",
     "optimizer",
     "copies",
     "other",
 )
-ARITHMETIC = ("matmul", "conv_xla", "conv_im2col", "conv_onednn", "first_block")
+ARITHMETIC = ("matmul", "conv_xla", "conv_im2col", "conv_onednn")
 LABELS = {
     "matmul": "matrix multiplies",
     "conv_xla": "convolutions (XLA)",
     "conv_im2col": "convolutions (im2col)",
     "conv_onednn": "convolutions (oneDNN custom call)",
     "pool_onednn": "max-pooling (oneDNN custom call)",
-    "first_block": "first block (jaxmnist's kernel: conv to ReLU)",
     "elementwise": "elementwise and reductions",
     "optimizer": "optimizer update",
     "copies": "copies and transfers",
@@ -58,10 +54,8 @@ LABELS = {
 }
 
 TRANSFER = re.compile(r"memcpy|memset|transfer", re.IGNORECASE)  # a device's copies, by name
-# models/onednn.py's FFI targets all start so: its convolutions', its poolings' and its
-# own first block's.
+# models/onednn.py's FFI targets start so: its convolutions' and its poolings'.
 ONEDNN_PREFIX, ONEDNN_POOL_PREFIX = "jaxmnist_onednn_conv", "jaxmnist_onednn_pool"
-FIRST_BLOCK_PREFIX = "jaxmnist_first_block"
 CONV_TARGET = re.compile(r"cudnn\$conv", re.IGNORECASE)
 GEMM_TARGET = re.compile(r"cublas|gemm|matmul", re.IGNORECASE)
 CONTAINERS = {
@@ -312,8 +306,6 @@ def classify(name: str, index: HloIndex) -> str | None:
         return "conv_onednn"
     if any(t.startswith(ONEDNN_POOL_PREFIX) for t in targets):
         return "pool_onednn"
-    if any(t.startswith(FIRST_BLOCK_PREFIX) for t in targets):
-        return "first_block"
     convs = [ins for _, ins in ops if ins.opcode == "convolution"]
     if any(not _is_matmul(ins) for ins in convs) or any(CONV_TARGET.search(t) for t in targets):
         return "conv_xla"

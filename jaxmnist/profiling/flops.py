@@ -13,9 +13,6 @@ as everywhere in jaxmnist):
     oneDNN calls  the same convolution for each of the three (`models/onednn.py`):
                   forward, input gradient, weight gradient, on NHWC activations and
                   HWIO kernels, behind any leading (vmapped) dimensions
-    first block   jaxmnist's own kernel (`models/onednn.py`): the convolution at the
-                  four positions of every 2x2 pooling window, k*k terms each, in its
-                  forward pass and again in its gradient
 
 A fusion performs what its body does (a GPU's Triton GEMMs are fusions around a
 dot). What this cannot count (XLA's convolutions with `batch_group_count`, cuDNN's
@@ -31,7 +28,6 @@ import re
 
 from jaxmnist.profiling.classify import (
     CONV_TARGET,
-    FIRST_BLOCK_PREFIX,
     GEMM_TARGET,
     ONEDNN_PREFIX,
     HloIndex,
@@ -74,8 +70,6 @@ def _own(ins, index: HloIndex) -> float | None:
     if ins.opcode == "custom-call":
         if ins.target.startswith(ONEDNN_PREFIX):
             return _onednn(ins, index)
-        if ins.target.startswith(FIRST_BLOCK_PREFIX):
-            return _first_block(ins, index)
         if GEMM_TARGET.search(ins.target):
             return _dot(ins.first, ins, _GEMM_CONTRACTING, index)
         if CONV_TARGET.search(ins.target):
@@ -112,17 +106,3 @@ def _onednn(ins, index: HloIndex) -> float | None:
     if len(kernel) < 4:
         return None
     return 2.0 * math.prod(y) * math.prod(kernel[-4:-1])
-
-
-def _first_block(ins, index: HloIndex) -> float | None:
-    """A first block call: 2 x the pooled map's elements x its window's 4 positions x
-    k*k (forward: (x, w, b) -> pooled, maxima; gradient: (x, pooled, ...) -> dw, db)."""
-    if ins.target.endswith("_backward"):
-        pooled = _shape(ins.operands[1], index) if len(ins.operands) > 1 else None
-        kernel = ins.first
-    else:
-        pooled = ins.shape or ins.first
-        kernel = _shape(ins.operands[1], index) if len(ins.operands) > 1 else None
-    if pooled is None or kernel is None or len(kernel) < 4:
-        return None
-    return 2.0 * math.prod(pooled) * 4 * kernel[-4] * kernel[-3]

@@ -65,8 +65,8 @@ DEVICE_FRACTION = 0.85  # of an accelerator's free memory
 # how much). An accelerator's allocator holds what XLA plans.
 CPU_RUNTIME_FACTOR = 1.15
 CPU_RUNTIME_BYTES = 10 * MB
-# A process whose programs call jaxmnist's native CPU kernels (oneDNN's, and its own first
-# block: `models.onednn`) also holds what those keep outside every program: oneDNN's
+# A process whose programs call jaxmnist's native CPU kernels (oneDNN's: `models.onednn`)
+# also holds what those keep outside every program: oneDNN's
 # threads, the code it generates for each shape, each cached plan's scratchpad. A
 # constant, since they follow the shapes and not the number of models; measured by
 # benchmarks/memory_estimate.py (the README's Results have the figure).
