@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from jaxmnist import config as config_lib
+from jaxmnist import optim
 from jaxmnist.training import parallel, population
 from jaxmnist.training.loop import train_population
 
@@ -179,6 +180,36 @@ def test_a_failed_compile_among_many_is_raised(monkeypatch):
     good = jax.jit(lambda x: x + 1).lower(np.float32(1))
     with pytest.raises(RuntimeError, match="no such program"):
         population.compile_all({"good": good, "bad": Broken()}, workers=2)
+
+
+def test_the_keys_drawn_on_the_host_are_the_devices_own():
+    seeds = [0, 7, 2**31]
+    on_device = population.population_keys(seeds, 3)
+    with jax.default_device(jax.local_devices(backend="cpu")[0]):
+        on_host = population.population_keys(seeds, 3)
+    for a, b in zip(on_device, on_host, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_population_draws_its_keys_where_it_draws_its_plans(monkeypatch):
+    host = jax.local_devices(backend="cpu")[0]
+    drawn_on = []
+    real = population.population_keys
+
+    def keys(*args):
+        drawn_on.append(jax.config.jax_default_device)
+        return real(*args)
+
+    monkeypatch.setattr(population, "population_keys", keys)
+    cfg = tpu101()
+    for device in (None, host):
+        monkeypatch.setattr(population, "plan_device", lambda platform, d=device: d)
+        pop = population.Population(
+            cfg, optim.make_optimizer(cfg.optimizer, 40), population.seed_members(cfg), (1,),
+            (28, 28), 10, 2, parallel.build_layout(1),
+        )  # fmt: skip
+        assert pop.plan_device is device
+    assert drawn_on == [None, host]
 
 
 def test_each_program_compiles_as_soon_as_it_is_lowered():

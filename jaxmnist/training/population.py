@@ -39,6 +39,7 @@ import itertools
 import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from contextlib import nullcontext
 from typing import NamedTuple, Self
 
 import jax
@@ -235,7 +236,14 @@ class Population:
         ends = np.cumsum((0, *self.chunks))
         self.slices = [slice(int(a), int(b)) for a, b in itertools.pairwise(ends)]
         self.input_shape, self.num_classes = tuple(input_shape), num_classes
-        init, self.epoch_keys = population_keys([m.seed for m in self.members], num_epochs)
+        # Where plans are drawn when not on the mesh (module doc), and the next epoch's
+        # plans, drawn there ahead: (epoch index, one per chunk). The keys are drawn there
+        # too: the same bits (threefry is integer arithmetic), without the mesh compiling
+        # their programs.
+        platform = layout.mesh.devices.flat[0].platform
+        self.plan_device = plan_device(platform)
+        with jax.default_device(self.plan_device) if self.plan_device else nullcontext():
+            init, self.epoch_keys = population_keys([m.seed for m in self.members], num_epochs)
         self.num_epochs = num_epochs
         self.init_keys = [layout.put(init[s], layout.by_member) for s in self.slices]
         self.plan_fns: dict = {}  # chunk size -> compiled plan_epoch
@@ -247,10 +255,6 @@ class Population:
         self.programs: dict = {}  # chunk size -> its compiled programs (`chunk_programs`)
         self.compile_seconds = 0.0  # spent in `chunk_programs`, for the estimate or the run
         self.compile_times: dict = {}  # program name (size/name) -> its compile's seconds
-        # Where plans are drawn when not on the mesh (module doc), and the next epoch's
-        # plans, drawn there ahead: (epoch index, one per chunk).
-        platform = layout.mesh.devices.flat[0].platform
-        self.plan_device = plan_device(platform)
         self.compile_workers = compile_workers(platform)
         self._next_plans: tuple[int, list] | None = None
 
