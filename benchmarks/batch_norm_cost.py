@@ -11,7 +11,7 @@ Two measurements, each side by side with its windows interleaved (A B C A B C ..
    `model.batch_norm` false and true: ms per step and the ratio.
 
 Whether batch norm earns its keep is accuracy per second: (2) is the second's part; the
-README gives the accuracy part from training runs.
+docs/results.md gives the accuracy part from training runs.
 
 Usage: python benchmarks/batch_norm_cost.py [--windows 10] [--smoke]
 Prints a table and writes JSON (`--out`, default benchmarks/results/batch_norm_cost.json).

@@ -45,7 +45,7 @@ full-size output (for the activation, the activation's gradient and the pooling'
 gradient), where a custom call is computed once. Without a gradient (evaluation,
 prediction) oneDNN pools too, and with ReLU one call pools, adds the bias and rectifies
 (`max_pool_bias_relu`), writing the block's output once. The measured comparisons are in
-the README ("Results").
+docs/results.md.
 """
 
 from __future__ import annotations
