@@ -14,6 +14,7 @@ repository's files are checked by the strict docs build (`make docs`); the READM
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import re
 import shlex
@@ -22,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from jaxmnist import cli
+from jaxmnist import config as config_lib
 from jaxmnist.commands import options, search
 from jaxmnist.errors import ConfigError
 
@@ -167,3 +169,41 @@ def test_readme_links_name_files_of_the_repository():
     assert local, "the README links to no file: the pattern above is wrong"
     missing = [t for t in local if not (ROOT / t).exists()]
     assert not missing, f"the README links to files the repository lacks: {missing}"
+
+
+NAMES = ("commands", "config", "presets")
+
+
+def _reference():
+    """docs/hooks/reference.py, the generator of the reference pages, as a module."""
+    spec = importlib.util.spec_from_file_location("reference", ROOT / "docs/hooks/reference.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_reference_pages_name_every_command_option_key_and_preset():
+    reference = _reference()
+    commands, config, presets = (reference.PAGES[f"reference/{n}.md"]() for n in NAMES)
+    parser = cli.build_parser()
+    for name, sub in reference._subparsers(parser).items():
+        assert f"## `jaxmnist {name}`" in commands
+        for action in sub._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue  # -h, --help: every command's, left off the page
+            for flag in action.option_strings:
+                assert f"`{flag}" in commands or f", {flag}" in commands, (name, flag)
+    for key in config_lib.field_names():
+        assert f"| `{key}` |" in config, key
+    for name in config_lib.PRESETS:
+        assert f"## `{name}`" in presets and f"jaxmnist train --preset {name}\n" in presets
+
+
+def test_every_config_key_says_what_it_means():
+    # The meaning is the comment beside or above the field in its dataclass: a new field
+    # without one fails here, not as a blank cell on the Config keys page.
+    reference = _reference()
+    for title, cls, instance in reference.config_keys():
+        rows = reference._config_rows("", cls, instance)
+        blank = [row.split("|")[1].strip() for row in rows if row.rstrip().endswith("|  |")]
+        assert not blank, f"{title}: fields without a comment: {blank}"

@@ -157,7 +157,8 @@ def _config_rows(prefix: str, cls, instance) -> list[str]:
     comments = {}
     for klass in reversed(cls.__mro__):
         if dataclasses.is_dataclass(klass):
-            comments |= _field_comments(klass)
+            # A subclass's comment wins; a field it redeclares without one keeps its base's.
+            comments |= {k: v for k, v in _field_comments(klass).items() if v}
     hints = typing.get_type_hints(cls)
     rows = []
     for f in dataclasses.fields(cls):
