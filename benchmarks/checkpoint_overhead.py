@@ -47,7 +47,7 @@ from jaxmnist.runs.checkpoint import Checkpointer, CheckpointOptions
 from jaxmnist.training.hooks import Callback
 
 from benchlib.launch import require_data_dir
-from benchlib.results import SMOKE_HELP, default_out
+from benchlib.results import SMOKE_HELP, default_out, provenance
 
 TARGET_OVERHEAD = 0.05
 STEPS_PER_EPOCH = 468  # tpu101: 60000 examples, batch 128
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> None:
         "cpu_count": os.cpu_count(),
     }
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    out.write_text(json.dumps({**result, "provenance": provenance()}, indent=2) + "\n")
     print(
         f"epoch wall (median): {medians['no_checkpoint']:.3f} s without checkpoints, "
         f"{medians['checkpoint']:.3f} s with: overhead {overhead:+.1%} "

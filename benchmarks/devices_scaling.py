@@ -38,7 +38,7 @@ from jaxmnist.training import parallel
 from jaxmnist.training.loop import train_population
 from jaxmnist.training.population import seed_members
 
-from benchlib.results import SMOKE_HELP, default_out
+from benchlib.results import SMOKE_HELP, default_out, provenance
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
                 "tpu101_test_accuracy": {"1": acc[1], str(wide): acc[wide]},
                 "accuracy_difference_points": diff,
                 "environment": env,
+                "provenance": provenance(),
             },
             indent=2,
         )

@@ -44,7 +44,7 @@ from jaxmnist.profiling.peak import default_size, measure_matmul_peak
 from jaxmnist.training.loop import place_train_data
 from jaxmnist.training.step import init_state, make_train_epoch
 
-from benchlib.results import SMOKE_HELP, default_out
+from benchlib.results import SMOKE_HELP, default_out, provenance
 from tutorial_tpu101 import TutorialLoop
 
 HERE = Path(__file__).resolve().parent
@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> None:
         result["programs"] = programs
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    out.write_text(json.dumps({**result, "provenance": provenance()}, indent=2) + "\n")
     print_table(result)
     print(f"\nwritten: {out}")
 
