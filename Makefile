@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: train test test-accelerator lint bench docs clean
+.PHONY: train test test-accelerator lint bench docs docs-images clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -65,6 +65,11 @@ $(DOCS): $(STAMP)
 
 docs: $(DOCS)
 	$(BIN)/mkdocs build --strict
+
+# The docs' pictures of the report, compare, search and serve pages: real runs on MNIST,
+# photographed by headless Chromium (docs/screenshots.py). Not part of `docs`: it trains.
+docs-images: $(STAMP)
+	$(BIN)/python docs/screenshots.py
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/epoch_vs_tutorial.py
