@@ -63,6 +63,8 @@ ON_A_RUN = {"serve_load"}
 # test_record_keeps_each_presets_own_environment_and_load; with an override, in
 # test_memory_estimate_runs_its_cases_with_the_overrides_asked.
 OWN_SMOKE_TEST = {"record", "memory_estimate"}
+# Tools that read the records rather than measure: tests/test_results.py runs them.
+TOOLS = {"goals"}
 
 
 def load(name: str):
@@ -84,7 +86,7 @@ def on_path(monkeypatch):
 
 def test_every_script_is_checked():
     assert len(SCRIPTS) >= 14, SCRIPTS  # the glob found the folder
-    kinds = [set(SMOKE), HELP_ONLY, ON_A_RUN, OWN_SMOKE_TEST]
+    kinds = [set(SMOKE), HELP_ONLY, ON_A_RUN, OWN_SMOKE_TEST, TOOLS]
     assert set(SCRIPTS) == set.union(*kinds), "say how each script is checked"
     assert sum(map(len, kinds)) == len(SCRIPTS), "each script in one place"
 

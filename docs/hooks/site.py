@@ -6,10 +6,13 @@ to: a link to a file outside docs/ (`benchmarks/results/record.json`, written as
 repository's root, as in the README) becomes, in `on_page_markdown`, a link to its copy
 published with the site under `repo/` (a folder: a listing of its names). A link to a
 path the repository lacks is a warning, which fails the strict build like any broken link.
+`<!-- goals -->` in a page becomes the table of the live goals (`benchmarks/goals.py`),
+read from the newest records as the site is built.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import posixpath
 import re
@@ -23,18 +26,33 @@ import reference
 
 log = logging.getLogger("mkdocs.hooks.site")
 ROOT = Path(__file__).resolve().parents[2]
+GOALS_MARKER = "<!-- goals -->"
+
+
+def _goals_table() -> str:
+    """benchmarks/goals.py's table of the live goals (loaded from its file: benchmarks/
+    is a folder of scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location("goals", ROOT / "benchmarks" / "goals.py")
+    goals = importlib.util.module_from_spec(spec)
+    sys.modules["goals"] = goals  # its dataclasses look their module up there
+    try:
+        spec.loader.exec_module(goals)
+    finally:
+        del sys.modules["goals"]
+    return goals.table()
+
+
 # The top-level entries of the repository a page may link to, by their path from the root.
 REPO_TOPS = ("benchmarks/", "jaxmnist/", "tests/", "native/", ".ci/", "Makefile", "pyproject.toml")
+_goals = ""  # the goals table of this build (on_files)
 _TOPS = "|".join(re.escape(t) for t in REPO_TOPS)
 LINK = re.compile(rf"\]\((?P<target>(?:{_TOPS})[^)\s#]*)(?P<anchor>#[^)\s]*)?\)")
 
 
-def _linked_targets(docs_dir: Path) -> set[str]:
-    """The repository's files and folders the pages link to."""
-    found = set()
-    for page in docs_dir.rglob("*.md"):
-        found |= {m.group("target") for m in LINK.finditer(page.read_text())}
-    return found
+def _linked_targets(docs_dir: Path, generated: str) -> set[str]:
+    """The repository's files and folders the pages (and the `generated` text) link to."""
+    texts = [generated, *(page.read_text() for page in docs_dir.rglob("*.md"))]
+    return {m.group("target") for text in texts for m in LINK.finditer(text)}
 
 
 def _published(target: str) -> str:
@@ -45,9 +63,11 @@ def _published(target: str) -> str:
 
 
 def on_files(files, config):
+    global _goals
+    _goals = _goals_table()
     for path, write in reference.PAGES.items():
         files.append(File.generated(config, path, content=write()))
-    for target in sorted(_linked_targets(Path(config.docs_dir))):
+    for target in sorted(_linked_targets(Path(config.docs_dir), _goals)):
         source = ROOT / target
         if source.is_dir():
             listing = "\n".join(sorted(p.name for p in source.iterdir())) + "\n"
@@ -58,6 +78,7 @@ def on_files(files, config):
 
 
 def on_page_markdown(markdown, page, config, files):
+    markdown = markdown.replace(GOALS_MARKER, _goals)
     up = "../" * page.file.src_uri.count("/")
 
     def repl(m):
