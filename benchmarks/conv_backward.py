@@ -8,7 +8,7 @@ reference CNN (`cnn` preset: 3×3 same convolutions, 16/32 channels, dense 128) 
 both at batch 256.
 
 Usage: python benchmarks/conv_backward.py [--windows 8] [--smoke]
-Prints a table and writes JSON (`--out`, default benchmarks/results/conv_backward.json).
+Prints a table and writes JSON (`--out`, default benchmarks/results/conv_backward/).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--windows", type=int, default=8)
     p.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
-    p.add_argument("--out", type=Path, help="default benchmarks/results/conv_backward.json")
+    p.add_argument("--out", type=Path, help="default benchmarks/results/conv_backward/")
     args = p.parse_args(argv)
     out = args.out or default_out("conv_backward.json", args.smoke)
     batch, windows, steps = (SMOKE_BATCH, 1, 1) if args.smoke else (BATCH, args.windows, 10)

@@ -11,7 +11,7 @@ checkout's, per preset.
 
 Needs MNIST (and Fashion-MNIST for its presets) where JAXMNIST_DATA_DIR says; `--smoke`
 trains a few steps on a tiny generated dataset instead. Writes JSON (`--out`, default
-benchmarks/results/epoch_versions.json).
+benchmarks/results/epoch_versions/).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=5, help="runs of each copy (default 5)")
     add_code_copies(p, "train")
     p.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
-    p.add_argument("--out", type=Path, help="default benchmarks/results/epoch_versions.json")
+    p.add_argument("--out", type=Path, help="default benchmarks/results/epoch_versions/")
     args = p.parse_args(argv)
     if args.epochs < 2:
         p.error("--epochs must be at least 2: the first epoch of a run is dropped")

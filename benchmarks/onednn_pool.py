@@ -10,7 +10,7 @@ convolution, the windows interleaved (A B A B ...), at batch 256. Evaluation (no
 gradient) keeps XLA's pooling in both, so it is not timed here.
 
 Usage: python benchmarks/onednn_pool.py [--windows 8] [--presets cnn,speedrun,...] [--smoke]
-Prints a table and writes JSON (`--out`, default benchmarks/results/onednn_pool.json).
+Prints a table and writes JSON (`--out`, default benchmarks/results/onednn_pool/).
 Needs the jaxmnist-onednn package (`pip install ./native`).
 """
 
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--windows", type=int, default=8)
     p.add_argument("--presets", default=",".join(PRESETS), help="comma-separated")
     p.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
-    p.add_argument("--out", type=Path, help="default benchmarks/results/onednn_pool.json")
+    p.add_argument("--out", type=Path, help="default benchmarks/results/onednn_pool/")
     args = p.parse_args(argv)
     if not onednn.available():
         p.error(f"oneDNN is not available here: {onednn.unavailable_reason()}")

@@ -11,7 +11,7 @@ per paced epoch. The results are bit-for-bit the same either way (a unit test
 pins that); only the time may differ.
 
 Usage: JAXMNIST_DATA_DIR=../shared/datasets python benchmarks/pacing_overhead.py [--smoke]
-Prints a table and writes JSON (`--out`, default benchmarks/results/pacing_overhead.json).
+Prints a table and writes JSON (`--out`, default benchmarks/results/pacing_overhead/).
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--presets", default="tpu101,cnn")
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--smoke", action="store_true", help=SMOKE_HELP + " (one round)")
-    p.add_argument("--out", type=Path, help="default benchmarks/results/pacing_overhead.json")
+    p.add_argument("--out", type=Path, help="default benchmarks/results/pacing_overhead/")
     args = p.parse_args(argv)
     out = args.out or default_out("pacing_overhead.json", args.smoke)
     rounds = 1 if args.smoke else args.rounds

@@ -17,7 +17,7 @@ compare.
 
 Usage: JAXMNIST_DATA_DIR=../shared/datasets python benchmarks/search_pruning.py
     [--trials 24] [--batch 4] [--epochs 6] [--pruner median] [--smoke]
-Prints a table and writes JSON (`--out`, default benchmarks/results/search_pruning.json).
+Prints a table and writes JSON (`--out`, default benchmarks/results/search_pruning/).
 """
 
 from __future__ import annotations

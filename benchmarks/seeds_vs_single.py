@@ -12,7 +12,7 @@ its 95% CI (target: mean >= 97.3%). The machine's load average before and after
 is saved too: other processes on a shared machine inflate both runs.
 
 Usage: JAXMNIST_DATA_DIR=../shared/datasets python benchmarks/seeds_vs_single.py
-Prints a table and writes JSON (`--out`, default benchmarks/results/seeds_vs_single.json).
+Prints a table and writes JSON (`--out`, default benchmarks/results/seeds_vs_single/).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ what the machine's load was.
 
 Usage: python benchmarks/serve_load.py RUN_DIR
 Prints throughput, p50/p99 latency and errors; writes JSON (`--out`, default
-benchmarks/results/serve_load.json). Target for the MLP: 0 errors, p99 < 50 ms.
+benchmarks/results/serve_load/). Target for the MLP: 0 errors, p99 < 50 ms.
 """
 
 from __future__ import annotations

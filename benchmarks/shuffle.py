@@ -18,7 +18,7 @@ falls on both alike:
 Needs MNIST where JAXMNIST_DATA_DIR (or the cache) has it, except with --smoke.
 
 Usage: python benchmarks/shuffle.py [--rounds 2] [--smoke]
-Prints a table and writes JSON (`--out`, default benchmarks/results/shuffle.json).
+Prints a table and writes JSON (`--out`, default benchmarks/results/shuffle/).
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--windows", type=int, default=12, help="timed windows of the shuffle alone")
     p.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
-    p.add_argument("--out", type=Path, help="default benchmarks/results/shuffle.json")
+    p.add_argument("--out", type=Path, help="default benchmarks/results/shuffle/")
     args = p.parse_args(argv)
     out = args.out or default_out("shuffle.json", args.smoke)
     require_data_dir(args.smoke)
