@@ -2,9 +2,10 @@
 
 Each goal names the benchmark that measures it and how its figure reads from a record.
 Its newest record is the newest file in `benchmarks/results/<benchmark>/` that measured
-it (records carry their provenance: `benchlib.results`), or, until one is written there,
-the record the goal was last measured in under the older flat layout, whose commit and
-date are those of the last commit that changed the file (`git log`). The table has the
+it and carries its provenance (`benchlib.results`), or, until one is written, the record
+the goal was last measured in before records kept their provenance (`legacy`), whose
+commit and date its name holds (taken from the last commit that changed it when results
+were one flat folder). The table has the
 figure, whether the goal was met, the machine, the date, the commit and the record's
 file beside each other; the README and the docs' Results page show it, generated, so a
 figure never outlives its record.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -95,14 +97,14 @@ GOALS = (
     Goal(
         "the reference CNN's steady epoch ≤ 0.5× PyTorch's (float32, quiet)",
         "cnn_vs_pytorch",
-        "cnn_vs_pytorch_2026_12_06.json",
+        "cnn_vs_pytorch/2026-12-06_e2bf72f_amd-epyc.json",
         _pytorch,
         lambda r: not r.get("busy_core"),
     ),
     Goal(
         "the same with one core kept busy ≤ 0.7×",
         "cnn_vs_pytorch",
-        "cnn_vs_pytorch_busy_2026_12_06.json",
+        "cnn_vs_pytorch/2026-12-06_e2bf72f_amd-epyc_busy.json",
         _pytorch,
         lambda r: bool(r.get("busy_core")),
     ),
@@ -116,7 +118,7 @@ GOALS = (
     Goal(
         "the same on a CPU",
         "epoch_vs_tutorial",
-        "epoch_vs_tutorial.json",
+        "epoch_vs_tutorial/2026-11-30_5ff1f6d_amd-epyc.json",
         lambda r: (f"{r['epoch_ratio']:.2f}×", r["epoch_ratio"] <= 0.33),
         lambda r: r["environment"]["backend"] == "cpu",
     ),
@@ -129,45 +131,45 @@ GOALS = (
     Goal(
         "`--help`, `--version` and every subcommand's `--help` ≤ 0.3 s",
         "startup",
-        "startup_2026_12_06.json",
+        "startup/2026-12-06_e2bf72f_amd-epyc.json",
         lambda r: (f"{r['slowest_median_seconds']:.3f} s", r["within_goal"]),
     ),
     Goal(
         "the report adds ≤ 0.5 s to a `tpu101` run",
         "run_overhead",
-        "run_overhead_2026_12_06_quiet.json",
+        "run_overhead/2026-12-06_e2bf72f_amd-epyc_quiet.json",
         _report_seconds,
     ),
     Goal(
         "peak memory of `train --preset tpu101` ≤ 320 MB",
         "run_overhead",
-        "run_overhead_2026_12_06_quiet.json",
+        "run_overhead/2026-12-06_e2bf72f_amd-epyc_quiet.json",
         _peak_mb,
     ),
     Goal(
         "the memory estimate within +30% / −10% of the measured peak, every case",
         "memory_estimate",
-        "memory_estimate_2026_12_06.json",
+        "memory_estimate/2026-12-06_e2bf72f_amd-epyc.json",
         _memory_estimate,
     ),
     Goal(
         "evaluation after each epoch ≤ 5% of a CNN preset's training",
         "eval_overhead",
-        "eval_overhead_rounds_2026_12_06.json",
+        "eval_overhead/2026-12-06_e2bf72f_amd-epyc_rounds.json",
         _eval_fraction,
         lambda r: "side_by_side" in r,
     ),
     Goal(
         "`record`: ensemble ≥ 99.75%, members ≥ 99.6%, ≤ 60 min",
         "record",
-        "record.json",
+        "record/2026-12-02_619e193_amd-epyc.json",
         _record("record", 0.9975, 0.996, 60),
         lambda r: "record" in r.get("presets", {}),
     ),
     Goal(
         "`fashion_record`: ensemble ≥ 94.5%, ≤ 90 min",
         "record",
-        "record.json",
+        "record/2026-12-02_619e193_amd-epyc.json",
         _record("fashion_record", 0.945, None, 90),
         lambda r: "fashion_record" in r.get("presets", {}),
     ),
@@ -195,11 +197,15 @@ def _machine(record: dict) -> str:
 
 
 def provenance_of(path: Path, record: dict) -> tuple[str, str]:
-    """(commit, date) of a record: its own provenance, or the last commit that changed
-    its file (one in the flat layout, written before records kept their provenance)."""
+    """(commit, date) of a record: its own provenance; for one written before records
+    kept theirs, those its name took from the last commit that changed it in the flat
+    layout (`<date>_<commit>_...`); else that of the last commit that changed the file."""
     prov = record.get("provenance")
     if prov and prov.get("commit"):
         return prov["commit"][:7] + ("-dirty" if prov.get("dirty") else ""), prov["date"][:10]
+    named = re.match(r"(\d{4}-\d\d-\d\d)_([0-9a-f]{7})_", path.name)
+    if named:
+        return named.group(2), named.group(1)
     line = _git("log", "-1", "--format=%h %cs", "--", str(path.relative_to(ROOT)))
     commit, _, date = line.partition(" ")
     return (commit or "—"), (date or "—")
@@ -210,7 +216,7 @@ def newest(goal: Goal) -> tuple[Path, dict, str, str]:
     found = []
     for path in sorted((RESULTS / goal.benchmark).glob("*.json")):
         record = json.loads(path.read_text())
-        if goal.measures(record):
+        if "provenance" in record and goal.measures(record):
             found.append((record["provenance"]["date"], path, record))
     if found:
         _, path, record = max(found, key=lambda x: x[0])
@@ -230,10 +236,10 @@ def table(link_prefix: str = "") -> str:
     for goal in GOALS:
         path, record, commit, date = newest(goal)
         figure, met = goal.figure(record)
-        where = path.relative_to(ROOT).as_posix()
+        where, name = path.relative_to(ROOT).as_posix(), path.relative_to(RESULTS).as_posix()
         rows.append(
             f"| {goal.goal} | {figure} | {'met' if met else '**missed**'} | {_machine(record)} "
-            f"| {date} | {commit} | [{path.name}]({link_prefix}{where}) |"
+            f"| {date} | {commit} | [{name}]({link_prefix}{where}) |"
         )
     return "\n".join(rows) + "\n"
 

@@ -2,7 +2,7 @@
 
 `on_files` adds the pages of `reference.PAGES`, written from the code at each build (they
 are never committed, so they cannot go stale), and the repository's files the pages link
-to: a link to a file outside docs/ (`benchmarks/results/record.json`, written as from the
+to: a link to a file outside docs/ (`benchmarks/results/record/...json`, written as from the
 repository's root, as in the README) becomes, in `on_page_markdown`, a link to its copy
 published with the site under `repo/` (a folder: a listing of its names). A link to a
 path the repository lacks is a warning, which fails the strict build like any broken link.
