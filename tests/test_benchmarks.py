@@ -34,17 +34,11 @@ SMOKE = {
     "bf16_matmul": ([], {"matmul_gflops", "tpu101", "environment"}),
     "checkpoint_overhead": ([], {"median_epoch_wall_seconds", "checkpoint_overhead"}),
     "compile_time": ([], {"runs", "median", "environment"}),
-    "conv_backward": ([], {"speedrun", "environment"}),
     "data_loading": ([], {"loads", "median", "environment"}),
     "devices_scaling": ([], {"scaling", "tpu101_test_accuracy", "environment"}),
-    "epoch_versions": ([], {"runs", "median", "ratio_to_this", "environment"}),
     "epoch_vs_tutorial": ([], {"epoch_seconds", "epoch_ratio", "peak_fraction"}),
     "eval_overhead": (["--seeds", "2", "--rounds", "1"], {"cases", "side_by_side"}),
-    "onednn_pool": ([], {"speedrun+bn", "environment"}),
-    "pacing_overhead": (["--presets", "tpu101"], {"presets", "environment"}),
     "run_overhead": ([], {"runs", "median", "goal_report_seconds", "goal_peak_mb"}),
-    "search_pruning": ([], {"runs", "time_to_target_ratio", "environment"}),
-    "shuffle": ([], {"shuffle_alone", "steady_epoch_seconds", "same_test_accuracy"}),
     "startup": ([], {"invocations", "slowest_median_seconds", "stack_imports", "environment"}),
     "tpu_time_to_result": (
         [],
@@ -53,7 +47,7 @@ SMOKE = {
     "tutorial_tpu101": ([], None),
 }
 # Scripts that time oneDNN's custom calls: skipped where jaxmnist-onednn is not installed.
-NEEDS_ONEDNN = {"onednn_pool"}
+NEEDS_ONEDNN: set[str] = set()
 # Scripts whose every mode trains in `jaxmnist` (or PyTorch) child processes on the real
 # data, each a JAX start-up and a compile or more: too slow here, so --help only.
 HELP_ONLY = {"cnn_presets", "cnn_vs_pytorch", "host_memory", "seeds_vs_single", "stop_latency"}
