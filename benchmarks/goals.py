@@ -176,6 +176,78 @@ GOALS = (
 )
 
 
+def _seeds(r: dict, what: str = "test accuracy") -> str:
+    ci = r["ci95"]
+    return (
+        f"{r['mean_test_accuracy']:.2%} {what}, mean of {r['seeds']} seeds "
+        f"(95% CI {ci[0]:.2%}–{ci[1]:.2%})"
+    )
+
+
+def _preset_in(preset: str, name: str = "presets"):
+    return lambda record: preset in record.get(name, {})
+
+
+# What each preset reached: the benchmark whose records hold it, whether a record holds
+# it, and its figure. A preset missing here has no record yet (its figures, if any, are
+# in the Results page's log).
+PRESET_RESULTS = {
+    "tpu101": (
+        "seeds_vs_single",
+        lambda r: "seeds_test_accuracy" in r,
+        lambda r: (
+            f"{r['seeds_test_accuracy']['mean']:.2%} test accuracy, mean of {r['seeds']} seeds; "
+            f"one seed {r['single_test_accuracy']:.2%}"
+        ),
+    ),
+    **{
+        name: ("cnn_presets", _preset_in(name), lambda r, name=name: _seeds(r["presets"][name]))
+        for name in ("cnn", "fashion_cnn", "speedrun")
+    },
+    **{
+        name: (
+            "record",
+            _preset_in(name),
+            lambda r, name=name: (
+                f"{r['presets'][name]['ensemble_test_accuracy']:.2%} test accuracy of the "
+                f"ensemble of {r['presets'][name]['members']}, members' mean "
+                f"{r['presets'][name]['members_mean_test_accuracy']:.2%}, whole run "
+                f"{r['presets'][name]['wall_seconds'] / 60:.1f} min"
+            ),
+        )
+        for name in ("record", "fashion_record")
+    },
+}
+
+
+def _when(path: Path, record: dict) -> str:
+    """When a record was measured, for ordering: its provenance's date and time, or the
+    commit time of the commit its name gives."""
+    prov = record.get("provenance")
+    if prov and prov.get("date"):
+        return prov["date"]
+    commit, _ = provenance_of(path, record)
+    return _git("show", "-s", "--format=%cI", commit) or "0"
+
+
+def preset_result(preset: str) -> tuple[str, str, str, str, Path] | None:
+    """(figure, machine, date, commit, path) from the newest record of what `preset`
+    reached, or None where no record holds it."""
+    if preset not in PRESET_RESULTS:
+        return None
+    benchmark, measures, figure = PRESET_RESULTS[preset]
+    found = []
+    for path in sorted((RESULTS / benchmark).glob("*.json")):
+        record = json.loads(path.read_text())
+        if measures(record):
+            found.append((_when(path, record), path, record))
+    if not found:
+        return None
+    _, path, record = max(found, key=lambda x: x[0])
+    commit, date = provenance_of(path, record)
+    return figure(record), _machine(record), date, commit, path
+
+
 def _git(*args: str) -> str:
     done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
     return done.stdout.strip() if done.returncode == 0 else ""

@@ -207,3 +207,18 @@ def test_every_config_key_says_what_it_means():
         rows = reference._config_rows("", cls, instance)
         blank = [row.split("|")[1].strip() for row in rows if row.rstrip().endswith("|  |")]
         assert not blank, f"{title}: fields without a comment: {blank}"
+
+
+def test_the_presets_page_says_what_each_preset_reached_and_where():
+    reference = _reference()
+    goals = reference.load_goals()
+    page = reference.presets_page()
+    measured = 0
+    for name in config_lib.PRESETS:
+        found = goals.preset_result(name)
+        if found is None:
+            continue
+        figure, machine, date, commit, path = found
+        assert path.is_file() and f"{figure}; {machine}, {date}, commit {commit}" in page
+        measured += 1
+    assert measured >= 5  # tpu101, the CNN presets and the record presets have records

@@ -14,11 +14,14 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import importlib.util
 import inspect
 import io
+import sys
 import textwrap
 import tokenize
 import typing
+from pathlib import Path
 
 from jaxmnist import cli
 from jaxmnist import config as config_lib
@@ -26,6 +29,22 @@ from jaxmnist.data.registry import DATASETS
 from jaxmnist.models import MODELS, family
 from jaxmnist.models.conv import CHOICES as CONV_IMPLS
 from jaxmnist.models.conv import PADDINGS
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load_goals():
+    """benchmarks/goals.py, which reads the live goals and the presets' results from the
+    newest records (loaded from its file: benchmarks/ is a folder of scripts)."""
+    spec = importlib.util.spec_from_file_location("goals", ROOT / "benchmarks" / "goals.py")
+    goals = importlib.util.module_from_spec(spec)
+    sys.modules["goals"] = goals  # its dataclasses look their module up there
+    try:
+        spec.loader.exec_module(goals)
+    finally:
+        del sys.modules["goals"]
+    return goals
+
 
 # The allowed values of the keys that take one of a few names: the tuples the code checks
 # against (`config.validate`, the families' `validate`).
@@ -253,23 +272,33 @@ def preset_changes(name: str) -> dict:
     return {k: v for k, v in preset.items() if default.get(k, object()) != v}
 
 
+def _measured(preset: str, goals) -> str:
+    found = goals.preset_result(preset)
+    if found is None:
+        return "**Measured**: no record holds this preset's result yet."
+    figure, machine, date, commit, path = found
+    where = path.relative_to(ROOT).as_posix()
+    return f"**Measured**: {figure}; {machine}, {date}, commit {commit} ([record]({where}))."
+
+
 def presets_page() -> str:
-    comments = _preset_comments()
+    comments, goals = _preset_comments(), load_goals()
     out = [
         "# Presets",
         "",
         (
             "Every preset of `jaxmnist/config.py`, with what it is for and the keys it changes "
-            "from the default config; generated each time the docs are built. Any flag or "
-            "`KEY=VALUE` after `--preset` changes it further. What each one reached, on which "
-            "machine and when, is on the [Results](../results.md) page."
+            "from the default config, and what it reached in its newest record, on which "
+            "machine, when and at which commit; generated each time the docs are built. Any "
+            "flag or `KEY=VALUE` after `--preset` changes it further. The "
+            "[Results](../results.md) page has every measurement."
         ),
         "",
     ]
     for name in config_lib.PRESETS:
         changes = preset_changes(name)
         out += [f"## `{name}`", "", comments.get(name, ""), "", "```sh"]
-        out += [f"jaxmnist train --preset {name}", "```", ""]
+        out += [f"jaxmnist train --preset {name}", "```", "", _measured(name, goals), ""]
         if changes:
             out += ["| key | value |", "| --- | --- |"]
             out += [f"| `{k}` | `{_cell(repr(v))}` |" for k, v in changes.items()]

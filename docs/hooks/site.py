@@ -12,7 +12,6 @@ read from the newest records as the site is built.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import posixpath
 import re
@@ -27,19 +26,6 @@ import reference
 log = logging.getLogger("mkdocs.hooks.site")
 ROOT = Path(__file__).resolve().parents[2]
 GOALS_MARKER = "<!-- goals -->"
-
-
-def _goals_table() -> str:
-    """benchmarks/goals.py's table of the live goals (loaded from its file: benchmarks/
-    is a folder of scripts, not a package)."""
-    spec = importlib.util.spec_from_file_location("goals", ROOT / "benchmarks" / "goals.py")
-    goals = importlib.util.module_from_spec(spec)
-    sys.modules["goals"] = goals  # its dataclasses look their module up there
-    try:
-        spec.loader.exec_module(goals)
-    finally:
-        del sys.modules["goals"]
-    return goals.table()
 
 
 # The top-level entries of the repository a page may link to, by their path from the root.
@@ -64,10 +50,12 @@ def _published(target: str) -> str:
 
 def on_files(files, config):
     global _goals
-    _goals = _goals_table()
-    for path, write in reference.PAGES.items():
-        files.append(File.generated(config, path, content=write()))
-    for target in sorted(_linked_targets(Path(config.docs_dir), _goals)):
+    _goals = reference.load_goals().table()
+    pages = {path: write() for path, write in reference.PAGES.items()}
+    for path, content in pages.items():
+        files.append(File.generated(config, path, content=content))
+    generated = "\n".join([_goals, *pages.values()])
+    for target in sorted(_linked_targets(Path(config.docs_dir), generated)):
         source = ROOT / target
         if source.is_dir():
             listing = "\n".join(sorted(p.name for p in source.iterdir())) + "\n"
