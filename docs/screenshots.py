@@ -2,8 +2,9 @@
 
 Trains two runs of 4 seeds on the real MNIST (`tpu101`, and the same with a cosine schedule),
 compares them, runs a small hyperparameter search, and serves the first run; then
-photographs each page jaxmnist wrote or serves with Chromium's own `--screenshot` into
-docs/images/: report.png, compare.png, search.png, serve.png. Nothing is drawn by hand,
+photographs each page jaxmnist wrote with Chromium's own `--screenshot`, and the served
+page after drawing a 7 on its pad with the mouse (over the DevTools pipe the browser tests
+use), into docs/images/: report.png, compare.png, search.png, serve.png. Nothing is drawn by hand,
 so a page that changes shows as changed pictures the next time this runs. Needs the
 datasets (`JAXMNIST_DATA_DIR` or the cache), the `serve` and `search` extras, and
 Chromium (`apt-get install chromium`). Usage: python docs/screenshots.py [--work DIR]
@@ -12,6 +13,8 @@ Chromium (`apt-get install chromium`). Usage: python docs/screenshots.py [--work
 from __future__ import annotations
 
 import argparse
+import base64
+import itertools
 import os
 import shutil
 import socket
@@ -65,8 +68,68 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def draw_a_seven(url: str, out: Path, width: int = WIDTH, height: int = 500) -> None:
+    """Opens the serve page at `url` in Chromium driven over its DevTools pipe (the
+    browser tests' driver, tests/chromium.py), draws a 7 on the pad with the mouse,
+    waits for the prediction and writes the page as PNG `out`."""
+    sys.path.insert(0, str(IMAGES.parent.parent / "tests"))
+    from chromium import Chromium, evaluate, open_page  # the tests' driver: no package
+
+    points = [(0.25, 0.2), (0.75, 0.2), (0.6, 0.5), (0.45, 0.85)]
+    with tempfile.TemporaryDirectory(prefix="chromium-") as profile:
+        browser = Chromium(profile)
+        try:
+            session = open_page(browser, url, width, height, mobile=False)
+
+            def wait(expression: str, what: str) -> None:
+                deadline = time.monotonic() + 60
+                while not evaluate(browser, session, expression):
+                    if time.monotonic() > deadline:
+                        raise SystemExit(f"the serve page did not {what}")
+                    time.sleep(0.1)
+
+            # The pad shows once the model's description has loaded.
+            wait("!document.getElementById('draw').hidden", "show its pad")
+            box = evaluate(
+                browser,
+                session,
+                "(r => ({x: r.x, y: r.y, w: r.width, h: r.height}))("
+                "document.querySelector('#pad').getBoundingClientRect())",
+            )
+            xy = []
+            for (x0, y0), (x1, y1) in itertools.pairwise(points):
+                xy += [(x0 + t * (x1 - x0) / 12, y0 + t * (y1 - y0) / 12) for t in range(12)]
+            xy = [
+                (box["x"] + fx * box["w"], box["y"] + fy * box["h"]) for fx, fy in [*xy, points[-1]]
+            ]
+            for i, (x, y) in enumerate(xy):
+                kind = "mousePressed" if i == 0 else "mouseMoved"
+                browser.send(
+                    "Input.dispatchMouseEvent",
+                    {"type": kind, "x": x, "y": y, "button": "left", "buttons": 1, "clickCount": 1},
+                    session=session,
+                )
+            browser.send(
+                "Input.dispatchMouseEvent",
+                {"type": "mouseReleased", "x": xy[-1][0], "y": xy[-1][1], "button": "left",
+                 "clickCount": 1},
+                session=session,
+            )  # fmt: skip
+            wait(
+                "document.body.dataset.state === 'idle' && "
+                "!!document.getElementById('top').dataset.class",
+                "predict the drawing",
+            )
+            time.sleep(0.5)  # the bars' transition
+            shot = browser.send("Page.captureScreenshot", {"format": "png"}, session=session)
+            out.write_bytes(base64.b64decode(shot["data"]))
+        finally:
+            browser.close()
+    print(f"{out.relative_to(IMAGES.parent.parent)}: {url}, a 7 drawn on the pad", flush=True)
+
+
 def served(run: Path, browser: str, out: Path) -> None:
-    """Starts `jaxmnist serve` on `run`, photographs its page, and stops it."""
+    """Starts `jaxmnist serve` on `run`, draws a 7 on its page, photographs it, stops it."""
     port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "jaxmnist", "serve", run.name, "--port", str(port)],
@@ -84,7 +147,7 @@ def served(run: Path, browser: str, out: Path) -> None:
                 if server.poll() is not None or time.monotonic() > deadline:
                     raise SystemExit("jaxmnist serve did not start") from None
                 time.sleep(0.5)
-        screenshot(browser, f"http://127.0.0.1:{port}/", out, 500)
+        draw_a_seven(f"http://127.0.0.1:{port}/", out)
     finally:
         server.terminate()
         server.wait(timeout=30)
