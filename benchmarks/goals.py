@@ -269,10 +269,13 @@ def _machine(record: dict) -> str:
 
 
 def provenance_of(path: Path, record: dict) -> tuple[str, str]:
-    """(commit, date) of a record: its own provenance; for one written before records
-    kept theirs, those its name took from the last commit that changed it in the flat
-    layout (`<date>_<commit>_...`); else that of the last commit that changed the file."""
+    """(commit, date) of a record: its own provenance (or the commit and date a script
+    recorded at its top level); for one written before records kept theirs, those its
+    name took from the last commit that changed it in the flat layout
+    (`<date>_<commit>_...`); else those of the last commit that changed the file."""
     prov = record.get("provenance")
+    if not prov and record.get("commit") and record.get("date"):
+        prov = record  # tpu_time_to_result.py kept them at the top before records had them
     if prov and prov.get("commit"):
         return prov["commit"][:7] + ("-dirty" if prov.get("dirty") else ""), prov["date"][:10]
     named = re.match(r"(\d{4}-\d\d-\d\d)_([0-9a-f]{7})_", path.name)
