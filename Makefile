@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: train test test-accelerator lint bench clean
+.PHONY: train test test-accelerator lint bench docs docs-images clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -54,8 +54,25 @@ test: lint $(NATIVE)
 test-accelerator: $(STAMP)
 	$(PYTEST) -m accelerator -p no:xdist --durations=10
 
+# The documentation site, into site/: MkDocs with the Material theme (the `docs` extra), in
+# strict mode, so a warning, a broken link or anchor, or a page missing from the nav fails
+# the build (not `--quiet`, which hides warnings from the count strict mode fails on). The
+# reference pages are written from the code at each build (docs/hooks/).
+DOCS := $(VENV)/.docs
+$(DOCS): $(STAMP)
+	$(BIN)/pip install --quiet -e '.[docs]'
+	touch $@
+
+docs: $(DOCS)
+	$(BIN)/mkdocs build --strict
+
+# The docs' pictures of the report, compare, search and serve pages: real runs on MNIST,
+# photographed by headless Chromium (docs/screenshots.py). Not part of `docs`: it trains.
+docs-images: $(STAMP)
+	$(BIN)/python docs/screenshots.py
+
 bench: $(STAMP)
 	$(BIN)/python benchmarks/epoch_vs_tutorial.py
 
 clean:
-	rm -rf $(VENV) runs native/build native/*.egg-info
+	rm -rf $(VENV) runs site native/build native/*.egg-info

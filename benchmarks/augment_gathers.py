@@ -21,7 +21,7 @@ Figures are microseconds per step, medians of `--repeats` calls.
 
 Usage: python benchmarks/augment_gathers.py [--batch 256] [--steps 50] [--repeats 7] [--smoke]
 Prints a table and writes JSON (`--out`, default benchmarks/results/<backend>/augment_gathers.json
-off the CPU, benchmarks/results/augment_gathers.json on it).
+off the CPU, benchmarks/results/augment_gathers/ on it).
 """
 
 from __future__ import annotations

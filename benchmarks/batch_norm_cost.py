@@ -11,10 +11,10 @@ Two measurements, each side by side with its windows interleaved (A B C A B C ..
    `model.batch_norm` false and true: ms per step and the ratio.
 
 Whether batch norm earns its keep is accuracy per second: (2) is the second's part; the
-README gives the accuracy part from training runs.
+docs/results.md gives the accuracy part from training runs.
 
 Usage: python benchmarks/batch_norm_cost.py [--windows 10] [--smoke]
-Prints a table and writes JSON (`--out`, default benchmarks/results/batch_norm_cost.json).
+Prints a table and writes JSON (`--out`, default benchmarks/results/batch_norm_cost/).
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--windows", type=int, default=10)
     p.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
-    p.add_argument("--out", type=Path, help="default benchmarks/results/batch_norm_cost.json")
+    p.add_argument("--out", type=Path, help="default benchmarks/results/batch_norm_cost/")
     args = p.parse_args(argv)
     out = args.out or default_out("batch_norm_cost.json", args.smoke)
     windows, batch = (1, 8) if args.smoke else (args.windows, 512)

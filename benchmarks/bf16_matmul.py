@@ -15,7 +15,7 @@ side in one process:
   size: float32, bfloat16 with bfloat16-result dots, bfloat16 as jaxmnist runs it.
 
 Usage: python benchmarks/bf16_matmul.py [--windows 12] [--smoke]
-Prints a table and writes JSON (`--out`, default benchmarks/results/bf16_matmul.json).
+Prints a table and writes JSON (`--out`, default benchmarks/results/bf16_matmul/).
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--windows", type=int, default=12)
     p.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
-    p.add_argument("--out", type=Path, help="default benchmarks/results/bf16_matmul.json")
+    p.add_argument("--out", type=Path, help="default benchmarks/results/bf16_matmul/")
     args = p.parse_args(argv)
     out = args.out or default_out("bf16_matmul.json", args.smoke)
     load_before = os.getloadavg()

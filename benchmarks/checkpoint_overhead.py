@@ -18,7 +18,7 @@ warmed by the first run. The machine's load average before and after is saved:
 other processes on a shared machine inflate every figure.
 
 Usage: JAXMNIST_DATA_DIR=../shared/datasets python benchmarks/checkpoint_overhead.py
-Prints the figures and writes JSON (`--out`, default benchmarks/results/checkpoint_overhead.json).
+Prints the figures and writes JSON (`--out`, default benchmarks/results/checkpoint_overhead/).
 `--smoke` runs part 1 on tiny random data, one repeat of 3 epochs, without the
 compilation cache, and skips part 2 (its child process reads the real data).
 """
@@ -47,7 +47,7 @@ from jaxmnist.runs.checkpoint import Checkpointer, CheckpointOptions
 from jaxmnist.training.hooks import Callback
 
 from benchlib.launch import require_data_dir
-from benchlib.results import SMOKE_HELP, default_out
+from benchlib.results import SMOKE_HELP, default_out, provenance
 
 TARGET_OVERHEAD = 0.05
 STEPS_PER_EPOCH = 468  # tpu101: 60000 examples, batch 128
@@ -143,9 +143,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
-    parser.add_argument(
-        "--out", type=Path, help="default benchmarks/results/checkpoint_overhead.json"
-    )
+    parser.add_argument("--out", type=Path, help="default benchmarks/results/checkpoint_overhead/")
     args = parser.parse_args(argv)
     out = args.out or default_out("checkpoint_overhead.json", args.smoke)
     require_data_dir(args.smoke)
@@ -196,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
         "cpu_count": os.cpu_count(),
     }
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    out.write_text(json.dumps({**result, "provenance": provenance()}, indent=2) + "\n")
     print(
         f"epoch wall (median): {medians['no_checkpoint']:.3f} s without checkpoints, "
         f"{medians['checkpoint']:.3f} s with: overhead {overhead:+.1%} "

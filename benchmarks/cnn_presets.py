@@ -14,7 +14,7 @@ training per model on a 2-core CPU (1 s on a GPU).
 
 Usage: JAXMNIST_DATA_DIR=../shared/datasets python benchmarks/cnn_presets.py
        [--presets cnn,fashion_cnn,speedrun] [--seeds 8]
-Prints a table and writes JSON (`--out`, default benchmarks/results/cnn_presets.json).
+Prints a table and writes JSON (`--out`, default benchmarks/results/cnn_presets/).
 """
 
 from __future__ import annotations

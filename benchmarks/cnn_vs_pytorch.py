@@ -25,9 +25,10 @@ every round). CPU model, flags and load averages are recorded.
 
 Usage: JAXMNIST_DATA_DIR=../shared/datasets python benchmarks/cnn_vs_pytorch.py
 [--rounds N] [--epochs N] [--variants "name,name"] [--out PATH]
-Needs the `bench` extra (PyTorch, CPU): pip install -e '.[bench]'. Committed results:
-results/cnn_vs_pytorch.json (every variant, 2 rounds) and results/cnn_vs_pytorch_core.json
-(the main comparisons and thread counts, 3 rounds: `--rounds 3 --variants ...` as recorded).
+Needs the `bench` extra (PyTorch, CPU): pip install -e '.[bench]'. Committed results, in
+results/cnn_vs_pytorch/: 2026-11-30_14fed84_amd-epyc.json (every variant, 2 rounds) and
+2026-12-01_48ae1ca_amd-epyc_core.json (the main comparisons and thread counts, 3 rounds:
+`--rounds 3 --variants ...` as recorded).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ in each round, so that a load that comes and goes falls on both alike.
 
 Needs MNIST and Fashion-MNIST where JAXMNIST_DATA_DIR says; `--smoke` runs `tpu101` on
 a tiny generated dataset instead. Writes JSON (`--out`, default
-benchmarks/results/compile_time.json).
+benchmarks/results/compile_time/).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=3, help="runs of each preset per copy")
     add_code_copies(p, "run")
     p.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
-    p.add_argument("--out", type=Path, help="default benchmarks/results/compile_time.json")
+    p.add_argument("--out", type=Path, help="default benchmarks/results/compile_time/")
     args = p.parse_args(argv)
     out = args.out or default_out("compile_time.json", args.smoke)
     require_data_dir(args.smoke)

@@ -12,7 +12,7 @@ Needs the dataset where JAXMNIST_DATA_DIR (or the cache) has it; `--smoke` loads
 generated dataset instead, which each process writes and registers first.
 
 Usage: python benchmarks/data_loading.py [--dataset mnist] [--repeats 4] [--pythonpath DIR]
-Prints a line per copy and writes JSON (`--out`, default benchmarks/results/data_loading.json).
+Prints a line per copy and writes JSON (`--out`, default benchmarks/results/data_loading/).
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeats", type=int, default=4, help="fresh processes per copy (default 4)")
     add_code_copies(p, "load")
     p.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
-    p.add_argument("--out", type=Path, help="default benchmarks/results/data_loading.json")
+    p.add_argument("--out", type=Path, help="default benchmarks/results/data_loading/")
     args = p.parse_args(argv)
     out = args.out or default_out("data_loading.json", args.smoke)
     env = dict(os.environ)

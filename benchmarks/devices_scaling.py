@@ -15,7 +15,7 @@ and prints examples/s, efficiency against one device (examples/s per device over
 one device's), and the all-reduce payload per step (the float32 gradient). It
 then checks that a full 5-epoch tpu101 run on 4 devices (or as many as there are)
 reaches the single-device test accuracy within 0.05 points. Writes JSON (`--out`,
-default benchmarks/results/devices_scaling.json).
+default benchmarks/results/devices_scaling/).
 """
 
 from __future__ import annotations
@@ -38,13 +38,13 @@ from jaxmnist.training import parallel
 from jaxmnist.training.loop import train_population
 from jaxmnist.training.population import seed_members
 
-from benchlib.results import SMOKE_HELP, default_out
+from benchlib.results import SMOKE_HELP, default_out, provenance
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
-    p.add_argument("--out", type=Path, help="default benchmarks/results/devices_scaling.json")
+    p.add_argument("--out", type=Path, help="default benchmarks/results/devices_scaling/")
     args = p.parse_args(argv)
     out = args.out or default_out("devices_scaling.json", args.smoke)
     if args.smoke:
@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
                 "tpu101_test_accuracy": {"1": acc[1], str(wide): acc[wide]},
                 "accuracy_difference_points": diff,
                 "environment": env,
+                "provenance": provenance(),
             },
             indent=2,
         )

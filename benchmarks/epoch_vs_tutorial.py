@@ -17,7 +17,7 @@ Measures, on one machine in one run:
    run after the first gets) and, once, with an empty one.
 
 Usage: JAXMNIST_DATA_DIR=../shared/datasets python benchmarks/epoch_vs_tutorial.py
-Prints a table and writes JSON (`--out`, default benchmarks/results/epoch_vs_tutorial.json).
+Prints a table and writes JSON (`--out`, default benchmarks/results/epoch_vs_tutorial/).
 `--smoke` runs parts 1 and 2 for one round on tiny random data and skips part 3.
 """
 
@@ -44,7 +44,7 @@ from jaxmnist.profiling.peak import default_size, measure_matmul_peak
 from jaxmnist.training.loop import place_train_data
 from jaxmnist.training.step import init_state, make_train_epoch
 
-from benchlib.results import SMOKE_HELP, default_out
+from benchlib.results import SMOKE_HELP, default_out, provenance
 from tutorial_tpu101 import TutorialLoop
 
 HERE = Path(__file__).resolve().parent
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runs", type=int, default=3, help="whole-program runs of each script")
     parser.add_argument("--skip-programs", action="store_true", help="skip the whole-program part")
     parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
-    parser.add_argument("--out", help="default benchmarks/results/epoch_vs_tutorial.json")
+    parser.add_argument("--out", help="default benchmarks/results/epoch_vs_tutorial/")
     args = parser.parse_args(argv)
     out = Path(args.out) if args.out else default_out("epoch_vs_tutorial.json", args.smoke)
 
@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> None:
         result["programs"] = programs
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    out.write_text(json.dumps({**result, "provenance": provenance()}, indent=2) + "\n")
     print_table(result)
     print(f"\nwritten: {out}")
 

@@ -34,7 +34,7 @@ are what to compare.
 Usage: JAXMNIST_DATA_DIR=../shared/datasets python benchmarks/eval_overhead.py
     [--presets cnn,fashion_cnn,speedrun,tpu101] [--epochs 3] [--seeds 1] [--smoke]
     [--rounds R [--pythonpath DIR]]
-Prints a table and writes JSON (`--out`, default benchmarks/results/eval_overhead.json).
+Prints a table and writes JSON (`--out`, default benchmarks/results/eval_overhead/).
 """
 
 from __future__ import annotations

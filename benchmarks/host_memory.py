@@ -12,7 +12,7 @@ working memory).
 Needs MNIST where JAXMNIST_DATA_DIR (or the cache) has it.
 
 Usage: python benchmarks/host_memory.py [--rounds 2] [--steps 40]
-Prints a table and writes JSON (`--out`, default benchmarks/results/host_memory.json).
+Prints a table and writes JSON (`--out`, default benchmarks/results/host_memory/).
 """
 
 from __future__ import annotations

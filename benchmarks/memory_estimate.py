@@ -30,7 +30,7 @@ for the second block of working memory that some calls of the steps program take
 Usage: JAXMNIST_DATA_DIR=../shared/datasets python benchmarks/memory_estimate.py
     [--steps 20] [--repeats 3] [--presets tpu101,codelab,cnn,speedrun] [--seeds 1,8]
     [--set KEY=VALUE ...] [--smoke]
-Prints a table and writes JSON (`--out`, default benchmarks/results/memory_estimate.json).
+Prints a table and writes JSON (`--out`, default benchmarks/results/memory_estimate/).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ whole run <= 90 minutes.
 
 Usage: JAXMNIST_DATA_DIR=../shared/datasets python benchmarks/record.py
        [--presets record,fashion_record] [--smoke]
-Prints a line per preset and writes JSON (`--out`, default benchmarks/results/record.json;
+Prints a line per preset and writes JSON (`--out`, default benchmarks/results/record/;
 presets measured by earlier invocations stay in it, each with the environment and the load
 average before and after its own run).
 """
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--presets", default="record,fashion_record")
     p.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
-    p.add_argument("--out", type=Path, help="default benchmarks/results/record.json")
+    p.add_argument("--out", type=Path, help="default benchmarks/results/record/")
     args = p.parse_args(argv)
     presets = args.presets.split(",")
     unknown = [x for x in presets if x not in GOALS]

@@ -19,7 +19,7 @@ runs another copy of the code (e.g. an export of an older commit) side by side.
 
 Needs MNIST where JAXMNIST_DATA_DIR (or the cache) has it; `--smoke` trains a few steps
 on a tiny generated dataset instead. Writes JSON (`--out`, default
-benchmarks/results/run_overhead.json).
+benchmarks/results/run_overhead/).
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=3, help="pairs of runs (default 3)")
     add_code_copies(p, "run")
     p.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
-    p.add_argument("--out", type=Path, help="default benchmarks/results/run_overhead.json")
+    p.add_argument("--out", type=Path, help="default benchmarks/results/run_overhead/")
     args = p.parse_args(argv)
     out = args.out or default_out("run_overhead.json", args.smoke)
     require_data_dir(args.smoke)

@@ -12,7 +12,7 @@ its 95% CI (target: mean >= 97.3%). The machine's load average before and after
 is saved too: other processes on a shared machine inflate both runs.
 
 Usage: JAXMNIST_DATA_DIR=../shared/datasets python benchmarks/seeds_vs_single.py
-Prints a table and writes JSON (`--out`, default benchmarks/results/seeds_vs_single.json).
+Prints a table and writes JSON (`--out`, default benchmarks/results/seeds_vs_single/).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import numpy as np
 
 from jaxmnist import runtime, stats
 
-from benchlib.results import default_out
+from benchlib.results import default_out, provenance
 
 TARGETS = {"wall_ratio": 5.0, "mean_test_accuracy": 0.973}
 
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
         "environment": runtime.environment(),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    Path(args.out).write_text(json.dumps({**result, "provenance": provenance()}, indent=2) + "\n")
     print_table(result)
     print(f"\nwritten: {args.out}")
 

@@ -12,7 +12,7 @@ what the machine's load was.
 
 Usage: python benchmarks/serve_load.py RUN_DIR
 Prints throughput, p50/p99 latency and errors; writes JSON (`--out`, default
-benchmarks/results/serve_load.json). Target for the MLP: 0 errors, p99 < 50 ms.
+benchmarks/results/serve_load/). Target for the MLP: 0 errors, p99 < 50 ms.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from PIL import Image, ImageDraw
 
 from jaxmnist import runtime
 
-from benchlib.results import default_out
+from benchlib.results import default_out, provenance
 
 TARGET_P99_MS = 50.0
 
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> None:
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    out.write_text(json.dumps({**result, "provenance": provenance()}, indent=2) + "\n")
     lat = result["latency_ms"]
     print(f"cpu          {result['cpu_model']} ({result['cpu_count']} cores)")
     print(f"load average {load_before[0]:.1f} before, {result['load_average_after'][0]:.1f} after")

@@ -18,7 +18,7 @@ of the code and its libraries (`--pythonpath DIR`, repeatable: DIR first on PYTH
 e.g. a folder holding another release of a library), the copies taking turns.
 
 Usage: python benchmarks/startup.py [--root DIR] [--repeats N] [--pythonpath DIR] [--smoke]
-Prints a table and writes JSON (`--out`, default benchmarks/results/startup.json).
+Prints a table and writes JSON (`--out`, default benchmarks/results/startup/).
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--python", default=sys.executable, help="the interpreter (default: this one)")
     p.add_argument("--repeats", type=int, default=7, help="runs of each invocation (default 7)")
     p.add_argument("--smoke", action="store_true", help=SMOKE_HELP + " (one run, two commands)")
-    p.add_argument("--out", type=Path, help="default benchmarks/results/startup.json")
+    p.add_argument("--out", type=Path, help="default benchmarks/results/startup/")
     add_code_copies(p, "import the computing stack")
     args = p.parse_args(argv)
     if args.repeats < 1:

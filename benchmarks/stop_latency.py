@@ -16,7 +16,7 @@ inside an epoch, the exit code, and whether the checkpoint at that step exists.
 Target (issue 12): the stop is honoured within about 2 s.
 
 Usage: JAXMNIST_DATA_DIR=../shared/datasets python benchmarks/stop_latency.py
-Prints a table and writes JSON (`--out`, default benchmarks/results/stop_latency.json).
+Prints a table and writes JSON (`--out`, default benchmarks/results/stop_latency/).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ the rest, so `--help`, `--version` and a mistyped flag answer without loading th
 
 The `jaxmnist` command is `run`: `main`, then an exit that skips the interpreter's own
 teardown, in which, after a command that loaded JAX, Python collects JAX's cyclic garbage
-module by module while the user waits (README, "Around training").
+module by module while the user waits (docs/results.md, "Around training").
 """
 
 from __future__ import annotations

@@ -55,9 +55,9 @@ MAX_SEED = 2**32 - 1
 
 @dataclass(frozen=True)
 class DataConfig:
-    dataset: str = "mnist"
+    dataset: str = "mnist"  # a dataset of the registry (jaxmnist.data.DATASETS)
     data_dir: str | None = None  # None: $JAXMNIST_DATA_DIR, cache, system folder, download
-    download: bool = True
+    download: bool = True  # fetch the dataset from its mirrors when no folder has it
     augment: bool = False  # random moves of each training image, on the device (data.augment)
     max_shift: int = 2  # augment: pixels of random translation, each way
     max_rotation: float = 0.0  # augment: degrees of random rotation, each way; 0: none
@@ -74,29 +74,29 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class OptimizerConfig:
-    name: str = "adam"
-    lr: float = 1e-3
-    weight_decay: float = 0.0
+    name: str = "adam"  # the optimizer (optim.make_optimizer)
+    lr: float = 1e-3  # the learning rate; a schedule's peak
+    weight_decay: float = 0.0  # adamw: decoupled; sgd: added to the gradient; adam: unused
     momentum: float = 0.9  # sgd only
     b1: float = 0.9  # adam, adamw: decay of the gradient's running mean
     b2: float = 0.999  # adam, adamw: decay of its running square
-    schedule: str = "constant"
+    schedule: str = "constant"  # the learning rate over the steps (optim)
     warmup_steps: int = 0  # warmup_cosine only
     grad_clip: float | None = None  # global-norm clipping; None: off
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    batch_size: int = 128
-    epochs: int = 5
+    batch_size: int = 128  # training examples per step (per model, over all devices)
+    epochs: int = 5  # passes over the training set
     steps: int | None = None  # if set, overrides epochs; the last epoch may be partial
-    seed: int = 0
+    seed: int = 0  # the first model's seed: its initialisation, data order and augmentation
     seeds: int = 1  # models trained together in one program, seeds seed ... seed+seeds-1
     target_accuracy: float | None = (
         None  # stop after the first epoch whose (mean) test accuracy reaches it
     )
     target_split: str = "test"  # the split target_accuracy watches: test, or val (data.validation)
-    eval_batch_size: int = 2000
+    eval_batch_size: int = 2000  # examples per evaluation call (the last batch padded, masked)
     eval_train: bool = True  # evaluate on the training set every epoch; false: batch accuracy
     # eval_train on a fixed subset of this many training examples (stratified, the same
     # every epoch: training.evaluate.subset_indices); None, or >= the set's size: all of it
@@ -200,7 +200,8 @@ PRESETS: dict[str, Config] = {
     ),
     # Fashion-MNIST CNN: the MNIST CNN's network (206,922 parameters), translations of up
     # to 1 pixel and left-right flips; Adam one-cycle 3e-3, batch 256, 20 epochs (the trials
-    # that chose it over wider networks and dropout: README, "The CNN presets over 8 seeds").
+    # that chose it over wider networks and dropout: docs/results.md, "The CNN presets over
+    # 8 seeds").
     "fashion_cnn": Config(
         data=DataConfig(dataset="fashion_mnist", augment=True, max_shift=1, flip=True),
         model=CNNConfig(channels=(16, 32), kernel_size=(3,), hidden=(128,)),
@@ -211,7 +212,7 @@ PRESETS: dict[str, Config] = {
     # one-epoch MNIST recipe (github.com/tuomaso/train_mnist_fast): conv 5x5 1->24 and 3x3
     # 24->32, both unpadded, each pooled; dense 800->256->10 (215,194 parameters); Adam
     # with b1 0.7, b2 0.9, one-cycle peak 1e-2; batch 256. Ours adds 1-pixel translations,
-    # which earned their keep over 8 seeds (README, "The CNN presets over 8 seeds").
+    # which earned their keep over 8 seeds (docs/results.md, "The CNN presets over 8 seeds").
     "speedrun": Config(
         data=DataConfig(augment=True, max_shift=1),
         model=CNNConfig(channels=(24, 32), kernel_size=(5, 3), padding="valid", hidden=(256,)),
@@ -224,7 +225,7 @@ PRESETS: dict[str, Config] = {
     # program, evaluated as the mean of their probabilities. conv 3x3 24, pool; conv 3x3
     # 48, pool; dense 256 with dropout 0.3 (615,594 parameters); random affine warps
     # (±2 px, ±10°, scale ±10%, shear ±10°); Adam one-cycle 3e-3, batch 256, 50 epochs.
-    # Chosen on a validation split (README, "Record presets"), not on the test set.
+    # Chosen on a validation split (docs/results.md, "Record presets"), not on the test set.
     "record": Config(
         data=DataConfig(
             augment=True, max_shift=2, max_rotation=10.0, max_scale=0.1, max_shear=10.0

@@ -7,7 +7,7 @@ threads allocate from) and unmaps it on free, so every call faults its pages in 
 the kernel zeroes them. Told to use one arena, never to mmap and (almost) never to trim,
 glibc serves the same blocks from its heap and the next call reuses them, and a
 population trains with far less time in the kernel (`benchmarks/host_memory.py`
-measures it; the README's Results have the figures).
+measures it; docs/results.md has the figures).
 
 The cost is memory held: the heap keeps its high-water mark and every thread allocates
 from one arena, which on a many-core host may contend. It can also hold a large block

@@ -31,8 +31,10 @@ def make_schedule(cfg, total_steps: int) -> optax.Schedule:
     if cfg.schedule == "cosine":
         return optax.cosine_decay_schedule(cfg.lr, decay_steps=total_steps)
     if cfg.schedule == "warmup_cosine":
+        if cfg.warmup_steps >= total_steps:  # a run no longer than its warmup: all warmup
+            return optax.linear_schedule(0.0, cfg.lr, transition_steps=total_steps)
         return optax.warmup_cosine_decay_schedule(
-            0.0, cfg.lr, warmup_steps=min(cfg.warmup_steps, total_steps), decay_steps=total_steps
+            0.0, cfg.lr, warmup_steps=cfg.warmup_steps, decay_steps=total_steps
         )
     if cfg.schedule == "onecycle":
         return optax.cosine_onecycle_schedule(total_steps, cfg.lr)

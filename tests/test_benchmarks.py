@@ -34,17 +34,11 @@ SMOKE = {
     "bf16_matmul": ([], {"matmul_gflops", "tpu101", "environment"}),
     "checkpoint_overhead": ([], {"median_epoch_wall_seconds", "checkpoint_overhead"}),
     "compile_time": ([], {"runs", "median", "environment"}),
-    "conv_backward": ([], {"speedrun", "environment"}),
     "data_loading": ([], {"loads", "median", "environment"}),
     "devices_scaling": ([], {"scaling", "tpu101_test_accuracy", "environment"}),
-    "epoch_versions": ([], {"runs", "median", "ratio_to_this", "environment"}),
     "epoch_vs_tutorial": ([], {"epoch_seconds", "epoch_ratio", "peak_fraction"}),
     "eval_overhead": (["--seeds", "2", "--rounds", "1"], {"cases", "side_by_side"}),
-    "onednn_pool": ([], {"speedrun+bn", "environment"}),
-    "pacing_overhead": (["--presets", "tpu101"], {"presets", "environment"}),
     "run_overhead": ([], {"runs", "median", "goal_report_seconds", "goal_peak_mb"}),
-    "search_pruning": ([], {"runs", "time_to_target_ratio", "environment"}),
-    "shuffle": ([], {"shuffle_alone", "steady_epoch_seconds", "same_test_accuracy"}),
     "startup": ([], {"invocations", "slowest_median_seconds", "stack_imports", "environment"}),
     "tpu_time_to_result": (
         [],
@@ -53,7 +47,7 @@ SMOKE = {
     "tutorial_tpu101": ([], None),
 }
 # Scripts that time oneDNN's custom calls: skipped where jaxmnist-onednn is not installed.
-NEEDS_ONEDNN = {"onednn_pool"}
+NEEDS_ONEDNN: set[str] = set()
 # Scripts whose every mode trains in `jaxmnist` (or PyTorch) child processes on the real
 # data, each a JAX start-up and a compile or more: too slow here, so --help only.
 HELP_ONLY = {"cnn_presets", "cnn_vs_pytorch", "host_memory", "seeds_vs_single", "stop_latency"}
@@ -63,6 +57,8 @@ ON_A_RUN = {"serve_load"}
 # test_record_keeps_each_presets_own_environment_and_load; with an override, in
 # test_memory_estimate_runs_its_cases_with_the_overrides_asked.
 OWN_SMOKE_TEST = {"record", "memory_estimate"}
+# Tools that read the records rather than measure: tests/test_results.py runs them.
+TOOLS = {"goals"}
 
 
 def load(name: str):
@@ -84,7 +80,7 @@ def on_path(monkeypatch):
 
 def test_every_script_is_checked():
     assert len(SCRIPTS) >= 14, SCRIPTS  # the glob found the folder
-    kinds = [set(SMOKE), HELP_ONLY, ON_A_RUN, OWN_SMOKE_TEST]
+    kinds = [set(SMOKE), HELP_ONLY, ON_A_RUN, OWN_SMOKE_TEST, TOOLS]
     assert set(SCRIPTS) == set.union(*kinds), "say how each script is checked"
     assert sum(map(len, kinds)) == len(SCRIPTS), "each script in one place"
 
@@ -173,7 +169,7 @@ def test_the_name_check_finds_a_missing_name(tmp_path):
 
 def test_a_smoke_run_never_writes_into_the_committed_results(on_path):
     default_out = importlib.import_module("benchlib.results").default_out
-    assert default_out("x.json") == BENCHMARKS / "results" / "x.json"
+    assert default_out("x.json").parent == BENCHMARKS / "results" / "x"  # a new record
     assert BENCHMARKS not in default_out("x.json", smoke=True).parents
 
 

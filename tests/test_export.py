@@ -1,6 +1,6 @@
 """`jaxmnist export`: the file runs where jaxmnist is not, and predicts what `jaxmnist eval` counts.
 
-The exported file is loaded by the README's loader in a fresh Python process in
+The exported file is loaded by the docs' loader (docs/using-a-model.md) in a fresh Python process in
 which importing jaxmnist fails, and run at batch sizes 1, 7 and 10,000 on the
 test set; its predictions must give `jaxmnist eval`'s confusion matrix exactly.
 """
@@ -17,7 +17,8 @@ import pytest
 from jaxmnist.cli import main
 from jaxmnist.use import export
 
-# The README's loader, then batch sizes 1, 7 and 10,000 over the images in argv[2].
+# The docs' loader (docs/using-a-model.md), then batch sizes 1, 7 and 10,000 over the images
+# in argv[2].
 LOADER = textwrap.dedent(
     """
     import sys

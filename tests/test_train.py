@@ -198,6 +198,17 @@ def test_schedule_shapes():
     assert float(cos(50)) == pytest.approx(0.5)
 
 
+@pytest.mark.parametrize("total_steps", [1, 3, 10])
+def test_a_run_no_longer_than_its_warmup_only_warms_up(total_steps):
+    # `--steps 3 optimizer.warmup_steps=10` (or as many steps as the warmup) trains; it
+    # raised optax's ValueError when no decay step was left.
+    cfg = config_lib.OptimizerConfig(lr=1.0, schedule="warmup_cosine", warmup_steps=10)
+    s = optim.make_schedule(cfg, total_steps)
+    rates = [float(s(step)) for step in range(total_steps + 1)]
+    assert rates[0] == 0.0 and rates[-1] == pytest.approx(1.0)
+    assert np.all(np.diff(rates) > 0)  # rising at every step
+
+
 def test_plan_steps_is_the_one_place_durations_become_steps():
     codelab = config_lib.get_preset("codelab").train
     plan = config_lib.plan_steps(codelab, 60_000)

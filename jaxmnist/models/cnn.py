@@ -163,7 +163,7 @@ def _normalise(x, scale, shift):
     """(x - mean) / sqrt(var + eps) * scale + shift by the batch's own per-channel moments;
     returns (y, mean, var). Its VJP is written out (the textbook batch-norm gradient: two
     reductions and one elementwise pass) because XLA's CPU code for the differentiated
-    mean and variance was slower (README; benchmarks/batch_norm_cost.py)."""
+    mean and variance was slower (docs/results.md; benchmarks/batch_norm_cost.py)."""
     return _normalise_fwd(x, scale, shift)[0]
 
 

@@ -14,7 +14,7 @@ Every convolution here is the same function: stride 1, a square kernel, NHWC act
   (the weight gradient one matmul of the saved patches, the input gradient folded back by
   the transpose of the patch extraction) because under autodiff XLA:CPU first writes the
   output gradient out transposed; `im2col_autodiff` keeps autodiff's, to compare
-  (`benchmarks/conv_backward.py`).
+  (`benchmarks/conv_backward.py`, in the history at 4b115f5: docs/results.md, "Decided").
 - `patches`: `lax.conv_general_dilated_patches` + one matmul: the same algorithm with
   XLA's own patch extraction (a convolution with a one-hot kernel), kept to compare.
 - `onednn`: oneDNN's direct convolution kernels (PyTorch's on CPU), called from XLA as FFI
@@ -45,7 +45,7 @@ full-size output (for the activation, the activation's gradient and the pooling'
 gradient), where a custom call is computed once. Without a gradient (evaluation,
 prediction) oneDNN pools too, and with ReLU one call pools, adds the bias and rectifies
 (`max_pool_bias_relu`), writing the block's output once. The measured comparisons are in
-the README ("Results").
+docs/results.md.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ class ModelConfig:
     family's key as its default."""
 
     name: str  # a family of jaxmnist.models.MODELS
-    activation: str = "relu"
+    activation: str = "relu"  # the nonlinearity after each hidden layer
     dtype: str = "float32"  # compute dtype; parameters and loss stay float32
     dropout: float = 0.0  # training only: rate on each dense layer's input but the pixels
 

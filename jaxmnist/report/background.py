@@ -274,7 +274,7 @@ def _model_facts(run_dir: Path) -> dict:
 if __name__ == "__main__":
     code = main()
     # The answer is the child's last act, and the run waits for the child to exit: skip
-    # the interpreter's teardown of matplotlib's modules (README, "Around training").
+    # the interpreter's teardown of matplotlib's modules (docs/results.md, "Around training").
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -61,7 +61,7 @@ DEVICE_FRACTION = 0.85  # of an accelerator's free memory
 # against the peak resident set; an under-estimate is an out-of-memory crash, an
 # over-estimate only splits a population sooner). The heap in use while the `steps`
 # program runs can exceed its temporaries, so the factor is set from the benchmark's case
-# with the least margin below its measured peak (the README's Results say which and by
+# with the least margin below its measured peak (docs/results.md says which and by
 # how much). An accelerator's allocator holds what XLA plans.
 CPU_RUNTIME_FACTOR = 1.15
 CPU_RUNTIME_BYTES = 10 * MB
@@ -69,7 +69,7 @@ CPU_RUNTIME_BYTES = 10 * MB
 # also holds what those keep outside every program: oneDNN's
 # threads, the code it generates for each shape, each cached plan's scratchpad. A
 # constant, since they follow the shapes and not the number of models; measured by
-# benchmarks/memory_estimate.py (the README's Results have the figure).
+# benchmarks/memory_estimate.py (docs/results.md has the figure).
 NATIVE_KERNEL_BYTES = 8 * MB
 NATIVE_CALL = re.compile(r'custom_call_target="jaxmnist_')
 # XLA:CPU hands some fusions to YNNPACK, which makes the arrays inside a fusion itself,

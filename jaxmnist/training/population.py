@@ -106,7 +106,7 @@ def plan_device(backend: str | None = None) -> jax.Device | None:
 def compile_workers(platform: str) -> int:
     """How many programs compile at once for `platform`: one on a CPU, where XLA's
     compiles already share the cores with each other's threads (no faster at once on
-    two cores, and more memory: README, "On a TPU"), else up to 4 (on a TPU host, 4 at
+    two cores, and more memory: docs/tpu-gpu.md), else up to 4 (on a TPU host, 4 at
     once were quicker than one by one or than one per core)."""
     return 1 if platform == "cpu" else min(os.cpu_count() or 1, 4)
 

@@ -131,7 +131,8 @@ def _atomic_write(path: Path, data: bytes) -> None:
 
 
 def load_export(path) -> tuple[dict, jax.export.Exported]:
-    """(header, exported) from a file `export_model` wrote: the README's loader."""
+    """(header, exported) from a file `export_model` wrote: the loader that
+    docs/using-a-model.md shows."""
     with open(path, "rb") as f:
         header = json.loads(f.readline())
         exported = jax.export.deserialize(bytearray(f.read()))

@@ -1,0 +1,111 @@
+"""Benchmark results are records with their provenance (benchmarks/benchlib/results.py).
+
+Each new result is a file of its own, `benchmarks/results/<benchmark>/<date>_<commit>_
+<machine>.json`, never one that exists, and holds the commit it measured (and whether the
+checkout differed from it), the date, the exact command and the machine beside its
+figures.
+"""
+
+import datetime
+import importlib
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+@pytest.fixture
+def results(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    return importlib.import_module("benchlib.results")
+
+
+def git(*args) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=BENCHMARKS, capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def test_a_result_records_its_commit_date_command_and_machine(results, tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["benchmarks/x.py", "--rounds", "3"])
+    before = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+    line = results.save_benchmark(tmp_path / "x.json", {"figure": 1.5}, (0.5, 0.5, 0.5))
+    assert line.endswith(str(tmp_path / "x.json"))
+    record = json.loads((tmp_path / "x.json").read_text())
+    prov = record["provenance"]
+    assert record["figure"] == 1.5
+    assert prov["commit"] == git("rev-parse", "HEAD")
+    dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    assert prov["dirty"] is dirty
+    assert (
+        before
+        <= datetime.datetime.fromisoformat(prov["date"])
+        <= before + datetime.timedelta(minutes=5)
+    )
+    assert prov["command"].endswith("benchmarks/x.py --rounds 3")
+    machine = prov["machine"]
+    assert machine["cpu_count"] >= 1 and machine["accelerator"] is None  # tests run on a CPU
+    assert isinstance(machine["cpu_flags"], list) and "cpu_model" in machine
+    assert set(record) >= {"load_average", "environment"}
+
+
+def test_a_new_record_never_replaces_one(results, tmp_path, monkeypatch):
+    monkeypatch.setattr(results, "RESULTS", tmp_path)
+    first = results.default_out("bench_x.json")
+    assert first.parent == tmp_path / "bench_x"
+    commit = git("rev-parse", "--short=7", "HEAD")
+    assert re.fullmatch(rf"\d{{4}}-\d\d-\d\d_{commit}(-dirty)?_[a-z0-9-]+\.json", first.name)
+    results.save_benchmark(first, {"figure": 1}, (0.0,) * 3)
+    second = results.default_out("bench_x.json")
+    assert second != first and second.parent == first.parent
+    results.save_benchmark(second, {"figure": 2}, (0.0,) * 3)
+    assert json.loads(first.read_text())["figure"] == 1
+    assert len(list(first.parent.iterdir())) == 2
+
+
+def test_outside_a_checkout_the_commit_is_none(results, tmp_path, monkeypatch):
+    monkeypatch.setattr(results, "CHECKOUT", tmp_path)  # no git repository
+    prov = results.provenance()
+    assert prov["commit"] is None and prov["dirty"] is False
+    assert "_nocommit_" in results.record_name(prov)
+
+
+@pytest.fixture
+def goals(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    return importlib.import_module("goals")
+
+
+def test_the_readme_goals_table_is_read_from_the_newest_records(goals, capsys):
+    # README.md holds benchmarks/goals.py's table as it reads the records now: a figure
+    # edited by hand, or a newer record not yet in the README, fails here.
+    assert goals.main(["--check"]) == 0, capsys.readouterr().out
+    table = goals.table()
+    assert len(goals.GOALS) <= 12 and table.count("\n") == len(goals.GOALS) + 2
+    for goal in goals.GOALS:
+        path, _, commit, date = goals.newest(goal)
+        assert path.is_file() and re.fullmatch(r"[0-9a-f]{7}(-dirty)?", commit), goal.goal
+        assert re.fullmatch(r"\d{4}-\d\d-\d\d", date), goal.goal
+
+
+def test_a_newer_record_replaces_the_figure(goals, results, tmp_path, monkeypatch):
+    goal = next(g for g in goals.GOALS if g.benchmark == "startup")
+    folder = tmp_path / "startup"
+    folder.mkdir()
+    monkeypatch.setattr(goals, "RESULTS", tmp_path)
+    legacy = json.loads((BENCHMARKS / "results" / goal.legacy).read_text())
+    (tmp_path / goal.legacy).write_text(json.dumps(legacy))
+    monkeypatch.setattr(results, "RESULTS", tmp_path)
+    newer = results.default_out("startup.json")
+    results.save_benchmark(newer, {**legacy, "slowest_median_seconds": 0.0421}, (0.0,) * 3)
+    path, record, commit, date = goals.newest(goal)
+    assert date == record["provenance"]["date"][:10]
+    assert path == newer and goal.figure(record) == ("0.042 s", True)
+    assert (
+        commit == git("rev-parse", "--short=7", "HEAD") + "-dirty" * record["provenance"]["dirty"]
+    )
