@@ -125,7 +125,7 @@ GOALS = (
     Goal(
         "a `tpu101` process ≤ 0.6× the tutorial's from empty caches, ≤ 0.5× warm, on a TPU",
         "tpu/time_to_result",
-        "tpu/time_to_result.json",
+        "tpu/time_to_result/2026-12-06_637dbe1_tpu-v5-lite.json",
         _time_to_result,
     ),
     Goal(
