@@ -391,13 +391,15 @@ def main(argv: list[str] | None = None) -> None:
         return
     from importlib import metadata
 
+    from benchlib.results import default_out, provenance
+
     from jaxmnist import runtime
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--epochs", type=int, default=3, help="training epochs (one-cycle length)")
     p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated names")
-    p.add_argument("--out", default=str(HERE / "results" / "cnn_vs_pytorch.json"))
+    p.add_argument("--out", help="JSON output (default: a new record in results/cnn_vs_pytorch/)")
     p.add_argument(
         "--busy-core",
         action="store_true",
@@ -450,8 +452,9 @@ def main(argv: list[str] | None = None) -> None:
         "results": rows,
         "ratios": ratios,
         "target": {"jax onednn/torch steady epoch float32": 0.7 if a.busy_core else 0.5},
+        "provenance": provenance(),
     }
-    out = Path(a.out)
+    out = Path(a.out) if a.out else default_out("cnn_vs_pytorch")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps(result, indent=1))
