@@ -391,9 +391,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     from importlib import metadata
 
-    from benchlib.results import default_out, provenance
-
     from jaxmnist import runtime
+
+    from benchlib.results import default_out, provenance
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=2)
