@@ -117,6 +117,34 @@ def tiny_dataset(tiny_arrays, tiny_spec) -> Dataset:
     )
 
 
+_CACHE_SETTINGS = (
+    "jax_compilation_cache_dir",
+    "jax_persistent_cache_min_compile_time_secs",
+    "jax_persistent_cache_min_entry_size_bytes",
+)
+
+
+@pytest.fixture(autouse=True)
+def _persistent_cache_settings_restored():
+    """Each test leaves JAX's persistent cache as the session set it. A run with
+    `compile_cache` on (the CLI's default) sets the threshold to 0 for the rest of its
+    process, so the test process would then write every program it compiles, each write
+    a scan of the whole cache under its lock, slower as the session's cache grows (and
+    it points the cache at that run's folder, which a process not yet using a cache
+    takes for good)."""
+    import jax
+
+    saved = {name: getattr(jax.config, name) for name in _CACHE_SETTINGS}
+    yield
+    changed = {n: v for n, v in saved.items() if getattr(jax.config, n) != v}
+    for name, value in changed.items():
+        jax.config.update(name, value)
+    if "jax_compilation_cache_dir" in changed:
+        from jax.experimental.compilation_cache import compilation_cache
+
+        compilation_cache.reset_cache()  # opened again, in the session's folder, when next used
+
+
 @pytest.fixture
 def paced_by_steps(monkeypatch):
     """Calls of the run loop end only where steps say (the first call's one step,
