@@ -149,14 +149,19 @@ def test_a_failed_onednn_build_says_why_and_leaves_no_library(tmp_path, monkeypa
 
 
 def test_onednn_builds_once_per_cache_and_reuses_the_library(tmp_path, monkeypatch):
+    """A stand-in compiler that writes the library's file: the real build is the one every
+    oneDNN test above loads, and the one without OpenMP below."""
     log = tmp_path / "compiles"
     cxx = tmp_path / "cxx"
-    cxx.write_text(f'#!/bin/sh\necho x >> {log}\nexec c++ "$@"\n')
+    cxx.write_text(
+        f"#!/bin/sh\necho x >> {log}\n"
+        'while [ "$#" -gt 0 ]; do [ "$1" = -o ] && echo library > "$2"; shift; done\n'
+    )
     cxx.chmod(0o755)
     monkeypatch.setenv("CXX", str(cxx))
     first = onednn.build(onednn.find_onednn(), tmp_path / "cache")
     again = onednn.build(onednn.find_onednn(), tmp_path / "cache")
-    assert first == again and first.is_file()
+    assert first == again and first.read_text() == "library\n"
     assert log.read_text().count("x") == 1
     assert [p.name for p in first.parent.iterdir() if p.suffix == ".tmp"] == []
 

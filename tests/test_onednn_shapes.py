@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import threading
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -271,7 +272,37 @@ def _first_block_grads(block, x, w, bias, g, padding):
     def one(w, bias, g):
         return jax.grad(lambda w, b: jnp.vdot(block(x, w, b, padding), g), (0, 1))(w, bias)
 
-    return jax.jit(jax.vmap(one))(w, bias, g)
+    return jax.vmap(one)(w, bias, g)
+
+
+def _first_block_by_onednn(x, w, bias, g, padding):
+    """A population's first block by the kernels, in inference and in training (with each
+    window's maximum), and its gradient."""
+    block = jax.vmap(onednn.first_block, (None, 0, 0, None))(x, w, bias, padding)
+    train = jax.vmap(onednn.first_block_forward, (None, 0, 0, None))
+    y, first = train(x, w, bias, padding)
+    return block, y, first, _first_block_grads(_first_block, x, w, bias, g, padding)
+
+
+def _first_block_by_lax(x, w, bias, g, padding):
+    """What `_first_block_by_onednn` must give, from lax's convolution and pooling."""
+    want = jax.vmap(_pooled_block, (None, 0, 0, None))(x, w, bias, padding)
+    maxima = jax.vmap(_first_maxima, (None, 0, None))(x, w, padding)
+    return want, maxima, _first_block_grads(_pooled_block, x, w, bias, g, padding)
+
+
+# (padding, images, height, width): both paddings, odd maps, fewer images than threads.
+FIRST_BLOCK_MAPS = [("same", 1, 28, 28), ("valid", 3, 11, 14), ("same", 7, 9, 6)]
+
+
+@jax.jit
+def _first_block_both_ways(cases):
+    """Both ways for each (x, w, bias, g) of FIRST_BLOCK_MAPS: one program per channel
+    count and kernel size (compiling is most of this check's time)."""
+    return [
+        (_first_block_by_onednn(*case, padding), _first_block_by_lax(*case, padding))
+        for case, (padding, *_) in zip(cases, FIRST_BLOCK_MAPS, strict=True)
+    ]
 
 
 def check_first_block() -> list[str]:
@@ -283,25 +314,24 @@ def check_first_block() -> list[str]:
     rng = np.random.default_rng(5)
     for o in onednn.FIRST_BLOCK_CHANNELS:
         for k in onednn.FIRST_BLOCK_KERNELS:
-            for padding, b, h, wd in [("same", 1, 28, 28), ("valid", 3, 11, 14), ("same", 7, 9, 6)]:
+            cases = []
+            for padding, b, h, wd in FIRST_BLOCK_MAPS:
                 x = jnp.asarray(rng.uniform(size=(b, h, wd, 1)), jnp.float32)
                 w = jnp.asarray(rng.normal(size=(2, k, k, 1, o)), jnp.float32)
                 bias = jnp.asarray(rng.normal(size=(2, o)), jnp.float32)
-                block = jax.jit(jax.vmap(onednn.first_block, (None, 0, 0, None)), static_argnums=3)
-                got = block(x, w, bias, padding)
-                want = jax.vmap(_pooled_block, (None, 0, 0, None))(x, w, bias, padding)
+                pooled = partial(_pooled_block, padding=padding)
+                shape = jax.eval_shape(jax.vmap(pooled, (None, 0, 0)), x, w, bias).shape
+                cases.append((x, w, bias, jnp.asarray(rng.normal(size=shape), jnp.float32)))
+            results = _first_block_both_ways(cases)
+            for (x, *_), (padding, *_), (ours, theirs) in zip(cases, FIRST_BLOCK_MAPS, results):
+                got, y, first, grads = ours
+                want, maxima, want_grads = theirs
                 case = f"first block {o} channels, k={k}, {padding}, x {x.shape}"
                 failures += _mismatches(case, got, want, "float32")
-                train = jax.vmap(onednn.first_block_forward, (None, 0, 0, None))
-                y, first = jax.jit(train, static_argnums=3)(x, w, bias, padding)
-                maxima = jax.vmap(_first_maxima, (None, 0, None))(x, w, padding)
                 failures += _mismatches(f"{case}, training", y, want, "float32")
                 if not np.array_equal(first, maxima):
                     failures.append(f"{case}: {int((first != maxima).sum())} maxima misplaced")
-                g = jnp.asarray(rng.normal(size=want.shape), jnp.float32)
-                got = _first_block_grads(_first_block, x, w, bias, g, padding)
-                want = _first_block_grads(_pooled_block, x, w, bias, g, padding)
-                failures += _mismatches(f"{case}, gradient", got, want, "float32")
+                failures += _mismatches(f"{case}, gradient", grads, want_grads, "float32")
     return failures
 
 
@@ -317,7 +347,8 @@ def check_first_block_sums() -> list[str]:
     w = jnp.asarray(rng.normal(size=(1, 3, 3, 1, 16)), jnp.float32)
     bias = jnp.asarray(rng.normal(size=(1, 16)), jnp.float32)
     g = jnp.asarray(rng.normal(size=(1, 37, 14, 14, 16)), jnp.float32)
-    dw, db = _first_block_grads(_first_block, x, w, bias, g, "same")
+    grads = jax.jit(lambda *a: _first_block_grads(_first_block, *a, "same"))
+    dw, db = grads(x, w, bias, g)
     return [np.asarray(dw).tobytes().hex(), np.asarray(db).tobytes().hex()]
 
 
