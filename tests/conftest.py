@@ -58,7 +58,17 @@ def pytest_configure(config):
 
 from jaxmnist.data import registry, synthetic
 from jaxmnist.data.dataset import Dataset
+from jaxmnist.models import onednn
 from jaxmnist.training import pacing
+
+# oneDNN's handlers are compiled once per cache folder, into $XDG_CACHE_HOME/jaxmnist/native
+# (`onednn.build`), and many tests point XDG_CACHE_HOME at a folder of their own: the
+# first of them to use oneDNN in a test process compiled them again there (most of a
+# minute of C++ per process). Every test process loads them from the session's folder,
+# the first to need them building them there; tests/test_conv.py checks `build` in
+# folders of its own.
+_SESSION_NATIVE = Path(os.environ["JAXMNIST_TEST_CACHES"], "user", "jaxmnist", "native")
+onednn._cache_root = lambda: _SESSION_NATIVE
 
 REAL_DATA_DIR = os.environ.get("JAXMNIST_DATA_DIR")
 
