@@ -259,6 +259,63 @@ def tiny_model_run(tmp_path_factory, tiny_dataset) -> Path:
     return path
 
 
+# Finished runs of `jaxmnist train` on the tiny set, trained once per test process for the
+# tests that only read them (eval, predict, export, serve, report, refusals). A test that
+# changes a run works on a copy (`shutil.copytree` into its tmp_path). `eval` finds the
+# data where training found it (data.json), once `tiny` is registered (`tiny_registered`).
+
+
+@pytest.fixture(scope="session")
+def shared_data_dir(tmp_path_factory, tiny_arrays, tiny_spec) -> Path:
+    """The tiny dataset's folder that the shared runs were trained from."""
+    root = tmp_path_factory.mktemp("shared-data")
+    synthetic.write_idx_folder(root / tiny_spec.folder, tiny_arrays, tiny_spec)
+    return root
+
+
+@pytest.fixture
+def tiny_registered(monkeypatch, tiny_spec):
+    """Dataset `tiny` known to the commands, as `tiny_data_dir` makes it, for this test."""
+    monkeypatch.setitem(registry.DATASETS, "tiny", tiny_spec)
+
+
+def _train_shared(tmp_path_factory, data_dir, tiny_spec, name, *extra) -> Path:
+    """`jaxmnist train` on the tiny set (3 epochs of 20 steps, no report), in this process."""
+    from jaxmnist.cli import main
+
+    run = tmp_path_factory.mktemp(name) / "run"
+    argv = ["train", "--dataset", "tiny", "--data-dir", str(data_dir), "--run-dir", str(run)]
+    argv += ["--batch-size", "32", "--epochs", "3", "--no-compile-cache", "--no-report"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(registry.DATASETS, "tiny", tiny_spec)
+        mp.setenv("XDG_CACHE_HOME", str(run.parent / "cache"))
+        assert main([*argv, "--quiet", *extra]) == 0
+    return run
+
+
+@pytest.fixture(scope="session")
+def tiny_cli_run(tmp_path_factory, shared_data_dir, tiny_spec) -> Path:
+    """A finished one-model run: the MLP of tpu101."""
+    return _train_shared(tmp_path_factory, shared_data_dir, tiny_spec, "cli-run")
+
+
+@pytest.fixture(scope="session")
+def tiny_seeds_run(tmp_path_factory, shared_data_dir, tiny_spec) -> Path:
+    """A finished run of three seeds (0-2), 2 epochs, at a learning rate low enough that
+    its members make different mistakes, and their ensemble others still."""
+    extra = ("--seeds", "3", "--epochs", "2", "optimizer.lr=3e-5")
+    return _train_shared(tmp_path_factory, shared_data_dir, tiny_spec, "seeds-run", *extra)
+
+
+@pytest.fixture(scope="session")
+def tiny_cnn_run(tmp_path_factory, shared_data_dir, tiny_spec) -> Path:
+    """A finished CNN run of two seeds with batch norm: 6 first-layer channels of 3×3,
+    dense 16."""
+    extra = ("--model", "cnn", "model.channels=6", "--hidden", "16", "model.batch_norm=true")
+    extra += ("--seeds", "2")
+    return _train_shared(tmp_path_factory, shared_data_dir, tiny_spec, "cnn-run", *extra)
+
+
 @pytest.fixture(scope="session")
 def real_mnist_run(tmp_path_factory) -> Path:
     """A short real-MNIST run (300 steps, about 94 % test accuracy: enough to read
