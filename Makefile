@@ -43,11 +43,12 @@ lint: $(STAMP)
 # The multi-device tests need 8 fake CPU devices, which must be set before JAX starts.
 # They start several training processes each and time how soon one notices another's
 # loss, so they keep one test process per core.
+# Each step lists its 25 longest tests (--durations), to see where the time goes.
 CORES := $(shell $(PYTHON) -c 'import os; print(len(getattr(os, "sched_getaffinity", lambda _: range(os.cpu_count() or 1))(0)))')
 PYTEST := $(BIN)/python -m pytest -q
 test: lint $(NATIVE)
-	$(PYTEST) -n $$(( $(CORES) + 1 < 4 ? $(CORES) + 1 : 4 ))
-	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PYTEST) -n $$(( $(CORES) < 4 ? $(CORES) : 4 )) tests/multidevice
+	$(PYTEST) -n $$(( $(CORES) + 1 < 4 ? $(CORES) + 1 : 4 )) --durations=25
+	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PYTEST) -n $$(( $(CORES) < 4 ? $(CORES) : 4 )) --durations=25 tests/multidevice
 
 # The accelerator lane: the tests marked `accelerator`, in one process (a TPU admits one
 # program at a time), on whatever JAX picks (the chip on a TPU VM; the CPU elsewhere).

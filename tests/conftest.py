@@ -69,6 +69,13 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
     collect_ignore.append("multidevice")
 
 
+def pytest_collection_modifyitems(config, items):
+    """The tests marked `slow` run first, in their files' order, the rest as collected:
+    with several test processes (`make test`'s -n), the tests that start last are then
+    short ones, and the processes finish together rather than one waiting on a long test."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def learnable_arrays(train_size=640, test_size=150, seed=0) -> dict[str, np.ndarray]:
     """Class c is a bright 6x6 block at a class-specific place, over uniform noise."""
     rng = np.random.default_rng(seed)
@@ -115,6 +122,34 @@ def tiny_dataset(tiny_arrays, tiny_spec) -> Dataset:
         a["test_labels"],
         "memory",
     )
+
+
+_CACHE_SETTINGS = (
+    "jax_compilation_cache_dir",
+    "jax_persistent_cache_min_compile_time_secs",
+    "jax_persistent_cache_min_entry_size_bytes",
+)
+
+
+@pytest.fixture(autouse=True)
+def _persistent_cache_settings_restored():
+    """Each test leaves JAX's persistent cache as the session set it. A run with
+    `compile_cache` on (the CLI's default) sets the threshold to 0 for the rest of its
+    process, so the test process would then write every program it compiles, each write
+    a scan of the whole cache under its lock, slower as the session's cache grows (and
+    it points the cache at that run's folder, which a process not yet using a cache
+    takes for good)."""
+    import jax
+
+    saved = {name: getattr(jax.config, name) for name in _CACHE_SETTINGS}
+    yield
+    changed = {n: v for n, v in saved.items() if getattr(jax.config, n) != v}
+    for name, value in changed.items():
+        jax.config.update(name, value)
+    if "jax_compilation_cache_dir" in changed:
+        from jax.experimental.compilation_cache import compilation_cache
+
+        compilation_cache.reset_cache()  # opened again, in the session's folder, when next used
 
 
 @pytest.fixture
@@ -212,6 +247,63 @@ def tiny_model_run(tmp_path_factory, tiny_dataset) -> Path:
     path = tmp_path_factory.mktemp("tiny-model-run")
     train_and_evaluate(cfg, path, dataset=tiny_dataset)
     return path
+
+
+# Finished runs of `jaxmnist train` on the tiny set, trained once per test process for the
+# tests that only read them (eval, predict, export, serve, report, refusals). A test that
+# changes a run works on a copy (`shutil.copytree` into its tmp_path). `eval` finds the
+# data where training found it (data.json), once `tiny` is registered (`tiny_registered`).
+
+
+@pytest.fixture(scope="session")
+def shared_data_dir(tmp_path_factory, tiny_arrays, tiny_spec) -> Path:
+    """The tiny dataset's folder that the shared runs were trained from."""
+    root = tmp_path_factory.mktemp("shared-data")
+    synthetic.write_idx_folder(root / tiny_spec.folder, tiny_arrays, tiny_spec)
+    return root
+
+
+@pytest.fixture
+def tiny_registered(monkeypatch, tiny_spec):
+    """Dataset `tiny` known to the commands, as `tiny_data_dir` makes it, for this test."""
+    monkeypatch.setitem(registry.DATASETS, "tiny", tiny_spec)
+
+
+def _train_shared(tmp_path_factory, data_dir, tiny_spec, name, *extra) -> Path:
+    """`jaxmnist train` on the tiny set (3 epochs of 20 steps, no report), in this process."""
+    from jaxmnist.cli import main
+
+    run = tmp_path_factory.mktemp(name) / "run"
+    argv = ["train", "--dataset", "tiny", "--data-dir", str(data_dir), "--run-dir", str(run)]
+    argv += ["--batch-size", "32", "--epochs", "3", "--no-compile-cache", "--no-report"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(registry.DATASETS, "tiny", tiny_spec)
+        mp.setenv("XDG_CACHE_HOME", str(run.parent / "cache"))
+        assert main([*argv, "--quiet", *extra]) == 0
+    return run
+
+
+@pytest.fixture(scope="session")
+def tiny_cli_run(tmp_path_factory, shared_data_dir, tiny_spec) -> Path:
+    """A finished one-model run: the MLP of tpu101."""
+    return _train_shared(tmp_path_factory, shared_data_dir, tiny_spec, "cli-run")
+
+
+@pytest.fixture(scope="session")
+def tiny_seeds_run(tmp_path_factory, shared_data_dir, tiny_spec) -> Path:
+    """A finished run of three seeds (0-2), 2 epochs, at a learning rate low enough that
+    its members make different mistakes, and their ensemble others still."""
+    extra = ("--seeds", "3", "--epochs", "2", "optimizer.lr=3e-5")
+    return _train_shared(tmp_path_factory, shared_data_dir, tiny_spec, "seeds-run", *extra)
+
+
+@pytest.fixture(scope="session")
+def tiny_cnn_run(tmp_path_factory, shared_data_dir, tiny_spec) -> Path:
+    """A finished CNN run of two seeds with batch norm: 6 first-layer channels of 3×3,
+    dense 16."""
+    extra = ("--model", "cnn", "model.channels=6", "--hidden", "16", "model.batch_norm=true")
+    extra += ("--seeds", "2")
+    return _train_shared(tmp_path_factory, shared_data_dir, tiny_spec, "cnn-run", *extra)
 
 
 @pytest.fixture(scope="session")

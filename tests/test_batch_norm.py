@@ -87,18 +87,17 @@ def test_the_mlp_refuses_batch_norm():
         config_lib.apply_overrides(config_lib.Config(), {"model.batch_norm": "true"})
 
 
-def test_a_batch_norm_cnn_trains_and_its_saved_run_evaluates_the_same(train_argv, tmp_path, capsys):
+def test_a_batch_norm_cnn_trains_and_its_saved_run_evaluates_the_same(
+    tiny_cnn_run, tiny_registered, capsys
+):
     from jaxmnist.cli import main
 
-    run = tmp_path / "run"
-    argv = train_argv(run, "--model", "cnn", "--hidden", "32", "--no-report", "--json")
-    assert main([*argv, "model.channels=8,16", "model.batch_norm=true", "--seeds", "2"]) == 0
-    summary = json.loads(capsys.readouterr().out)
-    assert summary["test_accuracy"] > 0.5
-    with np.load(run / "params.npz") as saved:
+    summary = json.loads((tiny_cnn_run / "summary.json").read_text())
+    assert summary["test_accuracy"] > 0.5 and len(summary["seeds"]) == 2
+    with np.load(tiny_cnn_run / "params.npz") as saved:
         means = [saved[k] for k in saved.files if "stats" in k and "mean" in k]
     assert means and all(np.abs(m).max() > 0 for m in means)  # moved from their zeros
-    assert main(["eval", str(run), "--json"]) == 0
+    assert main(["eval", str(tiny_cnn_run), "--json"]) == 0
     evaluated = json.loads(capsys.readouterr().out)
     assert evaluated["test_accuracy"] == summary["test_accuracy"]
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -577,9 +578,10 @@ def test_a_run_refused_before_it_starts_leaves_no_directory_it_made(
     assert not (tmp_path / "runs").exists()
 
 
-def test_a_refused_overwrite_keeps_the_old_run_as_it_was(train_argv, tmp_path, capsys):
-    run = tmp_path / "run"
-    assert main(train_argv(run, "--epochs", "1", "--quiet", "--no-report")) == 0
+def test_a_refused_overwrite_keeps_the_old_run_as_it_was(
+    tiny_cli_run, train_argv, tmp_path, capsys
+):
+    run = shutil.copytree(tiny_cli_run, tmp_path / "run")
     assert (run / "command.txt").is_file() and (run / "checkpoints").is_dir()
     before = tree(run)
     assert main(train_argv(run, "--overwrite", "--seeds", "100000", "memory_budget_mb=64")) == 2
@@ -617,10 +619,8 @@ def test_an_empty_hidden_list_is_a_linear_model(args, capsys):
     assert cfg["model"]["hidden"] == [] and cfg["data"]["max_shift"] == 13
 
 
-def test_resume_with_overwrite_is_refused(train_argv, tmp_path, capsys):
-    run = tmp_path / "run"
-    assert main(train_argv(run, "--steps", "2", "--quiet", "--no-report")) == 0
-    capsys.readouterr()
+def test_resume_with_overwrite_is_refused(tiny_cli_run, tmp_path, capsys):
+    run = shutil.copytree(tiny_cli_run, tmp_path / "run")
     before = tree(run)
     assert main(["train", "--resume", str(run), "--overwrite", "--epochs", "4"]) == 2
     err = capsys.readouterr().err.strip()

@@ -255,6 +255,7 @@ def test_a_persons_colour_image_is_made_like_the_datasets(spec, preprocessing):
     assert preprocess.image_to_model_input(png(photo()), "p", True, gray).shape == (32, 32)
 
 
+@pytest.mark.browser
 def test_the_page_shows_the_colour_input_at_the_datasets_size(mlp_run, tmp_path):
     """In a real browser: the 5 class names, a drop zone, and what the model saw drawn as
     a 32x32 colour image."""

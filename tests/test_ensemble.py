@@ -18,7 +18,7 @@ from test_export import check_matches_eval
 from test_seeds import small_cfg
 
 from jaxmnist.cli import main
-from jaxmnist.data import registry, synthetic
+from jaxmnist.data import registry
 from jaxmnist.models.ensemble import ensemble_log_probs
 from jaxmnist.training import evaluate as evaluate_lib
 from jaxmnist.training import memory, population
@@ -47,14 +47,16 @@ PROBABILITIES = textwrap.dedent(
 
 
 @pytest.fixture(scope="module")
-def module_data_dir(tmp_path_factory, tiny_arrays, tiny_spec):
-    """`tiny_data_dir` for the whole module: the tiny dataset, registered as `tiny`."""
+def module_data_dir(shared_data_dir, tiny_spec):
+    """`tiny_data_dir` for the whole module: the shared runs' data, registered as `tiny`."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setitem(registry.DATASETS, "tiny", tiny_spec)
-        root = tmp_path_factory.mktemp("data")
-        synthetic.write_idx_folder(root / tiny_spec.folder, tiny_arrays, tiny_spec)
-        mp.setenv("XDG_CACHE_HOME", str(root / "cache"))
-        yield root
+        yield shared_data_dir
+
+
+@pytest.fixture(autouse=True)
+def _tiny_registered(tiny_registered):
+    """The shared run of seeds names dataset `tiny`: loading its model needs it known."""
 
 
 def tiny_train_argv(data_dir, run_dir, *extra):
@@ -65,22 +67,12 @@ def tiny_train_argv(data_dir, run_dir, *extra):
     ]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def ensemble_run(module_data_dir, tmp_path_factory):
-    """A finished run of three seeds on the tiny set, trained at a learning rate low enough
-    that its members make different mistakes, and the ensemble others still."""
-    run = tmp_path_factory.mktemp("ensemble") / "run"
-    argv = tiny_train_argv(module_data_dir, run, "--seeds", str(SEEDS), "optimizer.lr=3e-5")
-    assert main(argv) == 0
-    return run
-
-
-def test_the_ensembles_probabilities_are_the_mean_of_the_members(ensemble_run, tiny_arrays):
+def test_the_ensembles_probabilities_are_the_mean_of_the_members(tiny_seeds_run, tiny_arrays):
     images = tiny_arrays["test_images"]
-    ensemble = predict.load_trained(ensemble_run)
+    ensemble = predict.load_trained(tiny_seeds_run)
     assert ensemble.ensemble and ensemble.members == SEEDS and ensemble.member is None
     assert "ensemble of 3" in ensemble.describe()
-    members = [predict.load_trained(ensemble_run, i) for i in range(SEEDS)]
+    members = [predict.load_trained(tiny_seeds_run, i) for i in range(SEEDS)]
     assert [m.seed for m in members] == [0, 1, 2] and not any(m.ensemble for m in members)
     probs = [predict.compile_predict(m, 64)(images) for m in members]
     together = predict.compile_predict(ensemble, 64)(images)
@@ -89,8 +81,8 @@ def test_the_ensembles_probabilities_are_the_mean_of_the_members(ensemble_run, t
     assert np.abs(probs[0] - probs[1]).max() > 1e-3
 
 
-def test_an_ensemble_of_identical_members_is_that_member(ensemble_run, tiny_arrays):
-    member = predict.load_trained(ensemble_run, 1)
+def test_an_ensemble_of_identical_members_is_that_member(tiny_seeds_run, tiny_arrays):
+    member = predict.load_trained(tiny_seeds_run, 1)
     copies = jax.tree.map(lambda x: jnp.stack([x] * SEEDS), member.params)
     model_cfg, classes = member.config.model, len(member.class_names)
     images = tiny_arrays["test_images"]
@@ -110,15 +102,15 @@ def test_an_ensemble_of_identical_members_is_that_member(ensemble_run, tiny_arra
 
 
 def test_eval_reports_the_ensemble_beside_each_member(
-    ensemble_run, module_data_dir, tiny_arrays, capsys
+    tiny_seeds_run, module_data_dir, tiny_arrays, capsys
 ):
     labels = tiny_arrays["test_labels"]
-    argv = ["eval", str(ensemble_run), "--data-dir", str(module_data_dir), "--json"]
+    argv = ["eval", str(tiny_seeds_run), "--data-dir", str(module_data_dir), "--json"]
     assert main(argv) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["ensemble_members"] == SEEDS and len(result["test_accuracy_per_seed"]) == SEEDS
     # The ensemble's figures are those of the mean probabilities, from another code path.
-    probs = predict.compile_predict(predict.load_trained(ensemble_run), 64)(
+    probs = predict.compile_predict(predict.load_trained(tiny_seeds_run), 64)(
         tiny_arrays["test_images"]
     )
     assert result["ensemble_test_accuracy"] == np.mean(probs.argmax(-1) == labels)
@@ -128,7 +120,7 @@ def test_eval_reports_the_ensemble_beside_each_member(
     np.add.at(confusion, (labels, probs.argmax(-1)), 1)
     assert result["confusion_matrix"] == confusion.tolist()
     # eval repeats what training measured after its last epoch.
-    summary = json.loads((ensemble_run / "summary.json").read_text())
+    summary = json.loads((tiny_seeds_run / "summary.json").read_text())
     assert result["ensemble_test_accuracy"] == summary["ensemble_test_accuracy"]
     assert result["ensemble_test_loss"] == pytest.approx(summary["ensemble_test_loss"], rel=1e-5)
 
@@ -142,10 +134,10 @@ def test_eval_reports_the_ensemble_beside_each_member(
 
 
 def test_the_exported_ensemble_runs_without_jaxmnist_and_matches_eval(
-    ensemble_run, tiny_arrays, tmp_path, capsys
+    tiny_seeds_run, tiny_arrays, tmp_path, capsys
 ):
     header, evaluated = check_matches_eval(
-        ensemble_run, tiny_arrays["test_images"], tiny_arrays["test_labels"], tmp_path, capsys
+        tiny_seeds_run, tiny_arrays["test_images"], tiny_arrays["test_labels"], tmp_path, capsys
     )
     assert header["trained"]["ensemble"]["members"] == SEEDS
     assert header["output"]["shape"] == ["batch", 10]
@@ -165,19 +157,19 @@ def test_the_exported_ensemble_runs_without_jaxmnist_and_matches_eval(
     probs = np.load(tmp_path / "probs.npy")
     nll = -np.log(probs[np.arange(len(labels)), labels]).mean()
     assert nll == pytest.approx(evaluated["ensemble_test_loss"], rel=1e-4)
-    members = [predict.load_trained(ensemble_run, i) for i in range(SEEDS)]
+    members = [predict.load_trained(tiny_seeds_run, i) for i in range(SEEDS)]
     mean = np.mean([predict.compile_predict(m, 64)(tiny_arrays["test_images"]) for m in members], 0)
     np.testing.assert_allclose(probs, mean, rtol=1e-4, atol=1e-6)
 
 
-def test_serve_describes_and_serves_the_ensemble(ensemble_run, tiny_arrays):
+def test_serve_describes_and_serves_the_ensemble(tiny_seeds_run, tiny_arrays):
     from starlette.testclient import TestClient
 
     from jaxmnist.use.serve import app as app_lib
 
     image = tiny_arrays["test_images"][0]
     for member, expected in ((None, "ensemble of 3"), ("1", "member 1 of the run's 3")):
-        model = predict.load_trained(ensemble_run, member)
+        model = predict.load_trained(tiny_seeds_run, member)
         with TestClient(app_lib.create_app(model), base_url="http://127.0.0.1") as client:
             info = client.get("/api/model").json()
             answer = client.post("/api/predict", json={"image": image.tolist()}).json()
@@ -189,14 +181,14 @@ def test_serve_describes_and_serves_the_ensemble(ensemble_run, tiny_arrays):
 
 @pytest.mark.parametrize("bad", ["-1", "3", "1.5", "one"])
 def test_a_bad_member_exits_2_in_one_line_naming_the_range(
-    ensemble_run, module_data_dir, tmp_path, capsys, bad
+    tiny_seeds_run, module_data_dir, tmp_path, capsys, bad
 ):
     out = tmp_path / "model.jaxexport"
     commands = {
-        "eval": ["eval", str(ensemble_run), "--data-dir", str(module_data_dir)],
-        "predict": ["predict", str(ensemble_run), str(tmp_path / "x.npy")],
-        "export": ["export", str(ensemble_run), "--out", str(out)],
-        "serve": ["serve", str(ensemble_run), "--port", "0"],
+        "eval": ["eval", str(tiny_seeds_run), "--data-dir", str(module_data_dir)],
+        "predict": ["predict", str(tiny_seeds_run), str(tmp_path / "x.npy")],
+        "export": ["export", str(tiny_seeds_run), "--out", str(out)],
+        "serve": ["serve", str(tiny_seeds_run), "--port", "0"],
     }
     np.save(tmp_path / "x.npy", np.zeros((1, 28, 28), np.uint8))
     for name, argv in commands.items():
@@ -295,18 +287,18 @@ def test_a_seeds_run_records_the_ensemble_and_a_sweep_does_not(tiny_dataset):
     assert one.ensemble is None and "ensemble_test_loss" not in one.records[-1]
 
 
-def test_summary_and_metrics_carry_the_ensemble(ensemble_run):
-    summary = json.loads((ensemble_run / "summary.json").read_text())
-    records = [json.loads(x) for x in (ensemble_run / "metrics.jsonl").read_text().splitlines()]
+def test_summary_and_metrics_carry_the_ensemble(tiny_seeds_run):
+    summary = json.loads((tiny_seeds_run / "summary.json").read_text())
+    records = [json.loads(x) for x in (tiny_seeds_run / "metrics.jsonl").read_text().splitlines()]
     assert summary["ensemble_members"] == SEEDS
     assert all("ensemble_test_accuracy" in r and "ensemble_test_loss" in r for r in records)
     assert summary["ensemble_test_accuracy"] == records[-1]["ensemble_test_accuracy"]
     assert summary["ensemble_test_loss"] == records[-1]["ensemble_test_loss"]
     # The exported and served ensemble says the accuracy training measured.
-    assert predict.load_trained(ensemble_run).test_accuracy == summary["ensemble_test_accuracy"]
+    assert predict.load_trained(tiny_seeds_run).test_accuracy == summary["ensemble_test_accuracy"]
 
 
-def test_report_compare_and_tensorboard_show_the_ensemble(ensemble_run, tmp_path):
+def test_report_compare_and_tensorboard_show_the_ensemble(tiny_seeds_run, tmp_path):
     import shutil
 
     from jaxmnist.report import plots
@@ -314,13 +306,13 @@ def test_report_compare_and_tensorboard_show_the_ensemble(ensemble_run, tmp_path
     from jaxmnist.report.run_report import figure_makers, write_run_report
     from jaxmnist.report.rundata import load_run
 
-    run = load_run(ensemble_run)
-    confusion = json.loads((ensemble_run / "confusion_matrix.json").read_text())
+    run = load_run(tiny_seeds_run)
+    confusion = json.loads((tiny_seeds_run / "confusion_matrix.json").read_text())
     assert run.ensemble_confusion.tolist() == confusion["ensemble_matrix"]
     summary = run.summary
     assert np.trace(run.ensemble_confusion) / 150 == summary["ensemble_test_accuracy"]
     assert "ensemble_confusion_matrix" in figure_makers(run)
-    page = write_run_report(ensemble_run, tmp_path / "report.html").read_text()
+    page = write_run_report(tiny_seeds_run, tmp_path / "report.html").read_text()
     assert "Ensemble confusion matrix" in page and "Ensemble of 3" in page
     axes = plots.accuracy_curves(run.records).axes[0]
     ensemble_line = [x for x in axes.get_lines() if x.get_label() == "test, ensemble"]
@@ -331,7 +323,7 @@ def test_report_compare_and_tensorboard_show_the_ensemble(ensemble_run, tmp_path
 
     # Compare: the ensemble's row beside a run that has none.
     single = tmp_path / "single"
-    shutil.copytree(ensemble_run, single)
+    shutil.copytree(tiny_seeds_run, single)
     s = json.loads((single / "summary.json").read_text())
     for key in ("ensemble_test_accuracy", "ensemble_test_loss", "ensemble_members"):
         del s[key]

@@ -74,11 +74,13 @@ def confusion(labels, predicted, num_classes=10):
     return out
 
 
-def check_matches_eval(run, images, labels, tmp_path, capsys):
+def check_matches_eval(run, images, labels, tmp_path, capsys, *member):
+    """Exports `run` (its `--member I` where given) and checks the file's answers at each
+    batch size against `jaxmnist eval`'s confusion matrix; (header, eval's JSON)."""
     model_file = tmp_path / "model.jaxexport"
-    assert main(["export", str(run), "--out", str(model_file)]) == 0
+    assert main(["export", str(run), "--out", str(model_file), *member]) == 0
     capsys.readouterr()
-    assert main(["eval", str(run), "--json"]) == 0
+    assert main(["eval", str(run), "--json", *member]) == 0
     evaluated = json.loads(capsys.readouterr().out)
     header, predicted = run_loader(model_file, images, tmp_path)
     n = len(labels)
@@ -94,30 +96,29 @@ def check_matches_eval(run, images, labels, tmp_path, capsys):
 
 
 @pytest.mark.parametrize(
-    "model",
+    "run, member",
     [
-        # In the accelerator lane the MLP's round trip: on a TPU v5e this CNN's training
+        # In the accelerator lane the MLP's round trip: on a TPU v5e a CNN's training
         # program compiled for more than a minute at the highest matmul precision.
-        pytest.param([], id="mlp", marks=pytest.mark.accelerator),
-        pytest.param(
-            ["--model", "cnn", "--hidden", "16", "model.channels=4,8", "model.batch_norm=true"],
-            id="cnn-batch-norm",
-        ),
+        pytest.param("tiny_cli_run", [], id="mlp", marks=pytest.mark.accelerator),
+        pytest.param("tiny_cnn_run", ["--member", "1"], id="cnn-batch-norm"),
     ],
 )
 def test_export_runs_without_jaxmnist_and_matches_eval(
-    tiny_data_dir, train_argv, tiny_arrays, tmp_path, capsys, model
+    run, member, tiny_registered, tiny_arrays, tmp_path, capsys, request
 ):
-    run = tmp_path / "run"
-    assert main([*train_argv(run, "--no-report", "--quiet"), *model]) == 0
+    """A one-model run, and one member of a run of two CNNs with batch norm (one model too:
+    its running statistics exported with it)."""
+    run = request.getfixturevalue(run)
     header, evaluated = check_matches_eval(
-        run, tiny_arrays["test_images"], tiny_arrays["test_labels"], tmp_path, capsys
+        run, tiny_arrays["test_images"], tiny_arrays["test_labels"], tmp_path, capsys, *member
     )
     summary = json.loads((run / "summary.json").read_text())
-    assert header["format"] == export.FORMAT
+    accuracy = summary["test_accuracy_per_seed"][1] if member else summary["test_accuracy"]
+    assert header["format"] == export.FORMAT and "ensemble" not in header["output_meaning"]
     assert header["class_names"] == evaluated["class_names"]
     assert header["input"]["shape"] == ["batch", 28, 28] and header["input"]["dtype"] == "uint8"
-    assert header["test_accuracy"] == summary["test_accuracy"] == evaluated["test_accuracy"]
+    assert header["test_accuracy"] == accuracy == evaluated["test_accuracy"]
     assert header["jax_version"] and header["platforms"] == ["cpu", "cuda", "tpu"]
 
 

@@ -200,10 +200,9 @@ def test_run_directory_mistakes_exit_2(tiny_model_run, tmp_path, capsys):
 
 
 def test_several_seeds_use_their_ensemble_or_the_member_chosen(
-    tiny_data_dir, train_argv, tiny_arrays, tmp_path, capsys
+    tiny_seeds_run, tiny_registered, tiny_arrays, tmp_path, capsys
 ):
-    run = tmp_path / "seeds"
-    assert main([*train_argv(run, "--seeds", "2", "--epochs", "1", "--no-report", "--quiet")]) == 0
+    run = tiny_seeds_run
     with np.load(run / "params.npz") as stored:
         stacked = {k: stored[k] for k in stored.files}
     for member, expected in ((None, stacked), (1, {k: v[1] for k, v in stacked.items()})):
@@ -214,9 +213,9 @@ def test_several_seeds_use_their_ensemble_or_the_member_chosen(
     np.save(tmp_path / "x.npy", tiny_arrays["test_images"][:3])
     capsys.readouterr()
     assert main(["predict", str(run), str(tmp_path / "x.npy")]) == 0
-    assert "ensemble of 2: the mean of its members' softmax" in capsys.readouterr().err
+    assert "ensemble of 3: the mean of its members' softmax" in capsys.readouterr().err
     assert main(["predict", str(run), str(tmp_path / "x.npy"), "--member", "1"]) == 0
-    assert "seed 1, member 1 of the run's 2" in capsys.readouterr().err
+    assert "seed 1, member 1 of the run's 3" in capsys.readouterr().err
 
 
 def test_report_images_go_through_the_model_input_path(tiny_dataset, monkeypatch):

@@ -465,11 +465,11 @@ def test_eval_prints_class_names_in_full(capsys):
     assert header[-2:] == ["Ankle", "boot"] and "T-shirt/top" in header
 
 
-@pytest.fixture(scope="module")
-def cnn_run_dir(tmp_path_factory, tiny_dataset):
-    """A tiny CNN run of two seeds: 6 first-layer channels of 3×3, dense 16."""
-    overrides = {"model.name": "cnn", "model.channels": "6", "model.hidden": "16"}
-    return tiny_run(tmp_path_factory, tiny_dataset, "cnn", **overrides, **{"train.seeds": "2"})
+@pytest.fixture
+def cnn_run_dir(tiny_cnn_run, tiny_registered, tmp_path):
+    """A copy of the shared CNN run of two seeds (6 first-layer channels of 3×3, dense 16),
+    free to write a report into."""
+    return shutil.copytree(tiny_cnn_run, tmp_path / "cnn-run")
 
 
 def test_cnn_report_shows_the_first_layer_filters_of_the_first_seed(cnn_run_dir):
@@ -520,8 +520,10 @@ def test_mlp_report_has_no_filter_figure(run_dir):
     assert "first-layer-filters" not in text and "first convolution layer" not in text
 
 
-def test_cnn_report_with_damaged_parameters_is_one_line_and_exit_1(cnn_run_dir, tmp_path, capsys):
-    run = shutil.copytree(cnn_run_dir, tmp_path / "run")
+def test_cnn_report_with_damaged_parameters_is_one_line_and_exit_1(
+    tiny_cnn_run, tiny_registered, tmp_path, capsys
+):
+    run = shutil.copytree(tiny_cnn_run, tmp_path / "run")
     (run / "params.npz").write_bytes(b"PK\x03\x04 not really a zip")
     assert main(["report", str(run), "--out", str(tmp_path / "r.html")]) == 1
     err = capsys.readouterr().err.strip()

@@ -21,9 +21,10 @@ from test_report import other_run, tiny_run
 from jaxmnist.report.compare import write_comparison
 from jaxmnist.report.run_report import write_run_report
 
-pytestmark = pytest.mark.skipif(
-    BROWSER is None, reason="no Chromium installed (apt-get install chromium)"
-)
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(BROWSER is None, reason="no Chromium installed (apt-get install chromium)"),
+]
 
 
 def check_page(tmp_path, page, width: int, height: int, mobile: bool) -> np.ndarray:

@@ -528,6 +528,7 @@ def postgres_url():
         shutil.rmtree(where, ignore_errors=True)
 
 
+@pytest.mark.postgres
 def test_two_workers_share_a_postgres_study_and_a_killed_ones_trials_are_retried(
     postgres_url, tiny_data_dir, tmp_path
 ):

@@ -25,9 +25,10 @@ from PIL import Image
 from jaxmnist.use import predict
 from jaxmnist.use.serve import server as server_lib
 
-pytestmark = pytest.mark.skipif(
-    BROWSER is None, reason="no Chromium installed (apt-get install chromium)"
-)
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(BROWSER is None, reason="no Chromium installed (apt-get install chromium)"),
+]
 
 
 # Which of the drawing pad and the drop zone a person can see.
