@@ -77,6 +77,7 @@ def _silence_stdout() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     hostmem.keep_freed_memory()  # before XLA starts its threads
+    hostmem.size_tpu_transfer_buffer()  # before a TPU opens; `train` grows it for its data
     parser = build_parser()
     # Overrides may come between options too (`--epochs 3 a=1 --seed 2 b=2`), which
     # argparse's subparsers cannot parse in one pass: what is left must be KEY=VALUE.

@@ -33,6 +33,14 @@ earlier, is taken first) and hands the freed block back while it runs.
 `JAXMNIST_KEEP_HOST_MEMORY=0` leaves glibc as it is. It must run before XLA starts its
 threads (`jaxmnist.cli.main` calls it first thing); later, it would reach only threads
 created afterwards.
+
+On a TPU the host memory that matters is another: the runtime copies between host and
+chip through a buffer of pinned host memory that it maps when it opens (libtpu's
+`TPU_PREMAPPED_BUFFER_SIZE`; a copy larger than `TPU_PREMAPPED_BUFFER_TRANSFER_THRESHOLD_BYTES`
+takes a much slower path). Mapping libtpu's default of 4 GiB is most of the time the chip
+takes to open, and unmapping it much of the time the process takes to end, though a run
+of jaxmnist copies far less at once. `size_tpu_transfer_buffer` sizes it to the run's
+largest copy, unless the user set either variable.
 """
 
 from __future__ import annotations
@@ -58,7 +66,12 @@ GROWTH_FRACTION = 8
 FREE_SLACK = 32 * 2**20
 FREE_POLL_SECONDS = 2e-4  # how often `GrowthCheck` looks for that free
 
-_state: dict = {"trim": None}  # glibc's malloc_trim, once keep_freed_memory applied
+TPU_BUFFER_ENV = "TPU_PREMAPPED_BUFFER_SIZE"
+TPU_THRESHOLD_ENV = "TPU_PREMAPPED_BUFFER_TRANSFER_THRESHOLD_BYTES"
+TPU_BUFFER_MIN = 256 * 2**20  # room for MNIST's training images twice over, and more
+TPU_BUFFER_MAX = 4 * 2**30  # libtpu's own default: never more than it would map anyway
+
+_state: dict = {"trim": None, "tpu_buffer": None}  # malloc_trim; the buffer size set here
 
 
 def keep_freed_memory() -> bool:
@@ -93,6 +106,29 @@ def accelerator_installed() -> bool:
         return False
     plugins = ("libtpu", "jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm7_plugin")
     return any(importlib.util.find_spec(name) is not None for name in plugins)
+
+
+def tpu_buffer_size(largest_copy: int) -> int:
+    """The smallest power of two holding two copies of `largest_copy` bytes at once,
+    within `TPU_BUFFER_MIN` .. `TPU_BUFFER_MAX`."""
+    return min(max(1 << max(2 * largest_copy - 1, 1).bit_length(), TPU_BUFFER_MIN), TPU_BUFFER_MAX)
+
+
+def size_tpu_transfer_buffer(largest_copy: int = 0) -> int | None:
+    """Sizes the TPU runtime's premapped transfer buffer (module docstring) for copies of
+    up to `largest_copy` bytes (`tpu_buffer_size`), the same bytes as the threshold.
+    Returns the size set, or None where the user set either variable (then
+    both are left alone). Only grows what it set before; it takes effect only before
+    the TPU runtime opens, which reads the variables once (and only a TPU reads them)."""
+    own = _state["tpu_buffer"]
+    if own is None and (TPU_BUFFER_ENV in os.environ or TPU_THRESHOLD_ENV in os.environ):
+        return None
+    if own is not None and os.environ.get(TPU_BUFFER_ENV) != str(own):
+        return None  # changed since by someone else: theirs now
+    size = max(tpu_buffer_size(largest_copy), own or 0)
+    os.environ[TPU_BUFFER_ENV] = os.environ[TPU_THRESHOLD_ENV] = str(size)
+    _state["tpu_buffer"] = size
+    return size
 
 
 def hand_back() -> None:
@@ -184,6 +220,16 @@ class GrowthCheck:
                 time.sleep(FREE_POLL_SECONDS)
         now = self.rss()
         self.floor = now if self.floor is None else min(self.floor, now)
+
+
+def describe_tpu_buffer() -> dict | None:
+    """What `environment.json` records of the TPU's transfer buffer: its bytes and who
+    set them ("jaxmnist" or "user"), or None where neither did (libtpu's default)."""
+    size = os.environ.get(TPU_BUFFER_ENV)
+    if size is None:
+        return None
+    own = _state["tpu_buffer"] is not None and size == str(_state["tpu_buffer"])
+    return {"bytes": int(size) if size.isdigit() else size, "set_by": "jaxmnist" if own else "user"}
 
 
 def describe() -> str:

@@ -1,5 +1,7 @@
 """The host allocator setting: freed buffers are reused, not unmapped and faulted in again."""
 
+import json
+import os
 import subprocess
 import sys
 import threading
@@ -8,7 +10,9 @@ import time
 import pytest
 from test_validation import tiny_cfg
 
-from jaxmnist import hostmem
+from jaxmnist import cli, hostmem, runtime
+from jaxmnist import config as config_lib
+from jaxmnist.commands import options
 from jaxmnist.training import loop, population
 
 # Allocates (malloc), touches and frees a 256 MB block five times and prints the page faults of
@@ -358,3 +362,90 @@ def test_where_an_accelerator_may_run_the_allocator_keeps_its_arenas(monkeypatch
     monkeypatch.setattr(hostmem, "accelerator_installed", lambda: True)
     assert hostmem.keep_freed_memory() is False
     assert hostmem._state["trim"] is None
+
+
+MiB = 2**20
+
+
+@pytest.fixture
+def no_tpu_buffer(monkeypatch):
+    """Neither TPU buffer variable set, and none set by jaxmnist in this process."""
+    monkeypatch.delenv(hostmem.TPU_BUFFER_ENV, raising=False)
+    monkeypatch.delenv(hostmem.TPU_THRESHOLD_ENV, raising=False)
+    monkeypatch.setitem(hostmem._state, "tpu_buffer", None)
+
+
+def _buffer_env() -> tuple[str | None, str | None]:
+    return os.environ.get(hostmem.TPU_BUFFER_ENV), os.environ.get(hostmem.TPU_THRESHOLD_ENV)
+
+
+def test_the_tpu_transfer_buffer_holds_the_largest_copy_twice(no_tpu_buffer):
+    assert hostmem.size_tpu_transfer_buffer() == 256 * MiB  # the floor
+    assert _buffer_env() == (str(256 * MiB),) * 2  # the threshold is the size
+    assert hostmem.size_tpu_transfer_buffer(47_040_000) == 256 * MiB  # MNIST's images
+    assert hostmem.size_tpu_transfer_buffer(129 * MiB) == 512 * MiB  # 258 MiB: next power
+    assert hostmem.size_tpu_transfer_buffer(100 * MiB) == 512 * MiB  # it only grows
+    assert hostmem.size_tpu_transfer_buffer(3 * 2**30) == 4 * 2**30  # libtpu's default at most
+    assert _buffer_env() == (str(4 * 2**30),) * 2
+
+
+@pytest.mark.parametrize("variable", [hostmem.TPU_BUFFER_ENV, hostmem.TPU_THRESHOLD_ENV])
+def test_a_users_tpu_buffer_setting_is_left_alone(no_tpu_buffer, monkeypatch, variable):
+    monkeypatch.setenv(variable, "123456789")
+    before = _buffer_env()
+    assert hostmem.size_tpu_transfer_buffer(47_040_000) is None
+    assert _buffer_env() == before
+    described = hostmem.describe_tpu_buffer()
+    if variable == hostmem.TPU_BUFFER_ENV:
+        assert described == {"bytes": 123456789, "set_by": "user"}
+    else:
+        assert described is None  # libtpu's default size
+
+
+def test_a_tpu_buffer_changed_after_jaxmnist_set_it_is_the_users(no_tpu_buffer, monkeypatch):
+    hostmem.size_tpu_transfer_buffer()
+    monkeypatch.setenv(hostmem.TPU_BUFFER_ENV, str(64 * MiB))
+    assert hostmem.size_tpu_transfer_buffer(300 * MiB) is None
+    assert os.environ[hostmem.TPU_BUFFER_ENV] == str(64 * MiB)
+
+
+def test_a_runs_largest_copy_is_its_images_or_every_models_largest_parameter():
+    mnist = config_lib.get_preset("tpu101")
+    assert runtime.largest_copy_bytes(mnist) == 60_000 * 28 * 28
+    record = config_lib.get_preset("record")  # 8 CNNs: their parameters are smaller
+    assert runtime.largest_copy_bytes(record) == 60_000 * 28 * 28
+    wide = config_lib.apply_overrides(mnist, {"model.hidden": "4096", "train.seeds": "64"})
+    assert runtime.largest_copy_bytes(wide) == 64 * 784 * 4096 * 4  # float32, every model
+
+
+def test_a_runs_environment_says_who_sized_the_tpu_buffer(
+    no_tpu_buffer, monkeypatch, train_argv, tmp_path
+):
+    assert cli.main(train_argv(tmp_path / "a", "--steps", "2", "--no-report")) == 0
+    saved = json.loads((tmp_path / "a" / "environment.json").read_text())
+    assert saved["tpu_transfer_buffer"] == {"bytes": 256 * MiB, "set_by": "jaxmnist"}
+    monkeypatch.setitem(hostmem._state, "tpu_buffer", None)
+    monkeypatch.setenv(hostmem.TPU_BUFFER_ENV, str(2**30))
+    assert cli.main(train_argv(tmp_path / "b", "--steps", "2", "--no-report")) == 0
+    saved = json.loads((tmp_path / "b" / "environment.json").read_text())
+    assert saved["tpu_transfer_buffer"] == {"bytes": 2**30, "set_by": "user"}
+
+
+def test_train_sizes_the_tpu_buffer_for_its_run_before_the_device_opens(
+    no_tpu_buffer, tiny_data_dir
+):
+    cfg = config_lib.apply_overrides(
+        config_lib.get_preset("tpu101"),
+        {"data.dataset": "tiny", "data.data_dir": str(tiny_data_dir), "model.hidden": "4096"},
+    )
+    cfg = config_lib.apply_overrides(cfg, {"train.seeds": "64"})  # 64 x 3 MiB of a layer
+    args = cli.build_parser().parse_args(["train"])
+    options.start_ahead(args, cfg).result()
+    expected = hostmem.tpu_buffer_size(runtime.largest_copy_bytes(cfg))
+    assert expected > hostmem.TPU_BUFFER_MIN
+    assert _buffer_env() == (str(expected),) * 2
+
+
+def test_every_command_starts_with_the_tpu_buffers_floor(no_tpu_buffer, capsys):
+    assert cli.main(["config"]) == 0  # a command that opens no device, and leaves it set
+    assert _buffer_env() == (str(hostmem.TPU_BUFFER_MIN),) * 2

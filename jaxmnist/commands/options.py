@@ -210,9 +210,12 @@ def start_ahead(args: argparse.Namespace, cfg: config_lib.Config):
     modules are imported here and, for a new run, its data are read. Returns the data's
     Future (`data.load_dataset_ahead`), or None for a resumed run, which reads the data
     its run directory names."""
+    from jaxmnist import hostmem, runtime  # start-up: imports jax
     from jaxmnist.data import load_dataset_ahead  # start-up: imports numpy
-    from jaxmnist.training import parallel  # start-up: imports jax
+    from jaxmnist.training import parallel
 
+    if not args.resume:  # a resumed run's config is read later: the floor set in `cli.main`
+        hostmem.size_tpu_transfer_buffer(runtime.largest_copy_bytes(cfg))
     parallel.open_devices_ahead(args.coordinator, args.distributed)
     from jaxmnist import train  # noqa: F401  start-up: the trainer's imports
 
