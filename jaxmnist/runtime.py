@@ -28,21 +28,20 @@ def enable_compilation_cache(directory: str | os.PathLike | None = None) -> Path
     return compile_cache.enable(Path(directory) if directory else default_cache_dir() / "xla")
 
 
-def largest_copy_bytes(cfg) -> int:
-    """The most bytes a run of `cfg` copies between host and device at once, known before
-    anything opens: its training images (uint8), or with several models one parameter of
-    every model together (float32; checkpoints fetch each such array), whichever is more.
-    Shapes come from `jax.eval_shape`, which needs no device."""
-    spec = get_spec(cfg.data.dataset)
+def largest_copy_bytes(dataset: str, model_cfg, members: int) -> int:
+    """The most bytes a run copies between host and device at once, known before anything
+    opens: the training images of `dataset` (uint8), or with several `members` one
+    parameter of every model of `model_cfg` together (float32; checkpoints fetch each such
+    array), whichever is more. Shapes come from `jax.eval_shape`, which needs no device."""
+    spec = get_spec(dataset)
     images = spec.train_size * int(np.prod(spec.image_shape))
-    members = cfg.train.seeds
     if members == 1:  # one model's largest array is far below any buffer's floor
         return images
-    model = get_model(cfg.model.name)
+    model = get_model(model_cfg.name)
     key = jax.ShapeDtypeStruct((2,), np.uint32)
     shapes = jax.eval_shape(
         lambda raw: model.init(
-            jax.random.wrap_key_data(raw), cfg.model, spec.image_shape, spec.num_classes
+            jax.random.wrap_key_data(raw), model_cfg, spec.image_shape, spec.num_classes
         ),
         key,
     )

@@ -375,6 +375,10 @@ def no_tpu_buffer(monkeypatch):
     monkeypatch.setitem(hostmem._state, "tpu_buffer", None)
 
 
+def _largest(cfg) -> int:
+    return runtime.largest_copy_bytes(cfg.data.dataset, cfg.model, cfg.train.seeds)
+
+
 def _buffer_env() -> tuple[str | None, str | None]:
     return os.environ.get(hostmem.TPU_BUFFER_ENV), os.environ.get(hostmem.TPU_THRESHOLD_ENV)
 
@@ -411,11 +415,11 @@ def test_a_tpu_buffer_changed_after_jaxmnist_set_it_is_the_users(no_tpu_buffer, 
 
 def test_a_runs_largest_copy_is_its_images_or_every_models_largest_parameter():
     mnist = config_lib.get_preset("tpu101")
-    assert runtime.largest_copy_bytes(mnist) == 60_000 * 28 * 28
+    assert _largest(mnist) == 60_000 * 28 * 28
     record = config_lib.get_preset("record")  # 8 CNNs: their parameters are smaller
-    assert runtime.largest_copy_bytes(record) == 60_000 * 28 * 28
+    assert _largest(record) == 60_000 * 28 * 28
     wide = config_lib.apply_overrides(mnist, {"model.hidden": "4096", "train.seeds": "64"})
-    assert runtime.largest_copy_bytes(wide) == 64 * 784 * 4096 * 4  # float32, every model
+    assert _largest(wide) == 64 * 784 * 4096 * 4  # float32, every model
 
 
 def test_a_runs_environment_says_who_sized_the_tpu_buffer(
@@ -441,7 +445,7 @@ def test_train_sizes_the_tpu_buffer_for_its_run_before_the_device_opens(
     cfg = config_lib.apply_overrides(cfg, {"train.seeds": "64"})  # 64 x 3 MiB of a layer
     args = cli.build_parser().parse_args(["train"])
     options.start_ahead(args, cfg).result()
-    expected = hostmem.tpu_buffer_size(runtime.largest_copy_bytes(cfg))
+    expected = hostmem.tpu_buffer_size(_largest(cfg))
     assert expected > hostmem.TPU_BUFFER_MIN
     assert _buffer_env() == (str(expected),) * 2
 

@@ -109,3 +109,16 @@ def test_a_newer_record_replaces_the_figure(goals, results, tmp_path, monkeypatc
     assert (
         commit == git("rev-parse", "--short=7", "HEAD") + "-dirty" * record["provenance"]["dirty"]
     )
+
+
+def test_the_tpu_pages_time_to_result_is_the_newest_full_records(goals):
+    table = goals.time_to_result_table()
+    goal = next(g for g in goals.GOALS if g.benchmark == "tpu/time_to_result")
+    path, record, commit, _ = goals.newest(goal)
+    assert set(goals.COMPILE_PRESETS) <= set(record["compile"])
+    cold = f"| {record['jaxmnist_cold_seconds']:.2f} s | {record['cold_ratio']:.2f}× |"
+    warm = f"| {record['jaxmnist_warm_seconds']:.2f} s | {record['warm_ratio']:.2f}× |"
+    assert cold in table.split("\n")[2] and warm in table.split("\n")[3]
+    for name, c in record["compile"].items():
+        assert f"| `{name}` | {c['compile_seconds']:.2f} s |" in table
+    assert path.name in table and commit in table

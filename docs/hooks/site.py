@@ -7,7 +7,8 @@ repository's root, as in the README) becomes, in `on_page_markdown`, a link to i
 published with the site under `repo/` (a folder: a listing of its names). A link to a
 path the repository lacks is a warning, which fails the strict build like any broken link.
 `<!-- goals -->` in a page becomes the table of the live goals (`benchmarks/goals.py`),
-read from the newest records as the site is built.
+read from the newest records as the site is built; `<!-- time_to_result -->` the TPU's
+time to result and compile times, from the newest record that measured them all.
 """
 
 from __future__ import annotations
@@ -26,11 +27,13 @@ import reference
 log = logging.getLogger("mkdocs.hooks.site")
 ROOT = Path(__file__).resolve().parents[2]
 GOALS_MARKER = "<!-- goals -->"
+TIME_TO_RESULT_MARKER = "<!-- time_to_result -->"
 
 
 # The top-level entries of the repository a page may link to, by their path from the root.
 REPO_TOPS = ("benchmarks/", "jaxmnist/", "tests/", "native/", ".ci/", "Makefile", "pyproject.toml")
 _goals = ""  # the goals table of this build (on_files)
+_time_to_result = ""  # the TPU's time to result of this build (on_files)
 _TOPS = "|".join(re.escape(t) for t in REPO_TOPS)
 LINK = re.compile(rf"\]\((?P<target>(?:{_TOPS})[^)\s#]*)(?P<anchor>#[^)\s]*)?\)")
 
@@ -49,12 +52,13 @@ def _published(target: str) -> str:
 
 
 def on_files(files, config):
-    global _goals
-    _goals = reference.load_goals().table()
+    global _goals, _time_to_result
+    goals = reference.load_goals()
+    _goals, _time_to_result = goals.table(), goals.time_to_result_table()
     pages = {path: write() for path, write in reference.PAGES.items()}
     for path, content in pages.items():
         files.append(File.generated(config, path, content=content))
-    generated = "\n".join([_goals, *pages.values()])
+    generated = "\n".join([_goals, _time_to_result, *pages.values()])
     for target in sorted(_linked_targets(Path(config.docs_dir), generated)):
         source = ROOT / target
         if source.is_dir():
@@ -67,6 +71,7 @@ def on_files(files, config):
 
 def on_page_markdown(markdown, page, config, files):
     markdown = markdown.replace(GOALS_MARKER, _goals)
+    markdown = markdown.replace(TIME_TO_RESULT_MARKER, _time_to_result)
     up = "../" * page.file.src_uri.count("/")
 
     def repl(m):

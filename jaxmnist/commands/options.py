@@ -215,7 +215,8 @@ def start_ahead(args: argparse.Namespace, cfg: config_lib.Config):
     from jaxmnist.training import parallel
 
     if not args.resume:  # a resumed run's config is read later: the floor set in `cli.main`
-        hostmem.size_tpu_transfer_buffer(runtime.largest_copy_bytes(cfg))
+        largest = runtime.largest_copy_bytes(cfg.data.dataset, cfg.model, cfg.train.seeds)
+        hostmem.size_tpu_transfer_buffer(largest)
     parallel.open_devices_ahead(args.coordinator, args.distributed)
     from jaxmnist import train  # noqa: F401  start-up: the trainer's imports
 
