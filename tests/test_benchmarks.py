@@ -223,7 +223,9 @@ def test_accelerator_session_runs_only_the_steps_asked(tmp_path):
         ["bash", str(script)], env=env, check=False, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
-    log = (tmp_path / "log.txt").read_text()
+    (path,) = (tmp_path / "accelerator_session").iterdir()  # named as a record is
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d_[0-9a-f]{7}(-dirty)?_[a-z0-9-]+\.txt", path.name)
+    log = path.read_text()
     assert '"backend"' in log and "== done" in log, log
     assert "== speedrun" not in log and "== profile" not in log, log
 
