@@ -7,7 +7,8 @@ repository's root, as in the README) becomes, in `on_page_markdown`, a link to i
 published with the site under `repo/` (a folder: a listing of its names). A link to a
 path the repository lacks is a warning, which fails the strict build like any broken link.
 `<!-- goals -->` in a page becomes the table of the live goals (`benchmarks/goals.py`),
-read from the newest records as the site is built.
+read from the newest records as the site is built, and `<!-- records -->` every
+benchmark's newest figures and its older records (`results.page`).
 """
 
 from __future__ import annotations
@@ -22,15 +23,18 @@ from mkdocs.structure.files import File
 
 sys.path.insert(0, str(Path(__file__).parent))  # MkDocs loads hooks as files, not a package
 import reference
+import results
 
 log = logging.getLogger("mkdocs.hooks.site")
 ROOT = Path(__file__).resolve().parents[2]
 GOALS_MARKER = "<!-- goals -->"
+RECORDS_MARKER = "<!-- records -->"
 
 
 # The top-level entries of the repository a page may link to, by their path from the root.
 REPO_TOPS = ("benchmarks/", "jaxmnist/", "tests/", "native/", ".ci/", "Makefile", "pyproject.toml")
 _goals = ""  # the goals table of this build (on_files)
+_records = ""  # the records' sections of this build (on_files)
 _TOPS = "|".join(re.escape(t) for t in REPO_TOPS)
 LINK = re.compile(rf"\]\((?P<target>(?:{_TOPS})[^)\s#]*)(?P<anchor>#[^)\s]*)?\)")
 
@@ -49,12 +53,12 @@ def _published(target: str) -> str:
 
 
 def on_files(files, config):
-    global _goals
-    _goals = reference.load_goals().table()
+    global _goals, _records
+    _goals, _records = reference.load_goals().table(), results.page()
     pages = {path: write() for path, write in reference.PAGES.items()}
     for path, content in pages.items():
         files.append(File.generated(config, path, content=content))
-    generated = "\n".join([_goals, *pages.values()])
+    generated = "\n".join([_goals, _records, *pages.values()])
     for target in sorted(_linked_targets(Path(config.docs_dir), generated)):
         source = ROOT / target
         if source.is_dir():
@@ -66,7 +70,7 @@ def on_files(files, config):
 
 
 def on_page_markdown(markdown, page, config, files):
-    markdown = markdown.replace(GOALS_MARKER, _goals)
+    markdown = markdown.replace(GOALS_MARKER, _goals).replace(RECORDS_MARKER, _records)
     up = "../" * page.file.src_uri.count("/")
 
     def repl(m):
