@@ -7,10 +7,10 @@ the newest record on a CPU, and the newest on an accelerator, give its figures
 (`headlines.BENCHMARKS` reads them from the record), with the machine, the date, the
 commit and the record beside them; the older records are listed under it. Newest means
 measured last: the date and time a record keeps in its provenance, else the time of the
-commit its name gives; of records of one commit, one without `_<what>` first, then by
-name. `page()` returns the Markdown; a benchmark without an entry in `headlines`, in no
-group, or whose newest record its reader cannot read is a warning, which fails the
-strict build.
+commit its name gives; of records of one time, the one without `_<what>` is the newer,
+then the later name. `page()` returns the Markdown; a benchmark without an entry in
+`headlines`, in no group, or whose newest record its reader cannot read is a warning,
+which fails the strict build.
 """
 
 from __future__ import annotations
