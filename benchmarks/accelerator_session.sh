@@ -8,9 +8,13 @@
 # profiles of the `cnn` and `record` steps (`jaxmnist profile`, as many steps as one of a
 # run's calls), a first and a second `tpu101` run against the tutorial's whole program with
 # every preset's compile (`tpu_time_to_result.py`), and the accelerator test lane
-# (`pytest -m accelerator`, in one process). Run from anywhere; results go to $OUT if set, else to
-# benchmarks/results/<backend>/: a log, seven benchmark JSONs, the lane's JUnit XML, bench.json/.png/.html,
-# profile-cnn/ and profile-record/ (each a trace and its profile.json).
+# (`pytest -m accelerator`, in one process). Run from anywhere. Every record is named as
+# `benchlib.results` names one, <date>_<commit>_<machine> (the accelerator's kind), in its
+# benchmark's folder: under $OUT if set (copy its folders into benchmarks/results/), else
+# under benchmarks/results/ itself: seven benchmark JSONs, bench_tpu101/'s json, png and
+# html, profile_cnn/ and profile_record/ (profile.json), and in accelerator_session/ the
+# session's log and the lane's JUnit XML. What no record keeps (the profiles' traces,
+# bench's own folder) goes to raw/ under $OUT, else to a scratch folder the log names.
 #
 #   bash benchmarks/accelerator_session.sh
 #   STEPS="speedrun bfloat16" bash benchmarks/accelerator_session.sh   # some steps only
@@ -61,13 +65,31 @@ if [ -n "$missing" ]; then
   echo "accelerator_session.sh: cannot import: $missing" >&2
   exit 1
 fi
-backend=$("$py" -c 'import jax; print(jax.default_backend())') || exit 1
-out=${OUT:-benchmarks/results/$backend}
-mkdir -p "$out"
-log="$out/log.txt"
+# The backend, and the records' name: <date>_<commit>_<machine> (benchlib.results).
+read -r backend stem < <("$py" - <<'EOF'
+import sys
+sys.path.insert(0, "benchmarks")
+import jax
+from benchlib.results import provenance, record_name
+backend = jax.default_backend()
+accelerator = jax.devices()[0].device_kind if backend != "cpu" else None
+print(backend, record_name(provenance(accelerator)).removesuffix(".json"))
+EOF
+)
+[ -n "${stem:-}" ] || exit 1
+out=${OUT:-benchmarks/results}
+base=$stem n=1  # a record is never replaced: a second session numbers its own on
+while compgen -G "$out/*/$stem.*" >/dev/null || compgen -G "$out/tpu/*/$stem.*" >/dev/null; do
+  n=$((n + 1))
+  stem="$base~$n"
+done
+raw=$([ -n "${OUT:-}" ] && echo "$OUT/raw" || mktemp -d)
+mkdir -p "$out/accelerator_session" "$raw"
+log="$out/accelerator_session/$stem.txt"
 ALL_STEPS="time-to-result tests speedrun batch-norm bfloat16 tutorial memory bench augment profile"
 {
   date -u
+  echo "backend $backend; records: $out/*/$stem.*; traces and bench's folder: $raw"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null
   "$py" -c 'import json; from jaxmnist import runtime; print(json.dumps(runtime.environment()))'
 } >"$log" 2>&1
@@ -109,19 +131,30 @@ step() {
   fi
 }
 
+# keep SRC DST: a file a command wrote where no record lives, copied to its record's place.
+keep() {
+  [ -f "$1" ] || return 0
+  mkdir -p "$(dirname "$2")"
+  cp "$1" "$2"
+}
+
 # First: a user's first run, before anything else has compiled on this machine.
-STEP_LIMIT=${TTR_LIMIT:-540} step time-to-result "$py" -c "$launch" benchmarks/tpu_time_to_result.py --out "$out/time_to_result.json"
+STEP_LIMIT=${TTR_LIMIT:-540} step time-to-result "$py" -c "$launch" benchmarks/tpu_time_to_result.py \
+  --out "$out/tpu/time_to_result/$stem.json"
 # The accelerator lane, in one process: the chip admits one program at a time.
 STEP_LIMIT=${TESTS_LIMIT:-480} step tests "$py" -m pytest -q -p no:cacheprovider -p no:xdist \
-  -m accelerator --durations=15 -rfE --junitxml "$out/accelerator_tests.xml" tests
-step speedrun "$py" -c "$launch" benchmarks/cnn_presets.py --presets speedrun --seeds 8 --out "$out/cnn_presets.json"
-step batch-norm "$py" -c "$launch" benchmarks/batch_norm_cost.py --out "$out/batch_norm_cost.json"
-step bfloat16 "$py" -c "$launch" benchmarks/bf16_matmul.py --out "$out/bf16_matmul.json"
-step tutorial "$py" -c "$launch" benchmarks/epoch_vs_tutorial.py --runs 2 --out "$out/epoch_vs_tutorial.json"
+  -m accelerator --durations=15 -rfE --junitxml "$out/accelerator_session/${stem}_tests.xml" tests
+step speedrun "$py" -c "$launch" benchmarks/cnn_presets.py --presets speedrun --seeds 8 --out "$out/cnn_presets/$stem.json"
+step batch-norm "$py" -c "$launch" benchmarks/batch_norm_cost.py --out "$out/batch_norm_cost/$stem.json"
+step bfloat16 "$py" -c "$launch" benchmarks/bf16_matmul.py --out "$out/bf16_matmul/$stem.json"
+step tutorial "$py" -c "$launch" benchmarks/epoch_vs_tutorial.py --runs 2 --out "$out/epoch_vs_tutorial/$stem.json"
 step memory "$py" -c "$launch" benchmarks/memory_estimate.py --presets cnn,speedrun --seeds 8 --repeats 1 \
-  --out "$out/memory_estimate.json"
-step bench "$py" -m jaxmnist bench --preset tpu101 --quick --out "$out/bench-tpu101"
-step augment "$py" -c "$launch" benchmarks/augment_gathers.py --out "$out/augment_gathers.json"
-step profile "$py" -m jaxmnist profile --preset cnn --out "$out/profile-cnn"
-step profile "$py" -m jaxmnist profile --preset record --out "$out/profile-record"
-echo "== done: $out" | tee -a "$log"
+  --out "$out/memory_estimate/$stem.json"
+step bench "$py" -m jaxmnist bench --preset tpu101 --quick --out "$raw/bench-tpu101"
+for ext in json png html; do keep "$raw/bench-tpu101/bench.$ext" "$out/bench_tpu101/${stem}_quick.$ext"; done
+step augment "$py" -c "$launch" benchmarks/augment_gathers.py --out "$out/augment_gathers/$stem.json"
+step profile "$py" -m jaxmnist profile --preset cnn --out "$raw/profile-cnn"
+keep "$raw/profile-cnn/profile.json" "$out/profile_cnn/$stem.json"
+step profile "$py" -m jaxmnist profile --preset record --out "$raw/profile-record"
+keep "$raw/profile-record/profile.json" "$out/profile_record/$stem.json"
+echo "== done: $out/*/$stem.*" | tee -a "$log"

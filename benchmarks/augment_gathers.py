@@ -20,8 +20,8 @@ the two warps to within one grey level (float rounding before the uint8 round).
 Figures are microseconds per step, medians of `--repeats` calls.
 
 Usage: python benchmarks/augment_gathers.py [--batch 256] [--steps 50] [--repeats 7] [--smoke]
-Prints a table and writes JSON (`--out`, default benchmarks/results/<backend>/augment_gathers.json
-off the CPU, benchmarks/results/augment_gathers/ on it).
+Prints a table and writes JSON (`--out`, default a new record in
+benchmarks/results/augment_gathers/, whose name says the machine: the CPU or the accelerator).
 """
 
 from __future__ import annotations
@@ -108,8 +108,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     load_before = os.getloadavg()
     backend = jax.default_backend()
-    name = "augment_gathers.json" if backend == "cpu" else f"{backend}/augment_gathers.json"
-    out = args.out or default_out(name, args.smoke)
+    out = args.out or default_out("augment_gathers.json", args.smoke)
     batch, steps, repeats = args.batch, args.steps, args.repeats
     examples, image = 60000, (28, 28)
     if args.smoke:

@@ -13,8 +13,10 @@ fashion_cnn >= 92.5% mean; speedrun >= 99.0% mean with at most 10 s of
 training per model on a 2-core CPU (1 s on a GPU).
 
 Usage: JAXMNIST_DATA_DIR=../shared/datasets python benchmarks/cnn_presets.py
-       [--presets cnn,fashion_cnn,speedrun] [--seeds 8]
+       [--presets cnn,fashion_cnn,speedrun] [--seeds 8] [--smoke]
 Prints a table and writes JSON (`--out`, default benchmarks/results/cnn_presets/).
+`--smoke` trains `speedrun` (2 seeds, then one alone) for one epoch on a tiny generated
+dataset, through the same command line.
 """
 
 from __future__ import annotations
@@ -23,23 +25,25 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from jaxmnist import stats
 
-from benchlib.results import default_out, save_benchmark
+from benchlib.launch import jaxmnist_command
+from benchlib.results import SMOKE_HELP, default_out, save_benchmark
 
 TARGETS = {"cnn": 0.993, "fashion_cnn": 0.925, "speedrun": 0.99}
 SPEEDRUN_SECONDS_PER_MODEL = {"cpu": 10.0, "accelerator": 1.0}  # a GPU or TPU
 
 
-def train(preset: str, seeds: int, run_dir: Path, extra: list[str]) -> dict:
-    """Runs one training process; returns its summary, epochs and wall time."""
-    cmd = [sys.executable, "-m", "jaxmnist", "train", "--preset", preset, "--seeds", str(seeds)]
-    cmd += ["--no-report", "--run-dir", str(run_dir), "--overwrite", *extra]
+def train(preset: str, seeds: int, run_dir: Path, launch: list[str], extra: list[str]) -> dict:
+    """Runs one training process (`launch`: the command that starts jaxmnist, `extra`:
+    arguments added to `train`'s); returns its summary, epochs and wall time."""
+    args = ["train", "--preset", preset, "--seeds", str(seeds)]
+    args += ["--no-report", "--run-dir", str(run_dir), "--overwrite", *extra]
+    cmd = [*launch, *args]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - t0
@@ -51,7 +55,7 @@ def train(preset: str, seeds: int, run_dir: Path, extra: list[str]) -> dict:
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     epochs = [json.loads(line) for line in lines if line.strip()]
     return {
-        "command": " ".join(["jaxmnist", *cmd[3:]]),
+        "command": " ".join(["jaxmnist", *args]),
         "wall_seconds": wall,
         "backend": backend,
         "summary": summary,
@@ -70,9 +74,9 @@ def per_epoch(epochs: list[dict]) -> list[dict]:
     return out
 
 
-def measure(preset: str, seeds: int, work: Path) -> dict:
+def measure(preset: str, seeds: int, work: Path, launch: list[str], extra: list[str]) -> dict:
     target = TARGETS[preset]
-    run = train(preset, seeds, work / f"{preset}-seeds{seeds}", [])
+    run = train(preset, seeds, work / f"{preset}-seeds{seeds}", launch, extra)
     s, curve = run["summary"], per_epoch(run["epochs"])
     per_seed = s.get("test_accuracy_per_seed") or [s["test_accuracy"]]
     sp = stats.spread(per_seed)
@@ -95,7 +99,7 @@ def measure(preset: str, seeds: int, work: Path) -> dict:
         "meets_target": s["test_accuracy"] >= target,
     }
     if preset == "speedrun":
-        alone = train(preset, 1, work / "speedrun-alone", [])
+        alone = train(preset, 1, work / "speedrun-alone", launch, extra)
         limit = SPEEDRUN_SECONDS_PER_MODEL["cpu" if alone["backend"] == "cpu" else "accelerator"]
         result["one_model"] = {
             "command": alone["command"],
@@ -122,20 +126,25 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--presets", default="cnn,fashion_cnn,speedrun")
     p.add_argument("--seeds", type=int, default=8)
-    p.add_argument("--out", type=Path, default=default_out("cnn_presets.json"))
+    p.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    p.add_argument("--out", type=Path, help="default: a new record in results/cnn_presets/")
     args = p.parse_args(argv)
+    out = args.out or default_out("cnn_presets.json", args.smoke)
+    presets, seeds = (["speedrun"], 2) if args.smoke else (args.presets.split(","), args.seeds)
     load_before = os.getloadavg()
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for preset in args.presets.split(","):
+        launch, extra = jaxmnist_command(args.smoke, Path(tmp))
+        extra += ["--epochs", "1", "train.batch_size=2"] if args.smoke else []
+        for preset in presets:
             load = os.getloadavg()
-            results[preset] = measure(preset, args.seeds, Path(tmp))
+            results[preset] = measure(preset, seeds, Path(tmp), launch, extra)
             results[preset]["load_average"] = {"before": load, "after": os.getloadavg()}
             print_row(preset, results[preset], flush=True)
     # Presets measured in earlier invocations stay, each with its own load average.
-    previous = json.loads(args.out.read_text()) if args.out.exists() else {}
-    presets = {**previous.get("presets", {}), **results}
-    print(save_benchmark(args.out, {"presets": presets}, load_before))
+    previous = json.loads(out.read_text()) if out.exists() else {}
+    merged = {**previous.get("presets", {}), **results}
+    print(save_benchmark(out, {"presets": merged}, load_before))
 
 
 def print_row(preset: str, r: dict, flush: bool = False) -> None:

@@ -24,7 +24,11 @@ of the epochs up to the first that reaches it, median over rounds), MFU (analyti
 every round). CPU model, flags and load averages are recorded.
 
 Usage: JAXMNIST_DATA_DIR=../shared/datasets python benchmarks/cnn_vs_pytorch.py
-[--rounds N] [--epochs N] [--variants "name,name"] [--out PATH]
+[--rounds N] [--epochs N] [--variants "name,name"] [--out PATH] [--smoke]
+`--smoke` runs one round of two epochs of jaxmnist's `auto` convolution (oneDNN where
+jaxmnist-onednn is installed, else im2col) and of PyTorch in float32 on 128 random images
+in batches of 16, with 128³ matmul peaks; without PyTorch it says so and runs jaxmnist's
+alone.
 Needs the `bench` extra (PyTorch, CPU): pip install -e '.[bench]'. Committed results, in
 results/cnn_vs_pytorch/: 2026-11-30_14fed84_amd-epyc.json (every variant, 2 rounds) and
 2026-12-01_48ae1ca_amd-epyc_core.json (the main comparisons and thread counts, 3 rounds:
@@ -49,6 +53,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 BATCH, PEAK_LR, TARGET, N_TRAIN = 256, 3e-3, 0.99, 60_000
 STEPS_PER_EPOCH = N_TRAIN // BATCH
+# --smoke: random images (the test set's a multiple of 10: `accuracy` evaluates it in 10
+# batches), small batches, small matmul peaks.
+SMOKE_TRAIN, SMOKE_TEST, SMOKE_BATCH, SMOKE_PEAK_SIZE = 128, 40, 16, 128
 # name -> worker arguments. Flag trials time steps only; XLA's native CPU conv is too slow
 # for whole epochs (minutes each).
 VARIANTS = {
@@ -93,22 +100,34 @@ def reference_config(impl: str, dtype: str):
     )
 
 
-def load_mnist():
+def load_mnist(smoke: bool = False):
+    """Real MNIST; with `smoke`, random images of its shape (`SMOKE_TRAIN`, `SMOKE_TEST`)."""
+    if smoke:
+        from jaxmnist.bench.measure import synthetic_dataset
+
+        return synthetic_dataset("mnist", train_size=SMOKE_TRAIN, test_size=SMOKE_TEST)
     from jaxmnist.data import load_dataset
 
     return load_dataset("mnist", os.environ.get("JAXMNIST_DATA_DIR"), download=False)
 
 
-def run_jax(impl: str, dtype: str, epochs: int, steps: int | None) -> dict:
+def sizes(smoke: bool) -> tuple[int, int, int]:
+    """(training examples, batch size, steps per epoch)."""
+    n_train, batch = (SMOKE_TRAIN, SMOKE_BATCH) if smoke else (N_TRAIN, BATCH)
+    return n_train, batch, n_train // batch
+
+
+def run_jax(impl: str, dtype: str, epochs: int, steps: int | None, smoke: bool = False) -> dict:
     import jax
     import jax.numpy as jnp
     import optax
 
     from jaxmnist.models import apply_uint8, get_model
 
-    ds, cfg, model = load_mnist(), reference_config(impl, dtype), get_model("cnn")
-    n_steps = steps or STEPS_PER_EPOCH
-    optimizer = optax.adam(optax.cosine_onecycle_schedule(epochs * STEPS_PER_EPOCH, PEAK_LR))
+    ds, cfg, model = load_mnist(smoke), reference_config(impl, dtype), get_model("cnn")
+    n_train, batch, steps_per_epoch = sizes(smoke)
+    n_steps = steps or steps_per_epoch
+    optimizer = optax.adam(optax.cosine_onecycle_schedule(epochs * steps_per_epoch, PEAK_LR))
     params = model.init(jax.random.key(0), cfg, (28, 28), 10)
     state = (params, optimizer.init(params))
     images, labels = jax.device_put((ds.train_images, ds.train_labels.astype("int32")))
@@ -125,7 +144,7 @@ def run_jax(impl: str, dtype: str, epochs: int, steps: int | None) -> dict:
             updates, opt_state = optimizer.update(grads, opt_state, params)
             return (optax.apply_updates(params, updates), opt_state), loss
 
-        idx = jax.random.permutation(key, N_TRAIN)[: n_steps * BATCH].reshape(n_steps, BATCH)
+        idx = jax.random.permutation(key, n_train)[: n_steps * batch].reshape(n_steps, batch)
         return jax.lax.scan(step, state, idx)
 
     def accuracy(params, x, y):
@@ -152,17 +171,21 @@ def run_jax(impl: str, dtype: str, epochs: int, steps: int | None) -> dict:
         steps,
         compile_seconds,
         lambda s: float(evaluate(s[0], test_x, test_y)),
+        n_steps * batch,
     )
 
 
-def run_torch(dtype: str, epochs: int, steps: int | None, threads: int | None) -> dict:
+def run_torch(
+    dtype: str, epochs: int, steps: int | None, threads: int | None, smoke: bool = False
+) -> dict:
     import torch
     from torch import nn
 
     if threads:
         torch.set_num_threads(threads)
 
-    ds = load_mnist()
+    ds = load_mnist(smoke)
+    n_train, batch, steps_per_epoch = sizes(smoke)
     torch.manual_seed(0)
     net = nn.Sequential(
         *(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)),
@@ -177,7 +200,7 @@ def run_torch(dtype: str, epochs: int, steps: int | None, threads: int | None) -
     sched = torch.optim.lr_scheduler.OneCycleLR(
         opt,
         PEAK_LR,
-        total_steps=epochs * STEPS_PER_EPOCH + 1,
+        total_steps=epochs * steps_per_epoch + 1,
         pct_start=0.3,
         anneal_strategy="cos",
         div_factor=25.0,
@@ -191,12 +214,12 @@ def run_torch(dtype: str, epochs: int, steps: int | None, threads: int | None) -
     test_x = torch.from_numpy(ds.test_images.copy()).float().div_(255).unsqueeze(1)
     test_y = torch.from_numpy(ds.test_labels.astype("int64"))
     autocast = torch.autocast("cpu", torch.bfloat16, enabled=dtype == "bfloat16")
-    n_steps = steps or STEPS_PER_EPOCH
+    n_steps = steps or steps_per_epoch
     gen = torch.Generator().manual_seed(1)
 
     def one_epoch(state, e):
         start = time.perf_counter()
-        idx = torch.randperm(N_TRAIN, generator=gen)[: n_steps * BATCH].view(n_steps, BATCH)
+        idx = torch.randperm(n_train, generator=gen)[: n_steps * batch].view(n_steps, batch)
         for rows in idx:
             x = images[rows].float().div_(255).unsqueeze(1)
             with autocast:
@@ -211,7 +234,7 @@ def run_torch(dtype: str, epochs: int, steps: int | None, threads: int | None) -
         with torch.no_grad(), autocast:
             return float((net(test_x).argmax(-1) == test_y).float().mean())
 
-    out = _drive(one_epoch, None, epochs, steps, 0.0, evaluate)
+    out = _drive(one_epoch, None, epochs, steps, 0.0, evaluate, n_steps * batch)
     out["torch"] = {
         "version": torch.__version__,
         "threads": torch.get_num_threads(),
@@ -220,38 +243,49 @@ def run_torch(dtype: str, epochs: int, steps: int | None, threads: int | None) -
     return out
 
 
-def _drive(one_epoch, state, epochs, steps, compile_seconds, evaluate) -> dict:
+def _drive(one_epoch, state, epochs, steps, compile_seconds, evaluate, examples) -> dict:
     """Timed-steps mode: one warm-up window, two timed, scaled to an epoch. Training mode:
-    `epochs` timed epochs, test accuracy after each."""
+    `epochs` timed epochs, test accuracy after each. `examples`: an epoch's (its steps
+    times the batch)."""
     if steps:
         state, _, _ = one_epoch(state, 0)
         seconds = []
         for e in (1, 2):
             state, s, _ = one_epoch(state, e)
             seconds.append(s * STEPS_PER_EPOCH / steps)
-        return {"compile_seconds": compile_seconds, "epoch_seconds": seconds, "steps_timed": steps}
+        return {
+            "compile_seconds": compile_seconds,
+            "epoch_seconds": seconds,
+            "steps_timed": steps,
+            "examples_per_epoch": STEPS_PER_EPOCH * BATCH,  # the epoch it is scaled to
+        }
     seconds, accuracy = [], []
     for e in range(epochs):
         state, s, _ = one_epoch(state, e)
         seconds.append(s)
         accuracy.append(evaluate(state))
-    return {"compile_seconds": compile_seconds, "epoch_seconds": seconds, "test_accuracy": accuracy}
+    return {
+        "compile_seconds": compile_seconds,
+        "epoch_seconds": seconds,
+        "test_accuracy": accuracy,
+        "examples_per_epoch": examples,
+    }
 
 
-def run_peaks() -> dict:
-    """Matmul peaks, 2048³, float32 and bfloat16: XLA (jaxmnist.profiling.peak) and PyTorch."""
+def run_peaks(n: int = 2048) -> dict:
+    """Matmul peaks, n³, float32 and bfloat16: XLA (jaxmnist.profiling.peak) and PyTorch."""
     from jaxmnist.profiling.peak import measure_matmul_peak
 
     out = {}
     for dtype in ("float32", "bfloat16"):
-        out[f"jax {dtype}"] = measure_matmul_peak(dtype, 2048)["flops_per_second"]["median"]
+        out[f"jax {dtype}"] = measure_matmul_peak(dtype, n)["flops_per_second"]["median"]
     try:
         import torch
     except ImportError:
         return out
     for dtype in ("float32", "bfloat16"):
-        a = torch.randn(2048, 2048).to(getattr(torch, dtype))
-        b = torch.linalg.qr(torch.randn(2048, 2048))[0].to(a.dtype)
+        a = torch.randn(n, n).to(getattr(torch, dtype))
+        b = torch.linalg.qr(torch.randn(n, n))[0].to(a.dtype)
         a @ b
         times = []
         for _ in range(5):
@@ -259,7 +293,7 @@ def run_peaks() -> dict:
             for _ in range(5):
                 a = a @ b
             times.append((time.perf_counter() - start) / 5)
-        out[f"torch {dtype}"] = 2 * 2048**3 / statistics.median(times)
+        out[f"torch {dtype}"] = 2 * n**3 / statistics.median(times)
     return out
 
 
@@ -272,16 +306,17 @@ def worker(argv: list[str]) -> None:
     p.add_argument("--steps", type=int)
     p.add_argument("--xla-flags", default="")
     p.add_argument("--threads", type=int)
+    p.add_argument("--smoke", action="store_true")
     a = p.parse_args(argv)
     from jaxmnist import hostmem
 
     hostmem.keep_freed_memory()  # as the CLI does; the same glibc settings for both frameworks
     if a.framework == "peak":
-        result = run_peaks()
+        result = run_peaks(SMOKE_PEAK_SIZE if a.smoke else 2048)
     elif a.framework == "jax":
-        result = run_jax(a.impl, a.dtype, a.epochs, a.steps)
+        result = run_jax(a.impl, a.dtype, a.epochs, a.steps, a.smoke)
     else:
-        result = run_torch(a.dtype, a.epochs, a.steps, a.threads)
+        result = run_torch(a.dtype, a.epochs, a.steps, a.threads, a.smoke)
     print("RESULT " + json.dumps(result), flush=True)
 
 
@@ -295,8 +330,9 @@ def _cpu_flags() -> list[str]:
     return sorted(f for f in flags.split() if f.startswith(keep))
 
 
-def _run_worker(args: list[str], epochs: int) -> dict:
+def _run_worker(args: list[str], epochs: int, smoke: bool = False) -> dict:
     cmd = [sys.executable, __file__, "--worker", *args[:3], "--epochs", str(epochs), *args[3:]]
+    cmd += ["--smoke"] if smoke else []
     env = dict(os.environ)
     flags = [a.split("=", 1)[1] for a in args if a.startswith("--xla-flags=")]
     env["XLA_FLAGS"] = " ".join(flags)
@@ -330,7 +366,7 @@ def summarize(name: str, runs: list[dict], peaks: list[dict]) -> dict:
     ]
     steady = statistics.median(epochs)
     flops = get_model("cnn").flops_per_example(reference_config("auto", dtype), (28, 28), 10)
-    achieved = flops * STEPS_PER_EPOCH * BATCH / steady
+    achieved = flops * runs[0]["examples_per_epoch"] / steady
     reached = [t for t in map(_time_to_target, runs) if t is not None]
     row = {
         "variant": name,
@@ -354,7 +390,7 @@ def summarize(name: str, runs: list[dict], peaks: list[dict]) -> dict:
 def _rounds(a, names, runs, peaks) -> None:
     """Every variant, one after another, `a.rounds` times (A B A B)."""
     for r in range(a.rounds):
-        peaks.append(_run_worker(["peak", "-", "-"], 1))
+        peaks.append(_run_worker(["peak", "-", "-"], 1, a.smoke))
         print(
             f"round {r + 1}: peaks "
             + ", ".join(
@@ -364,7 +400,7 @@ def _rounds(a, names, runs, peaks) -> None:
             flush=True,
         )
         for n in names:
-            out = _run_worker(VARIANTS[n], a.epochs)
+            out = _run_worker(VARIANTS[n], a.epochs, a.smoke)
             runs[n].append(out)
             acc = out.get("test_accuracy")
             print(
@@ -389,11 +425,12 @@ def main(argv: list[str] | None = None) -> None:
     if argv[:1] == ["--worker"]:  # one variant, in a process of its own (`_run_worker`)
         worker(argv[1:])
         return
-    from importlib import metadata
+    from importlib import metadata, util
 
     from jaxmnist import runtime
+    from jaxmnist.models import onednn
 
-    from benchlib.results import default_out, provenance
+    from benchlib.results import SMOKE_HELP, default_out, provenance
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=2)
@@ -406,11 +443,24 @@ def main(argv: list[str] | None = None) -> None:
         help="keep one core busy with a spinning process for the whole run, both sides alike "
         "(the machine shared with another job)",
     )
+    p.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     a = p.parse_args(argv)
     names = [n.strip() for n in a.variants.split(",")]
+    if a.smoke:
+        jax_impl = "onednn" if onednn.available() else "im2col"
+        names, a.rounds, a.epochs = [f"jax {jax_impl} float32", "torch float32"], 1, 2
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
         sys.exit(f"unknown variants {unknown}; choose from: {', '.join(VARIANTS)}")
+    torch_variants = [n for n in names if VARIANTS[n][0] == "torch"]
+    if torch_variants and util.find_spec("torch") is None:
+        if not a.smoke:
+            sys.exit(
+                f"{', '.join(torch_variants)}: PyTorch is not installed "
+                "(pip install -e '.[bench]', a CPU build of torch first)"
+            )
+        print("PyTorch is not installed: the smoke run skips its variant", flush=True)
+        names = [n for n in names if n not in torch_variants]
     runs: dict[str, list] = {n: [] for n in names}
     peaks = []
     spinner = _spin() if a.busy_core else None
@@ -438,7 +488,7 @@ def main(argv: list[str] | None = None) -> None:
             "optimizer": "adam",
             "schedule": "one-cycle",
             "peak_lr": PEAK_LR,
-            "batch_size": BATCH,
+            "batch_size": sizes(a.smoke)[1],
             "epochs": a.epochs,
             "target_accuracy": TARGET,
         },
@@ -454,7 +504,7 @@ def main(argv: list[str] | None = None) -> None:
         "target": {"jax onednn/torch steady epoch float32": 0.7 if a.busy_core else 0.5},
         "provenance": provenance(),
     }
-    out = Path(a.out) if a.out else default_out("cnn_vs_pytorch")
+    out = Path(a.out) if a.out else default_out("cnn_vs_pytorch", a.smoke)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps(result, indent=1))

@@ -126,7 +126,7 @@ GOALS = (
     Goal(
         "`tpu101`'s steady epoch ≤ 0.33× the TPU 101 tutorial's loop, on a TPU",
         "epoch_vs_tutorial",
-        "tpu/epoch_vs_tutorial.json",
+        "epoch_vs_tutorial/2026-12-05_aaa21e6_tpu-v5-lite.json",
         lambda r: (f"{r['epoch_ratio']:.3f}×", r["epoch_ratio"] <= 0.33),
         lambda r: r["environment"]["backend"] == "tpu",
     ),

@@ -11,8 +11,10 @@ ratio (target: 8 seeds <= 5x one seed) and the 8 seeds' mean test accuracy with
 its 95% CI (target: mean >= 97.3%). The machine's load average before and after
 is saved too: other processes on a shared machine inflate both runs.
 
-Usage: JAXMNIST_DATA_DIR=../shared/datasets python benchmarks/seeds_vs_single.py
+Usage: JAXMNIST_DATA_DIR=../shared/datasets python benchmarks/seeds_vs_single.py [--smoke]
 Prints a table and writes JSON (`--out`, default benchmarks/results/seeds_vs_single/).
+`--smoke` runs one timed pair, of one seed against 2, for one epoch on a tiny generated
+dataset, through the same command line.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,7 +31,8 @@ import numpy as np
 
 from jaxmnist import runtime, stats
 
-from benchlib.results import default_out, provenance
+from benchlib.launch import jaxmnist_command
+from benchlib.results import SMOKE_HELP, default_out, provenance
 
 TARGETS = {"wall_ratio": 5.0, "mean_test_accuracy": 0.973}
 
@@ -38,12 +40,12 @@ TARGETS = {"wall_ratio": 5.0, "mean_test_accuracy": 0.973}
 def run_program(cmd: list[str], env: dict, run_dir: Path) -> dict:
     """Runs one `jaxmnist train`; returns wall seconds, peak RSS (MB) and its summary."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t0
-    err = proc.stderr.read().decode()
-    proc.stderr.close()
-    if os.waitstatus_to_exitcode(status) != 0:
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as proc:
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
+        err = proc.stderr.read().decode()
+    if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed: {err.strip()[-500:]}")
     summary = json.loads((run_dir / "summary.json").read_text())
     keep = (
@@ -80,22 +82,21 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--seeds", type=int, default=8)
     parser.add_argument("--preset", default="tpu101")
-    parser.add_argument("--out", default=str(default_out("seeds_vs_single.json")))
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    parser.add_argument("--out", help="default: a new record in results/seeds_vs_single/")
     args = parser.parse_args(argv)
+    out = Path(args.out) if args.out else default_out("seeds_vs_single.json", args.smoke)
+    if args.smoke:
+        args.repeats, args.seeds = 1, 2
 
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "XDG_CACHE_HOME": tmp}  # a private compilation cache, empty at first
-        base = [
-            sys.executable,
-            "-m",
-            "jaxmnist",
-            "train",
-            "--preset",
-            args.preset,
-            "--no-report",
-            "--quiet",
-        ]
+        launch, extra = jaxmnist_command(args.smoke, Path(tmp))
+        extra += ["--epochs", "1", "train.batch_size=2"] if args.smoke else []
+        # --overwrite: each program runs again into the run directory of its last run.
+        base = [*launch, "train", "--preset", args.preset, "--no-report", "--quiet", "--overwrite"]
+        base += extra
         cmds = {
             "single": (base + ["--run-dir", f"{tmp}/single"], Path(tmp) / "single"),
             "seeds": (
@@ -115,7 +116,8 @@ def main(argv: list[str] | None = None) -> None:
     acc = stats.spread(last["test_accuracy_per_seed"])
     result = {
         "command": {
-            k: " ".join(["jaxmnist", *c[4:]]).replace(f"{tmp}/", "") for k, (c, _) in cmds.items()
+            k: " ".join(["jaxmnist", *c[len(launch) + 1 :]]).replace(f"{tmp}/", "")
+            for k, (c, _) in cmds.items()
         },
         "targets": TARGETS,
         "seeds": args.seeds,
@@ -147,10 +149,10 @@ def main(argv: list[str] | None = None) -> None:
         "cold_runs": cold,
         "environment": runtime.environment(),
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({**result, "provenance": provenance()}, indent=2) + "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({**result, "provenance": provenance()}, indent=2) + "\n")
     print_table(result)
-    print(f"\nwritten: {args.out}")
+    print(f"\nwritten: {out}")
 
 
 def print_table(r: dict) -> None:

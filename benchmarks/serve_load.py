@@ -13,11 +13,15 @@ what the machine's load was.
 Usage: python benchmarks/serve_load.py RUN_DIR
 Prints throughput, p50/p99 latency and errors; writes JSON (`--out`, default
 benchmarks/results/serve_load/). Target for the MLP: 0 errors, p99 < 50 ms.
+`python benchmarks/serve_load.py --smoke` trains `tpu101`'s MLP for a few steps on random
+images in this process, then sends 20 requests from 2 clients to its server. Needs the
+`serve` extra.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import http.client
 import io
 import json
@@ -26,8 +30,10 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from importlib import util
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +41,7 @@ from PIL import Image, ImageDraw
 
 from jaxmnist import runtime
 
-from benchlib.results import default_out, provenance
+from benchlib.results import SMOKE_HELP, default_out, provenance
 
 TARGET_P99_MS = 50.0
 
@@ -120,17 +126,50 @@ def run_clients(host, port, body, total, clients, timeout, deadline):
     return latencies, errors
 
 
+def tiny_run(run_dir: Path) -> None:
+    """A finished `tpu101` run in `run_dir`, a few steps on random images, whose config
+    names MNIST: any `jaxmnist serve` loads its model."""
+    from jaxmnist import config as config_lib
+    from jaxmnist.bench.measure import synthetic_dataset
+    from jaxmnist.train import train_and_evaluate
+
+    cfg = config_lib.get_preset("tpu101")
+    train = dataclasses.replace(cfg.train, batch_size=16, steps=4, eval_batch_size=32)
+    cfg = dataclasses.replace(cfg, compile_cache=False, train=train)
+    dataset = synthetic_dataset("mnist", train_size=64, test_size=32)
+    train_and_evaluate(cfg, run_dir, dataset=dataset)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("run_dir", metavar="RUN_DIR")
+    parser.add_argument("run_dir", metavar="RUN_DIR", nargs="?", help="(none with --smoke)")
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds per request")
     parser.add_argument("--deadline", type=float, default=300.0, help="seconds for the test")
-    parser.add_argument("--out", default=str(default_out("serve_load.json")))
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    parser.add_argument("--out", help="default: a new record in results/serve_load/")
     args = parser.parse_args(argv)
+    if (args.run_dir is None) != args.smoke:
+        parser.error("give RUN_DIR, or --smoke alone")
+    missing = [m for m in ("starlette", "uvicorn") if util.find_spec(m) is None]
+    if missing:
+        sys.exit(f"serve_load.py: needs the serve extra ({', '.join(missing)} missing): "
+                 "pip install -e '.[serve]'")  # fmt: skip
+    out = Path(args.out) if args.out else default_out("serve_load.json", args.smoke)
+    if args.smoke:
+        with tempfile.TemporaryDirectory() as tmp:
+            args.run_dir = str(Path(tmp) / "run")
+            args.requests, args.clients, args.warmup = 20, 2, 2
+            tiny_run(Path(args.run_dir))
+            load_test(args, out)
+    else:
+        load_test(args, out)
 
+
+def load_test(args: argparse.Namespace, out: Path) -> None:
+    """The load test of `args.run_dir`'s server, its figures written to `out`."""
     body = drawn_digit_png()
     load_before = os.getloadavg()
     proc, host, port = start_server(args.run_dir, timeout=120)
@@ -189,7 +228,6 @@ def main(argv: list[str] | None = None) -> None:
         "run_dir": args.run_dir,
         "command": " ".join(["python", "benchmarks/serve_load.py", *sys.argv[1:]]),
     }
-    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({**result, "provenance": provenance()}, indent=2) + "\n")
     lat = result["latency_ms"]

@@ -15,8 +15,10 @@ the checkpoint's write, the exit), the step it stopped at and whether it is
 inside an epoch, the exit code, and whether the checkpoint at that step exists.
 Target (issue 12): the stop is honoured within about 2 s.
 
-Usage: JAXMNIST_DATA_DIR=../shared/datasets python benchmarks/stop_latency.py
+Usage: JAXMNIST_DATA_DIR=../shared/datasets python benchmarks/stop_latency.py [--smoke]
 Prints a table and writes JSON (`--out`, default benchmarks/results/stop_latency/).
+`--smoke` stops one `cnn` run on a tiny generated dataset (epochs of a few steps, enough
+of them to outlast the signal), through the same command line.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -35,40 +36,46 @@ from pathlib import Path
 
 from jaxmnist.runs.checkpoint import checkpoint_steps
 
-from benchlib.results import default_out, save_benchmark
+from benchlib.launch import jaxmnist_command, require_data_dir
+from benchlib.results import SMOKE_HELP, default_out, save_benchmark
 
 TARGET_SECONDS = 2.0
 
 
-def one_stop(argv: list[str], run: Path, signum: int, delay: float, env: dict) -> dict:
-    """Starts `jaxmnist <argv>`, signals it `delay` s after compilation; times the exit."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jaxmnist", *argv, "--run-dir", str(run)],
+def one_stop(
+    launch: list[str], argv: list[str], run: Path, signum: int, delay: float, env: dict
+) -> dict:
+    """Starts `jaxmnist <argv>` (`launch`: the command that starts jaxmnist), signals it
+    `delay` s after compilation; times the exit."""
+    with subprocess.Popen(
+        [*launch, *argv, "--run-dir", str(run)],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-    )
-    compiled, lines = threading.Event(), []
+    ) as proc:  # its pipes closed, and the process waited for, on the way out
+        compiled, lines = threading.Event(), []
 
-    def read() -> None:
-        for line in proc.stdout:
-            lines.append(line.rstrip())
-            if line.startswith("compiled in"):
-                compiled.set()
+        def read() -> None:
+            for line in proc.stdout:
+                lines.append(line.rstrip())
+                if line.startswith("compiled in"):
+                    compiled.set()
 
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    if not compiled.wait(timeout=900):
-        proc.kill()
-        raise SystemExit(f"no compilation line from {' '.join(argv)}: {proc.stderr.read()[-800:]}")
-    time.sleep(delay)
-    sent = time.perf_counter()
-    proc.send_signal(signum)
-    proc.wait(timeout=900)
-    latency = time.perf_counter() - sent
-    reader.join(timeout=5)
-    err = proc.stderr.read().strip().splitlines()
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        if not compiled.wait(timeout=900):
+            proc.kill()
+            raise SystemExit(
+                f"no compilation line from {' '.join(argv)}: {proc.stderr.read()[-800:]}"
+            )
+        time.sleep(delay)
+        sent = time.perf_counter()
+        proc.send_signal(signum)
+        proc.wait(timeout=900)
+        latency = time.perf_counter() - sent
+        reader.join(timeout=5)
+        err = proc.stderr.read().strip().splitlines()
     last = err[-1] if err else ""
     step = (
         int(last.split("stopped at step ")[1].split(";")[0]) if "stopped at step" in last else None
@@ -94,24 +101,33 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--cases", default="cnn,seeds")
     p.add_argument("--seeds", type=int, default=1000)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--out", type=Path, default=default_out("stop_latency.json"))
+    p.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    p.add_argument("--out", type=Path, help="default: a new record in results/stop_latency/")
     args = p.parse_args(argv)
-    if not os.environ.get("JAXMNIST_DATA_DIR"):
-        sys.exit("set JAXMNIST_DATA_DIR to the folder holding mnist/ (no download here)")
+    require_data_dir(args.smoke)
+    out = args.out or default_out("stop_latency.json", args.smoke)
+    epochs = "1000" if args.smoke else "2"  # the smoke's epochs are a few steps each
     cases = {
-        "cnn": ["train", "--preset", "cnn", "--epochs", "2", "--no-report"],
+        "cnn": ["train", "--preset", "cnn", "--epochs", epochs, "--no-report"],
         "seeds": ["train", "--preset", "tpu101", "--seeds", str(args.seeds), "--no-report"],
     }
+    names, repeats, delays = args.cases.split(","), args.repeats, (2, 5)
+    if args.smoke:
+        names, repeats, delays = ["cnn"], 1, (0.2, 0.5)
     load_before = os.getloadavg()
     rng = random.Random(0)
     results: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "XDG_CACHE_HOME": str(Path(tmp) / "cache")}
-        for name in args.cases.split(","):
-            results[name] = {"command": "jaxmnist " + " ".join(cases[name]), "stops": []}
-            for i in range(args.repeats):
+        launch, extra = jaxmnist_command(args.smoke, Path(tmp))
+        extra += ["train.batch_size=2", "train.target_accuracy=none"] if args.smoke else []
+        for name in names:
+            argv = cases[name] + extra
+            results[name] = {"command": "jaxmnist " + " ".join(argv), "stops": []}
+            for i in range(repeats):
                 signum = signal.SIGINT if i % 2 == 0 else signal.SIGTERM
-                r = one_stop(cases[name], Path(tmp) / f"{name}{i}", signum, rng.uniform(2, 5), env)
+                delay = rng.uniform(*delays)
+                r = one_stop(launch, argv, Path(tmp) / f"{name}{i}", signum, delay, env)
                 results[name]["stops"].append(r)
                 print(
                     f"{name:5} {r['signal']:7} after {r['signal_after_compile_seconds']:.1f} s: "
@@ -124,7 +140,7 @@ def main(argv: list[str] | None = None) -> None:
             results[name]["worst_seconds_to_exit"] = worst
             results[name]["meets_target"] = worst <= TARGET_SECONDS
     figures = {"target_seconds": TARGET_SECONDS, "cases": results}
-    line = save_benchmark(args.out, figures, load_before)
+    line = save_benchmark(out, figures, load_before)
     for name, r in results.items():
         print(
             f"{name}: worst {r['worst_seconds_to_exit']:.2f} s from signal to exit "

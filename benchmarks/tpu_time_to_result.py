@@ -21,8 +21,9 @@ ended, to record the environment):
    compile (`compile_programs`), as its summary.json says them.
 
 Usage: JAXMNIST_DATA_DIR=../shared/datasets python benchmarks/tpu_time_to_result.py
-Writes JSON (`--out`, default benchmarks/results/<backend>/time_to_result.json) with the
-commit and date it measured. `--smoke`: tiny data, the tutorial's smoke mode, one preset.
+Writes JSON (`--out`, default a new record in benchmarks/results/tpu/time_to_result/, on
+whatever machine: its name says which) with the commit and date it measured. `--smoke`:
+tiny data, the tutorial's smoke mode, one preset.
 """
 
 from __future__ import annotations
@@ -172,8 +173,7 @@ def main(argv: list[str] | None = None) -> None:
         "targets": TARGETS,
     }
     print(f"cold ratio {figures['cold_ratio']:.2f}x, warm ratio {figures['warm_ratio']:.2f}x")
-    backend = environments[0]["backend"]
-    out = args.out or default_out(f"{backend}/time_to_result.json", args.smoke)
+    out = args.out or default_out("tpu/time_to_result.json", args.smoke)
     print(save_benchmark(out, figures, load_before))  # opens the device: every run has ended
 
 

@@ -4,10 +4,10 @@ The scripts are loaded from their files, as `python benchmarks/NAME.py` would ru
 (with `benchmarks/` first on `sys.path`, where `benchlib` lives), so that a function of
 jaxmnist renamed or moved breaks this test rather than the next person who runs the
 benchmark. Every jaxmnist name a script uses is also looked up, including those it
-imports inside functions (which no import at load time reaches). Scripts with a
-`--smoke` mode run it in this process on tiny random data, each in seconds; the load test
-of `jaxmnist serve` runs briefly against a tiny run; the others train in `jaxmnist` child
-processes on the real datasets, and get the checks that cost nothing.
+imports inside functions (which no import at load time reaches). Every script that
+measures has a `--smoke` mode, run here on tiny random data (in this process, or in the
+`jaxmnist` or worker processes the script starts), each in seconds, writing its record
+where the test says.
 """
 
 import ast
@@ -33,13 +33,19 @@ SMOKE = {
     "batch_norm_cost": ([], {"layer_ms", "speedrun_step", "environment"}),
     "bf16_matmul": ([], {"matmul_gflops", "tpu101", "environment"}),
     "checkpoint_overhead": ([], {"median_epoch_wall_seconds", "checkpoint_overhead"}),
+    "cnn_presets": ([], {"presets", "environment", "provenance"}),
+    "cnn_vs_pytorch": ([], {"results", "peaks_flops_per_second", "environment", "provenance"}),
     "compile_time": ([], {"runs", "median", "environment"}),
     "data_loading": ([], {"loads", "median", "environment"}),
     "devices_scaling": ([], {"scaling", "tpu101_test_accuracy", "environment"}),
     "epoch_vs_tutorial": ([], {"epoch_seconds", "epoch_ratio", "peak_fraction"}),
     "eval_overhead": (["--seeds", "2", "--rounds", "1"], {"cases", "side_by_side"}),
+    "host_memory": ([], {"seeds_2", "steps", "environment", "provenance"}),
     "run_overhead": ([], {"runs", "median", "goal_report_seconds", "goal_peak_mb"}),
+    "seeds_vs_single": ([], {"wall_ratio", "seeds_test_accuracy", "environment", "provenance"}),
+    "serve_load": ([], {"completed", "errors", "latency_ms", "provenance"}),
     "startup": ([], {"invocations", "slowest_median_seconds", "stack_imports", "environment"}),
+    "stop_latency": ([], {"cases", "target_seconds", "environment", "provenance"}),
     "tpu_time_to_result": (
         [],
         {"cold_ratio", "warm_ratio", "compile_tpu101_s", "compile", "commit", "date"},
@@ -48,11 +54,10 @@ SMOKE = {
 }
 # Scripts that time oneDNN's custom calls: skipped where jaxmnist-onednn is not installed.
 NEEDS_ONEDNN: set[str] = set()
-# Scripts whose every mode trains in `jaxmnist` (or PyTorch) child processes on the real
-# data, each a JAX start-up and a compile or more: too slow here, so --help only.
-HELP_ONLY = {"cnn_presets", "cnn_vs_pytorch", "host_memory", "seeds_vs_single", "stop_latency"}
-# Its smallest mode is a short load test of a finished run: test_serve_load_on_a_tiny_run.
-ON_A_RUN = {"serve_load"}
+# Scripts that need an optional extra: skipped without it.
+NEEDS_EXTRA = {"serve_load": "uvicorn"}  # the serve extra
+# What a smoke record must say beyond its keys.
+SMOKE_CHECKS = {"serve_load": lambda r: r["completed"] == 20 and r["errors"] == 0}
 # Their --smoke modes, run by tests of their own: twice, in
 # test_record_keeps_each_presets_own_environment_and_load; with an override, in
 # test_memory_estimate_runs_its_cases_with_the_overrides_asked.
@@ -80,7 +85,7 @@ def on_path(monkeypatch):
 
 def test_every_script_is_checked():
     assert len(SCRIPTS) >= 14, SCRIPTS  # the glob found the folder
-    kinds = [set(SMOKE), HELP_ONLY, ON_A_RUN, OWN_SMOKE_TEST, TOOLS]
+    kinds = [set(SMOKE), OWN_SMOKE_TEST, TOOLS]
     assert set(SCRIPTS) == set.union(*kinds), "say how each script is checked"
     assert sum(map(len, kinds)) == len(SCRIPTS), "each script in one place"
 
@@ -218,7 +223,9 @@ def test_accelerator_session_runs_only_the_steps_asked(tmp_path):
         ["bash", str(script)], env=env, check=False, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
-    log = (tmp_path / "log.txt").read_text()
+    (path,) = (tmp_path / "accelerator_session").iterdir()  # named as a record is
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d_[0-9a-f]{7}(-dirty)?_[a-z0-9-]+\.txt", path.name)
+    log = path.read_text()
     assert '"backend"' in log and "== done" in log, log
     assert "== speedrun" not in log and "== profile" not in log, log
 
@@ -272,6 +279,8 @@ def test_accelerator_session_stops_before_any_step_when_an_import_fails(tmp_path
 def test_smoke_mode(name, on_path, tmp_path, capsys):
     if name in NEEDS_ONEDNN and not onednn.available():
         pytest.skip(onednn.unavailable_reason())
+    if name in NEEDS_EXTRA:
+        pytest.importorskip(NEEDS_EXTRA[name], reason="needs an extra it names")
     extra, keys = SMOKE[name]
     module = load(name)
     if keys is None:
@@ -283,6 +292,31 @@ def test_smoke_mode(name, on_path, tmp_path, capsys):
     module.main(["--smoke", "--out", str(out), *extra])
     result = json.loads(out.read_text())
     assert keys <= set(result), keys - set(result)
+    assert SMOKE_CHECKS.get(name, bool)(result), result
+
+
+@pytest.mark.slow
+def test_pytorch_comparisons_smoke_runs_jaxmnist_alone_without_torch(
+    on_path, monkeypatch, tmp_path, capsys
+):
+    monkeypatch.setitem(sys.modules, "torch", None)  # find_spec("torch") finds nothing
+    out = tmp_path / "cnn_vs_pytorch.json"
+    load("cnn_vs_pytorch").main(["--smoke", "--out", str(out)])
+    assert "PyTorch is not installed: the smoke run skips its variant\n" in capsys.readouterr().out
+    result = json.loads(out.read_text())
+    (row,) = result["results"]
+    assert row["variant"].startswith("jax ") and row["steady_epoch_seconds"] > 0
+    assert result["ratios"] == {}
+
+
+def test_pytorch_comparison_says_in_one_line_that_torch_is_missing(on_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)
+    with pytest.raises(SystemExit) as e:
+        load("cnn_vs_pytorch").main(["--variants", "jax im2col float32,torch float32"])
+    assert str(e.value) == (
+        "torch float32: PyTorch is not installed "
+        "(pip install -e '.[bench]', a CPU build of torch first)"
+    )
 
 
 def test_memory_estimate_runs_its_cases_with_the_overrides_asked(on_path, tmp_path, capsys):
@@ -313,15 +347,6 @@ def test_memory_estimate_says_in_one_line_when_the_peak_rss_cannot_be_reset(on_p
     writable = tmp_path / "writable"
     module.reset_peak_rss(writable)
     assert writable.read_text() == "5"
-
-
-def test_serve_load_on_a_tiny_run(on_path, tiny_model_run, tmp_path):
-    pytest.importorskip("uvicorn", reason="needs the serve extra")
-    out = tmp_path / "serve_load.json"
-    argv = ["--requests", "20", "--clients", "2", "--warmup", "2", "--out", str(out)]
-    load("serve_load").main([str(tiny_model_run), *argv])
-    result = json.loads(out.read_text())
-    assert result["completed"] == 20 and result["errors"] == 0, result["error_kinds"]
 
 
 def test_record_keeps_each_presets_own_environment_and_load(on_path, tmp_path):

@@ -122,3 +122,35 @@ def test_the_tpu_pages_time_to_result_is_the_newest_full_records(goals):
     for name, c in record["compile"].items():
         assert f"| `{name}` | {c['compile_seconds']:.2f} s |" in table
     assert path.name in table and commit in table
+
+
+# `<benchmark>/<date>_<commit>[-dirty]_<machine>[_<what>][~n].<ext>`: a benchmark's folder
+# (`tpu/time_to_result` has two levels), then what benchlib.results names a record by.
+RECORD_PATH = re.compile(
+    r"(?P<benchmark>[a-z0-9_]+(?:/[a-z0-9_]+)?)/(?P<date>\d{4}-\d\d-\d\d)_"
+    r"(?P<commit>[0-9a-f]{7})(?:-dirty)?_[a-z0-9-]+(?:_[a-z0-9_]+)?(?:~\d+)?\.(?:json|html|png|txt)"
+)
+
+
+def test_every_result_file_is_a_record_named_for_its_date_commit_and_machine():
+    root = BENCHMARKS / "results"
+    files = [p for p in sorted(root.rglob("*")) if p.is_file()]
+    assert len(files) > 100  # the glob found the records
+    names = {p: RECORD_PATH.fullmatch(p.relative_to(root).as_posix()) for p in files}
+    strays = [str(p.relative_to(root)) for p, m in names.items() if m is None]
+    assert not strays, f"not named <benchmark>/<date>_<commit>_<machine>[_<what>]: {strays}"
+    for path, m in names.items():
+        record = json.loads(path.read_text()) if path.suffix == ".json" else {}
+        prov = record.get("provenance") or {}
+        if prov.get("commit"):  # a record that keeps its provenance is named by it
+            assert (prov["commit"][:7], prov["date"][:10]) == (m["commit"], m["date"]), path
+    if git("rev-parse", "--is-shallow-repository") == "true":
+        return  # a shallow clone lacks the older commits the records name
+    commits = sorted({m["commit"] for m in names.values()})
+    known = subprocess.run(
+        ["git", "cat-file", "--batch-check"],
+        input="".join(f"{c}^{{commit}}\n" for c in commits),
+        cwd=BENCHMARKS, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    unknown = [c for c, line in zip(commits, known.splitlines(), strict=True) if "missing" in line]
+    assert not unknown, f"records named for commits the history lacks: {unknown}"

@@ -8,7 +8,8 @@ published with the site under `repo/` (a folder: a listing of its names). A link
 path the repository lacks is a warning, which fails the strict build like any broken link.
 `<!-- goals -->` in a page becomes the table of the live goals (`benchmarks/goals.py`),
 read from the newest records as the site is built; `<!-- time_to_result -->` the TPU's
-time to result and compile times, from the newest record that measured them all.
+time to result and compile times, from the newest record that measured them all; and
+`<!-- records -->` every benchmark's newest figures and its older records (`results.page`).
 """
 
 from __future__ import annotations
@@ -23,17 +24,20 @@ from mkdocs.structure.files import File
 
 sys.path.insert(0, str(Path(__file__).parent))  # MkDocs loads hooks as files, not a package
 import reference
+import results
 
 log = logging.getLogger("mkdocs.hooks.site")
 ROOT = Path(__file__).resolve().parents[2]
 GOALS_MARKER = "<!-- goals -->"
 TIME_TO_RESULT_MARKER = "<!-- time_to_result -->"
+RECORDS_MARKER = "<!-- records -->"
 
 
 # The top-level entries of the repository a page may link to, by their path from the root.
 REPO_TOPS = ("benchmarks/", "jaxmnist/", "tests/", "native/", ".ci/", "Makefile", "pyproject.toml")
 _goals = ""  # the goals table of this build (on_files)
 _time_to_result = ""  # the TPU's time to result of this build (on_files)
+_records = ""  # the records' sections of this build (on_files)
 _TOPS = "|".join(re.escape(t) for t in REPO_TOPS)
 LINK = re.compile(rf"\]\((?P<target>(?:{_TOPS})[^)\s#]*)(?P<anchor>#[^)\s]*)?\)")
 
@@ -52,13 +56,14 @@ def _published(target: str) -> str:
 
 
 def on_files(files, config):
-    global _goals, _time_to_result
+    global _goals, _time_to_result, _records
     goals = reference.load_goals()
     _goals, _time_to_result = goals.table(), goals.time_to_result_table()
+    _records = results.page()
     pages = {path: write() for path, write in reference.PAGES.items()}
     for path, content in pages.items():
         files.append(File.generated(config, path, content=content))
-    generated = "\n".join([_goals, _time_to_result, *pages.values()])
+    generated = "\n".join([_goals, _time_to_result, _records, *pages.values()])
     for target in sorted(_linked_targets(Path(config.docs_dir), generated)):
         source = ROOT / target
         if source.is_dir():
@@ -70,7 +75,7 @@ def on_files(files, config):
 
 
 def on_page_markdown(markdown, page, config, files):
-    markdown = markdown.replace(GOALS_MARKER, _goals)
+    markdown = markdown.replace(GOALS_MARKER, _goals).replace(RECORDS_MARKER, _records)
     markdown = markdown.replace(TIME_TO_RESULT_MARKER, _time_to_result)
     up = "../" * page.file.src_uri.count("/")
 
