@@ -131,6 +131,15 @@ def size_tpu_transfer_buffer(largest_copy: int = 0) -> int | None:
     return size
 
 
+def tpu_installed() -> bool:
+    """Whether JAX's TPU plugin (libtpu) is installed and JAX_PLATFORMS does not exclude
+    it: where the transfer buffer's size can matter. Decided without starting JAX."""
+    platforms = os.environ.get("JAX_PLATFORMS", "")
+    if platforms and "tpu" not in {p.strip() for p in platforms.split(",")}:
+        return False
+    return importlib.util.find_spec("libtpu") is not None
+
+
 def hand_back() -> None:
     """Returns the pages of the heap's free blocks to the kernel (glibc's `malloc_trim`),
     where `keep_freed_memory` applied; the blocks stay the allocator's, and the next use

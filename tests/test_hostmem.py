@@ -436,8 +436,9 @@ def test_a_runs_environment_says_who_sized_the_tpu_buffer(
 
 
 def test_train_sizes_the_tpu_buffer_for_its_run_before_the_device_opens(
-    no_tpu_buffer, tiny_data_dir
+    no_tpu_buffer, tiny_data_dir, monkeypatch
 ):
+    monkeypatch.setattr(hostmem, "tpu_installed", lambda: True)
     cfg = config_lib.apply_overrides(
         config_lib.get_preset("tpu101"),
         {"data.dataset": "tiny", "data.data_dir": str(tiny_data_dir), "model.hidden": "4096"},
@@ -453,3 +454,30 @@ def test_train_sizes_the_tpu_buffer_for_its_run_before_the_device_opens(
 def test_every_command_starts_with_the_tpu_buffers_floor(no_tpu_buffer, capsys):
     assert cli.main(["config"]) == 0  # a command that opens no device, and leaves it set
     assert _buffer_env() == (str(hostmem.TPU_BUFFER_MIN),) * 2
+
+
+def test_without_a_tpu_train_leaves_the_buffer_at_its_floor(
+    no_tpu_buffer, tiny_data_dir, monkeypatch
+):
+    monkeypatch.setattr(hostmem, "tpu_installed", lambda: False)
+    monkeypatch.setattr(runtime, "largest_copy_bytes", lambda *a: pytest.fail("computed"))
+    cfg = config_lib.apply_overrides(
+        config_lib.get_preset("tpu101"),
+        {"data.dataset": "tiny", "data.data_dir": str(tiny_data_dir), "train.seeds": "64"},
+    )
+    hostmem.size_tpu_transfer_buffer()  # as `cli.main` does first
+    options.start_ahead(cli.build_parser().parse_args(["train"]), cfg).result()
+    assert _buffer_env() == (str(hostmem.TPU_BUFFER_MIN),) * 2
+
+
+@pytest.mark.parametrize(
+    ("platforms", "installed", "expected"),
+    [("", True, True), ("", False, False), ("cpu", True, False), ("tpu,cpu", True, True)],
+)
+def test_a_tpu_is_told_apart_without_starting_jax(monkeypatch, platforms, installed, expected):
+    monkeypatch.setenv("JAX_PLATFORMS", platforms)
+    found = object() if installed else None
+    monkeypatch.setattr(
+        hostmem.importlib.util, "find_spec", lambda name: found if name == "libtpu" else None
+    )
+    assert hostmem.tpu_installed() is expected

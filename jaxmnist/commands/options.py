@@ -214,7 +214,9 @@ def start_ahead(args: argparse.Namespace, cfg: config_lib.Config):
     from jaxmnist.data import load_dataset_ahead  # start-up: imports numpy
     from jaxmnist.training import parallel
 
-    if not args.resume:  # a resumed run's config is read later: the floor set in `cli.main`
+    # Only a TPU reads the buffer's size; a resumed run's config is read later (the floor
+    # `cli.main` set stays).
+    if hostmem.tpu_installed() and not args.resume:
         largest = runtime.largest_copy_bytes(cfg.data.dataset, cfg.model, cfg.train.seeds)
         hostmem.size_tpu_transfer_buffer(largest)
     parallel.open_devices_ahead(args.coordinator, args.distributed)
