@@ -1,25 +1,24 @@
 #!/usr/bin/env bash
 # The figures that need an accelerator, in one bounded run on a machine with a GPU
-# (or TPU): the `speedrun` preset's time per model (8 seeds in one program, and one
-# alone), what batch norm costs the CNN step there, bfloat16 against float32, jaxmnist's
-# epoch and whole `tpu101` run against the TPU 101 tutorial's, the memory estimate against
-# the allocator's peak (8 CNN and 8 `speedrun` seeds, with and without batch norm),
-# `jaxmnist bench --quick`, the augmentation's gathers against their dense forms, and
-# profiles of the `cnn` and `record` steps (`jaxmnist profile`, as many steps as one of a
-# run's calls), a first and a second `tpu101` run against the tutorial's whole program with
-# every preset's compile (`tpu_time_to_result.py`), and the accelerator test lane
-# (`pytest -m accelerator`, in one process). Run from anywhere. Every record is named as
-# `benchlib.results` names one, <date>_<commit>_<machine> (the accelerator's kind), in its
-# benchmark's folder: under $OUT if set (copy its folders into benchmarks/results/), else
-# under benchmarks/results/ itself: seven benchmark JSONs, bench_tpu101/'s json, png and
-# html, profile_cnn/ and profile_record/ (profile.json), and in accelerator_session/ the
-# session's log and the lane's JUnit XML. What no record keeps (the profiles' traces,
-# bench's own folder) goes to raw/ under $OUT, else to a scratch folder the log names.
+# (or TPU): a first and a second `tpu101` run against the TPU 101 tutorial's whole program
+# with every preset's compile (`tpu_time_to_result.py`), the accelerator test lane
+# (`pytest -m accelerator`, in one process), the `speedrun` preset's time per model (8
+# seeds in one program, and one alone), jaxmnist's epoch against the tutorial's, the
+# memory estimate against the allocator's peak (8 CNN and 8 `speedrun` seeds, with and
+# without batch norm), `jaxmnist bench --quick`, and profiles of the `cnn` and `record`
+# steps (`jaxmnist profile`, as many steps as one of a run's calls). Run from anywhere.
+# Every record is named as `benchlib.results` names one, <date>_<commit>_<machine> (the
+# accelerator's kind), in its benchmark's folder: under $OUT if set (copy its folders into
+# benchmarks/results/), else under benchmarks/results/ itself: four benchmark JSONs,
+# bench_tpu101/'s json, png and html, profile_cnn/ and profile_record/ (profile.json), and
+# in accelerator_session/ the session's log and the lane's JUnit XML. What no record keeps
+# (the profiles' traces, bench's own folder) goes to raw/ under $OUT, else to a scratch
+# folder the log names.
 #
 #   bash benchmarks/accelerator_session.sh
-#   STEPS="speedrun bfloat16" bash benchmarks/accelerator_session.sh   # some steps only
+#   STEPS="speedrun tutorial" bash benchmarks/accelerator_session.sh   # some steps only
 #
-# Steps: time-to-result tests speedrun batch-norm bfloat16 tutorial memory bench augment profile.
+# Steps: time-to-result tests speedrun tutorial memory bench profile.
 # Every benchmark runs
 # its programs one after another, never two at once, so a chip that one program at a time
 # can hold (a TPU) serves them all.
@@ -86,7 +85,7 @@ done
 raw=$([ -n "${OUT:-}" ] && echo "$OUT/raw" || mktemp -d)
 mkdir -p "$out/accelerator_session" "$raw"
 log="$out/accelerator_session/$stem.txt"
-ALL_STEPS="time-to-result tests speedrun batch-norm bfloat16 tutorial memory bench augment profile"
+ALL_STEPS="time-to-result tests speedrun tutorial memory bench profile"
 {
   date -u
   echo "backend $backend; records: $out/*/$stem.*; traces and bench's folder: $raw"
@@ -145,14 +144,11 @@ STEP_LIMIT=${TTR_LIMIT:-540} step time-to-result "$py" -c "$launch" benchmarks/t
 STEP_LIMIT=${TESTS_LIMIT:-480} step tests "$py" -m pytest -q -p no:cacheprovider -p no:xdist \
   -m accelerator --durations=15 -rfE --junitxml "$out/accelerator_session/${stem}_tests.xml" tests
 step speedrun "$py" -c "$launch" benchmarks/cnn_presets.py --presets speedrun --seeds 8 --out "$out/cnn_presets/$stem.json"
-step batch-norm "$py" -c "$launch" benchmarks/batch_norm_cost.py --out "$out/batch_norm_cost/$stem.json"
-step bfloat16 "$py" -c "$launch" benchmarks/bf16_matmul.py --out "$out/bf16_matmul/$stem.json"
 step tutorial "$py" -c "$launch" benchmarks/epoch_vs_tutorial.py --runs 2 --out "$out/epoch_vs_tutorial/$stem.json"
 step memory "$py" -c "$launch" benchmarks/memory_estimate.py --presets cnn,speedrun --seeds 8 --repeats 1 \
   --out "$out/memory_estimate/$stem.json"
 step bench "$py" -m jaxmnist bench --preset tpu101 --quick --out "$raw/bench-tpu101"
 for ext in json png html; do keep "$raw/bench-tpu101/bench.$ext" "$out/bench_tpu101/${stem}_quick.$ext"; done
-step augment "$py" -c "$launch" benchmarks/augment_gathers.py --out "$out/augment_gathers/$stem.json"
 step profile "$py" -m jaxmnist profile --preset cnn --out "$raw/profile-cnn"
 keep "$raw/profile-cnn/profile.json" "$out/profile_cnn/$stem.json"
 step profile "$py" -m jaxmnist profile --preset record --out "$raw/profile-record"

@@ -29,9 +29,6 @@ SCRIPTS = sorted(p.stem for p in BENCHMARKS.glob("*.py"))
 
 # --smoke: extra arguments, and the keys its JSON must hold (None: it prints JSON instead).
 SMOKE = {
-    "augment_gathers": ([], {"translation", "batch_gather", "environment"}),
-    "batch_norm_cost": ([], {"layer_ms", "speedrun_step", "environment"}),
-    "bf16_matmul": ([], {"matmul_gflops", "tpu101", "environment"}),
     "checkpoint_overhead": ([], {"median_epoch_wall_seconds", "checkpoint_overhead"}),
     "cnn_presets": ([], {"presets", "environment", "provenance"}),
     "cnn_vs_pytorch": ([], {"results", "peaks_flops_per_second", "environment", "provenance"}),

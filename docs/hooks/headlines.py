@@ -39,9 +39,12 @@ BENCHMARKS = {
         "The augmentation's gathers (random translation, affine warp, a batch's rows) against "
         "their dense forms, per step of a scan.",
         model.augment_gathers,
+        REMOVED.format("d66f7df", "augment_gathers"),
     ),
     "batch_norm_cost": Benchmark(
-        "What batch normalisation costs a layer and a `speedrun` step.", model.batch_norm_cost
+        "What batch normalisation costs a layer and a `speedrun` step.",
+        model.batch_norm_cost,
+        REMOVED.format("d66f7df", "batch_norm_cost"),
     ),
     "bench_tpu101": Benchmark(
         "The `tpu101` training step in each way of driving it (eager, jitted steps, a compiled "
@@ -52,6 +55,7 @@ BENCHMARKS = {
     "bf16_matmul": Benchmark(
         "The bfloat16 dtype against float32: a large matmul and the presets' steps.",
         model.bf16_matmul,
+        REMOVED.format("d66f7df", "bf16_matmul"),
     ),
     "checkpoint_overhead": Benchmark(
         "What a checkpoint each epoch costs, and a run killed with SIGKILL, then resumed.",
