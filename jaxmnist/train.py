@@ -85,8 +85,10 @@ def train_and_evaluate(
     saver = Checkpointer(workdir, checkpoints) if workdir and checkpoints else None
     calls = Callbacks([*Callbacks(callbacks).items, files, events, saver])
     # The saved predictions' program compiles while the run's own compile and train,
-    # where programs compile at once (not on a CPU: `population.compile_workers`).
-    ahead = writes and population.compile_workers(jax.default_backend()) > 1
+    # where programs compile at once (not on a CPU: `population.compile_workers`); an
+    # ensemble run saves the ensemble's, which its evaluation computes anyway.
+    ensemble = cfg.train.seeds > 1
+    ahead = writes and not ensemble and population.compile_workers(jax.default_backend()) > 1
     predict = _compile_predict(cfg, dataset) if ahead else None
     try:
         try:
@@ -116,8 +118,8 @@ def train_and_evaluate(
             )
         summary = summarise(cfg, result, dataset, layout, time.perf_counter() - wall_start)
         params = result.population.params(result.states)  # every process: a collective gather
-        probs = _first_member_probabilities(cfg, params, dataset, predict) if writes else None
-        calls.on_finish(RunEnd(summary, result, params, probs, dataset))
+        probs, whose = _test_probabilities(cfg, result, params, dataset, predict, writes)
+        calls.on_finish(RunEnd(summary, result, params, probs, dataset, whose))
     finally:
         if events:
             events.close()
@@ -250,6 +252,24 @@ def _compile_predict(cfg, dataset) -> Future:
     )
     pool.shutdown(wait=False)
     return future
+
+
+def _test_probabilities(
+    cfg, result, params, dataset, predict: Future | None, writes: bool
+) -> tuple[np.ndarray | None, str]:
+    """The test-set probabilities saved with the run for its report, float32 (N, C), and
+    whose they are: an ensemble run's, the ensemble's (its last evaluation's, already on
+    the device); else the first member's (`_first_member_probabilities`). (None, "")
+    for a process that writes nothing."""
+    if not writes:
+        return None, ""
+    if result.ensemble_log_probs is not None:
+        log_probs = np.asarray(jax.device_get(result.ensemble_log_probs), np.float32)
+        n, classes = len(dataset.test_labels), log_probs.shape[-1]
+        probs = np.exp(log_probs.reshape(-1, classes)[:n])  # the padded rows come last
+        return probs, f"the ensemble of {len(result.population)} members"
+    probs = _first_member_probabilities(cfg, params, dataset, predict)
+    return probs, f"seed {cfg.train.seed}"
 
 
 def _first_member_probabilities(cfg, params, dataset, predict: Future | None) -> np.ndarray:

@@ -292,8 +292,9 @@ def tiny_cli_run(tmp_path_factory, shared_data_dir, tiny_spec) -> Path:
 @pytest.fixture(scope="session")
 def tiny_seeds_run(tmp_path_factory, shared_data_dir, tiny_spec) -> Path:
     """A finished run of three seeds (0-2), 2 epochs, at a learning rate low enough that
-    its members make different mistakes, and their ensemble others still."""
-    extra = ("--seeds", "3", "--epochs", "2", "optimizer.lr=3e-5")
+    its members make different mistakes, and their ensemble others still; evaluated in
+    batches of 64, so that the test set's last batch is padded."""
+    extra = ("--seeds", "3", "--epochs", "2", "optimizer.lr=3e-5", "train.eval_batch_size=64")
     return _train_shared(tmp_path_factory, shared_data_dir, tiny_spec, "seeds-run", *extra)
 
 

@@ -6,6 +6,7 @@ same whether the population ran in one chunk or in several.
 """
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -20,6 +21,9 @@ from test_seeds import small_cfg
 from jaxmnist.cli import main
 from jaxmnist.data import registry
 from jaxmnist.models.ensemble import ensemble_log_probs
+from jaxmnist.report import run_report
+from jaxmnist.report.rundata import load_run
+from jaxmnist.runs.predictions import PREDICTIONS_FILE, load_test_predictions
 from jaxmnist.training import evaluate as evaluate_lib
 from jaxmnist.training import memory, population
 from jaxmnist.training.loop import train_population
@@ -354,3 +358,44 @@ def test_the_terminal_shows_the_ensemble(module_data_dir, tmp_path, capsys):
     epoch_line = next(line for line in out.splitlines() if "(mean of 2)" in line)
     assert f"ensemble {summary['ensemble_test_accuracy']:.2%}" in epoch_line
     assert "ensemble of 2 (the mean of their probabilities): test accuracy" in out
+
+
+def test_an_ensemble_runs_saved_predictions_are_the_ensembles(tiny_seeds_run, tiny_arrays):
+    saved = load_test_predictions(tiny_seeds_run)
+    assert saved.predicted_by == f"the ensemble of {SEEDS} members"
+    # The probabilities of its last evaluation: those of the ensemble the use path makes.
+    probs = predict.compile_predict(predict.load_trained(tiny_seeds_run), 64)(
+        tiny_arrays["test_images"]
+    )
+    np.testing.assert_allclose(saved.probs, probs, rtol=1e-5, atol=1e-7)
+    summary = json.loads((tiny_seeds_run / "summary.json").read_text())
+    labels = tiny_arrays["test_labels"]
+    assert np.mean(saved.predicted == labels) == summary["ensemble_test_accuracy"]
+    first = predict.compile_predict(predict.load_trained(tiny_seeds_run, 0), 64)(
+        tiny_arrays["test_images"]
+    )
+    assert not np.allclose(saved.probs, first, atol=1e-4)  # not the first member's
+    # The report's grids say whose predictions they show.
+    makers = run_report.figure_makers(load_run(tiny_seeds_run))
+    assert f"the ensemble of {SEEDS} members" in makers["predictions"][1]
+    assert f"the ensemble of {SEEDS} members" in makers["confident_mistakes"][1]
+
+
+def test_a_one_model_runs_saved_predictions_are_its_own(tiny_cli_run, tiny_arrays):
+    saved = load_test_predictions(tiny_cli_run)
+    assert saved.predicted_by == "seed 0"
+    probs = predict.compile_predict(predict.load_trained(tiny_cli_run), 64)(
+        tiny_arrays["test_images"]
+    )
+    np.testing.assert_allclose(saved.probs, probs, rtol=1e-5, atol=1e-7)
+
+
+def test_predictions_saved_before_they_said_whose_are_the_first_seeds(tiny_seeds_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(tiny_seeds_run, run)
+    with np.load(run / PREDICTIONS_FILE) as f:
+        arrays = {k: f[k] for k in f.files if k != "predicted_by"}
+    np.savez_compressed(run / PREDICTIONS_FILE, **arrays)
+    assert load_test_predictions(run).predicted_by == ""
+    makers = run_report.figure_makers(load_run(run))
+    assert "seed 0 predicted" in makers["predictions"][1]

@@ -8,9 +8,11 @@ training curves, first-layer filters (CNN runs), predictions, most confident
 mistakes, confusion matrix (plot and counts), per-class results, per-epoch
 metrics, configuration. A run of
 several seeds adds a seeds section (mean ± std, 95% confidence interval, each
-seed's accuracy and curve); the other sections show means over the seeds, and
-the predictions and confusion matrix are the first seed's. A run with a target
-accuracy says when (or whether) it was reached.
+seed's accuracy and curve) and its ensemble's confusion matrix; the other sections show
+means over the seeds, the predictions and most confident mistakes are the ensemble's
+(`predicted_by` in test_predictions.npz; the first seed's in runs saved before it was
+kept), and the confusion matrix is the first seed's. A run with a target accuracy says
+when (or whether) it was reached.
 """
 
 from __future__ import annotations
@@ -142,6 +144,16 @@ def confusion_table(run: RunData) -> str:
     )
 
 
+def predicted_by(run: RunData) -> str:
+    """Whose predictions the report's grids show, in words: as the run saved them, or for
+    runs saved before that was kept, the model or the first seed."""
+    said = run.predictions.predicted_by if run.predictions is not None else ""
+    if said:
+        return said
+    seeds = run.summary.get("seeds")
+    return f"seed {seeds[0]}" if seeds else "the model"
+
+
 def figure_makers(run: RunData) -> dict[str, tuple[Callable[[], Figure], str]]:
     """name -> (a function that builds the figure, alt text) for every figure of the
     report, in the page's order; nothing is drawn yet."""
@@ -227,22 +239,31 @@ def figure_makers(run: RunData) -> dict[str, tuple[Callable[[], Figure], str]]:
             f"One test image of each class of {dataset}, titled with its class name",
         )
         grid = np.arange(min(GRID_SIZE, len(p.labels)))
+        who = predicted_by(run)
         figs["predictions"] = (
             lambda: image_grids.prediction_grid(
-                p.images(grid), p.labels[grid], p.probs[grid], run.class_names
+                p.images(grid),
+                p.labels[grid],
+                p.probs[grid],
+                run.class_names,
+                f"Predicted by {who}",
             ),
             (
-                f"The first {len(grid)} test images with predicted and true class; "
-                "green when right, red when wrong"
+                f"The first {len(grid)} test images with the class {who} predicted and the "
+                "true class; green when right, red when wrong"
             ),
         )
         wrong = confident_mistakes(p.probs, p.labels)
         if len(wrong):
             figs["confident_mistakes"] = (
                 lambda: image_grids.confident_mistakes(
-                    p.images(wrong), p.labels[wrong], p.probs[wrong], run.class_names
+                    p.images(wrong),
+                    p.labels[wrong],
+                    p.probs[wrong],
+                    run.class_names,
+                    f"Mistakes of {who}",
                 ),
-                f"The {len(wrong)} test images the model got wrong with the highest confidence",
+                f"The {len(wrong)} test images {who} got wrong with the highest confidence",
             )
     return figs
 
@@ -302,8 +323,9 @@ def seeds_section(run: RunData, figs) -> str:
         f"{len(s['seeds'])} models with independent initialisation and shuffling, "
         "trained in one vmapped program. Highlighted: seeds below the mean. "
         "The interval is the mean ± t(0.975, n − 1) · s / √n (Student's t). "
-        "Elsewhere on this page, figures are means over the seeds; the predictions and the "
-        f"confusion matrix are seed {s['seeds'][0]}'s; examples/s counts every model's examples."
+        "Elsewhere on this page, figures are means over the seeds; the predictions and "
+        f"mistakes are {predicted_by(run)}'s, the confusion matrix seed {s['seeds'][0]}'s; "
+        "examples/s counts every model's examples."
         + (
             " The ensemble averages the seeds' softmax probabilities: its test accuracy is "
             "dashed in the accuracy curves, and its confusion matrix follows the first seed's."
@@ -385,7 +407,14 @@ def render_run_report(run: RunData, figs: dict[str, tuple[bytes, str]]) -> str:
         sections.append(("First-layer filters", fig("first_layer_filters") + _note(FILTERS_NOTE)))
     if "predictions" in figs:
         sections.append(
-            ("Predictions", fig("predictions", "The first test images. Green: right; red: wrong."))
+            (
+                "Predictions",
+                fig(
+                    "predictions",
+                    f"The first test images, predicted by {predicted_by(run)}. "
+                    "Green: right; red: wrong.",
+                ),
+            )
         )
         mistakes = (
             fig(

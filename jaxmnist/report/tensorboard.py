@@ -150,7 +150,10 @@ class Events(Callback):
         if end.test_probabilities is not None:
             self.writer.write_final(
                 end.result.steps,
-                end.result.test.confusion[0],
+                # the confusion matrix of the model whose predictions these are
+                end.result.test.confusion[0]
+                if end.result.ensemble is None
+                else end.result.ensemble.confusion,
                 dataset.spec.class_names,
                 end.test_probabilities,
                 dataset.test_labels,

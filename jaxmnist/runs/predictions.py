@@ -9,6 +9,8 @@ the dataset at hand: a run directory copied off a TPU VM reports on a laptop.
     labels         uint8   (N,)     true classes
     sample_index   int32   (K,)     test indices whose images are kept
     sample_images  uint8   (K, H, W), or (K, H, W, C) for images of several channels
+    predicted_by   str     ()       whose probabilities: "the ensemble of 8 members", "seed 0"
+                                    (absent in runs saved before it was kept: the first seed's)
 
 This module does not import matplotlib: training calls it.
 """
@@ -37,6 +39,7 @@ class Predictions(NamedTuple):
     labels: np.ndarray  # uint8 (N,)
     sample_index: np.ndarray  # int32 (K,), sorted, unique
     sample_images: np.ndarray  # uint8 (K, H, W) or (K, H, W, C)
+    predicted_by: str = ""  # whose probabilities, in words; "" when the file does not say
 
     @property
     def predicted(self) -> np.ndarray:
@@ -81,11 +84,14 @@ def sample_indices(probs: np.ndarray, labels: np.ndarray) -> np.ndarray:
     return np.unique(keep).astype(np.int32)
 
 
-def save_test_predictions(run_dir: str | os.PathLike, probs, labels, images) -> Path:
+def save_test_predictions(
+    run_dir: str | os.PathLike, probs, labels, images, predicted_by: str = ""
+) -> Path:
     """Writes test_predictions.npz into `run_dir` atomically; returns its path.
 
     probs: float (N, C); labels: int (N,); images: uint8 (N, H, W), (N, H, W, C), or
-    (N, H*W) square images, of which only the sampled ones are kept.
+    (N, H*W) square images, of which only the sampled ones are kept; `predicted_by`:
+    whose probabilities they are, in words.
     """
     probs = np.asarray(probs, np.float32)
     labels = np.asarray(labels).astype(np.uint8)
@@ -101,6 +107,7 @@ def save_test_predictions(run_dir: str | os.PathLike, probs, labels, images) -> 
         labels=labels,
         sample_index=index,
         sample_images=np.asarray(images[index], np.uint8),
+        predicted_by=np.array(predicted_by),
     )
     path = Path(run_dir) / PREDICTIONS_FILE
     rundir.atomic_write(path, buf.getvalue())
@@ -118,6 +125,7 @@ def load_test_predictions(run_dir: str | os.PathLike) -> Predictions:
     try:  # from bytes: np.load leaks its file handle when the zip is bad
         with np.load(io.BytesIO(path.read_bytes()), allow_pickle=False) as f:
             arrays = {k: f[k] for k in ("probs", "labels", "sample_index", "sample_images")}
+            who = f["predicted_by"] if "predicted_by" in f.files else np.array("")
     except KeyError as e:
         raise JaxmnistError(f"{path}: corrupt (no array {e})") from None
     except (zipfile.BadZipFile, zlib.error, OSError, ValueError, EOFError) as e:
@@ -137,10 +145,14 @@ def load_test_predictions(run_dir: str | os.PathLike) -> Predictions:
         and np.all(p.labels < p.probs.shape[1])
         and np.all(np.isfinite(p.probs))
     )
-    if not ok:
+    if not ok or who.shape != () or who.dtype.kind != "U":
         raise JaxmnistError(f"{path}: corrupt (arrays of inconsistent shapes or values)")
     if not np.isin(sample_indices(p.probs, p.labels), p.sample_index).all():
         raise JaxmnistError(f"{path}: corrupt (the sampled images are not the ones a report shows)")
     return Predictions(
-        p.probs.astype(np.float32), p.labels, p.sample_index.astype(np.int64), p.sample_images
+        p.probs.astype(np.float32),
+        p.labels,
+        p.sample_index.astype(np.int64),
+        p.sample_images,
+        str(who),
     )

@@ -108,7 +108,11 @@ class RunWriter(Callback):
         dataset, summary, test = end.dataset, end.summary, end.result.test
         if end.test_probabilities is not None:
             save_test_predictions(
-                self.path, end.test_probabilities, dataset.test_labels, dataset.test_images
+                self.path,
+                end.test_probabilities,
+                dataset.test_labels,
+                dataset.test_images,
+                end.predicted_by,
             )
         matrices = {"matrix": test.confusion[0].tolist()}
         several = len(test.confusion) > 1

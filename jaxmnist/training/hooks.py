@@ -107,6 +107,9 @@ class RunResult(NamedTuple):
     # The ensemble of every member after the last epoch run (training.evaluate.EvalResult),
     # on the test set; None for one model, a sweep's points, or none run.
     ensemble: Any = None
+    # Its log-probabilities on the test set, float32 (batches, batch, C) on the device,
+    # padded as the set was for evaluation; None where `ensemble` is.
+    ensemble_log_probs: Any = None
 
 
 class RunEnd(NamedTuple):
@@ -115,8 +118,11 @@ class RunEnd(NamedTuple):
     summary: dict  # summary.json
     result: RunResult
     params: Any  # every member's parameters on the host, member axis first
-    test_probabilities: np.ndarray | None  # float32 (N, C): the first member's, on the test set
+    # float32 (N, C) on the test set: the ensemble's where the run has one, else the first
+    # member's; `predicted_by` says whose, in words
+    test_probabilities: np.ndarray | None
     dataset: Any  # data.Dataset
+    predicted_by: str = ""
 
 
 class Callback:

@@ -405,6 +405,7 @@ class _Loop:
             diverged,
             stopping,
             together,
+            pop.ensemble_log_probs.get("test") if together is not None else None,
         )
 
     def evaluate(

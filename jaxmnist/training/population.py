@@ -252,6 +252,9 @@ class Population:
         self.rate_fns: dict = {}  # chunk size -> compiled learning rates
         self.eval_fns: dict = {}  # (chunk size, set name) -> compiled evaluation
         self.finish_fns: dict = {}  # set name -> compiled ensemble of every chunk on it
+        # set name -> the ensemble's log-probabilities float32 (batches, batch, C) on it after
+        # the last evaluation, left on the device (the run's saved predictions read the test set's)
+        self.ensemble_log_probs: dict = {}
         self.programs: dict = {}  # chunk size -> its compiled programs (`chunk_programs`)
         self.compile_seconds = 0.0  # spent in `chunk_programs`, for the estimate or the run
         self.compile_times: dict = {}  # program name (size/name) -> its compile's seconds
@@ -440,7 +443,8 @@ class Population:
             total = chunk_sums[0]
             for more in chunk_sums[1:]:  # probabilities add: their logs add as logaddexp
                 total = jnp.logaddexp(total, more)
-            return evaluate_lib.ensemble_sums(total, members, data, classes)
+            sums = evaluate_lib.ensemble_sums(total, members, data, classes)
+            return sums, total - jnp.log(members)  # and each example's mean probabilities' log
 
         done = jax.jit(finish, out_shardings=lay.replicated)
         lowered = {}
@@ -532,7 +536,8 @@ class Population:
         together = None
         if finish is not None:
             outs, log_sums = zip(*outs)
-            together = jax.device_get(finish(list(log_sums), data.arrays))
+            together, self.ensemble_log_probs[name] = finish(list(log_sums), data.arrays)
+            together = jax.device_get(together)
         parts = jax.device_get(outs)
         sums = evaluate_lib.EvalSums(*(np.concatenate(field) for field in zip(*parts)))
         count = data.count
