@@ -20,6 +20,7 @@ from test_seeds import small_cfg
 
 from jaxmnist.cli import main
 from jaxmnist.data import registry
+from jaxmnist.errors import ConfigError
 from jaxmnist.models.ensemble import ensemble_log_probs
 from jaxmnist.report import run_report
 from jaxmnist.report.rundata import load_run
@@ -27,7 +28,8 @@ from jaxmnist.runs.predictions import PREDICTIONS_FILE, load_test_predictions
 from jaxmnist.training import evaluate as evaluate_lib
 from jaxmnist.training import memory, population
 from jaxmnist.training.loop import train_population
-from jaxmnist.use import predict
+from jaxmnist.use import chunks as chunks_lib
+from jaxmnist.use import export, predict, reevaluate
 
 SEEDS = 3
 # An exported model's probabilities, by batches of 7, where jaxmnist cannot be imported.
@@ -399,3 +401,99 @@ def test_predictions_saved_before_they_said_whose_are_the_first_seeds(tiny_seeds
     assert load_test_predictions(run).predicted_by == ""
     makers = run_report.figure_makers(load_run(run))
     assert "seed 0 predicted" in makers["predictions"][1]
+
+
+def test_an_ensemble_in_chunks_is_the_same_ensemble(tiny_seeds_run, tiny_arrays):
+    params = predict.load_trained(tiny_seeds_run).params
+    cfg = predict.load_trained(tiny_seeds_run).config
+    images = jnp.asarray(tiny_arrays["test_images"])
+    whole = ensemble_log_probs(cfg.model, params, images)
+    apart = jax.jit(lambda p, x: ensemble_log_probs(cfg.model, p, x, SEEDS))(params, images)
+    np.testing.assert_allclose(apart, whole, atol=1e-6)
+    assert (apart.argmax(-1) == whole.argmax(-1)).all()
+    with pytest.raises(ValueError, match="2 chunks do not divide an ensemble of 3"):
+        ensemble_log_probs(cfg.model, params, images, 2)
+
+
+BIG_BATCH = 8192  # activations of three members at once: megabytes, whatever the model
+
+
+def _budget_between(tiny_seeds_run) -> int:
+    """A memory budget (MB) the ensemble fits one member at a time, not all at once, at
+    `BIG_BATCH`; the footprints as `use.chunks` reads them."""
+    model = predict.load_trained(tiny_seeds_run)
+    shape = jax.ShapeDtypeStruct((BIG_BATCH, *model.image_shape), jnp.uint8)
+    bytes_in = {}
+    for chunks in (1, SEEDS):
+        fn = predict.probabilities_fn(model.config.model, True, chunks)
+        compiled = jax.jit(fn).lower(model.params, shape).compile()
+        bytes_in[chunks] = chunks_lib.program_bytes(compiled)
+    lower, upper = bytes_in[SEEDS] // memory.MB + 1, bytes_in[1] // memory.MB
+    assert lower <= upper, bytes_in  # the chunks hold less: a budget fits between
+    return lower
+
+
+def test_predict_runs_an_ensemble_in_the_fewest_chunks_that_fit(tiny_seeds_run, tiny_arrays):
+    budget = _budget_between(tiny_seeds_run)
+    images = tiny_arrays["test_images"]
+    whole = predict.compile_predict(predict.load_trained(tiny_seeds_run), BIG_BATCH)
+    model = predict.load_trained(tiny_seeds_run, memory_budget_mb=budget)
+    apart = predict.compile_predict(model, BIG_BATCH)
+    assert (whole.chunks, apart.chunks) == (1, SEEDS)
+    np.testing.assert_allclose(apart(images), whole(images), rtol=1e-5, atol=1e-7)
+    assert (apart(images).argmax(-1) == whole(images).argmax(-1)).all()
+    # A budget below one member's program: one line, before anything is predicted.
+    small = predict.load_trained(tiny_seeds_run, memory_budget_mb=1)
+    with pytest.raises(ConfigError, match="^the ensemble of 3 members needs about .* MB even "):
+        predict.compile_predict(small, BIG_BATCH)
+
+
+def test_eval_runs_an_ensemble_in_the_chunks_chosen(tiny_seeds_run, module_data_dir, monkeypatch):
+    whole = reevaluate.evaluate_run(tiny_seeds_run, module_data_dir)
+    asked, used = [], []
+    monkeypatch.setattr(  # as a budget that fits one member at a time would choose
+        reevaluate, "fewest_chunks", lambda members, footprint, *a: asked.append(a) or members
+    )
+    real, program = reevaluate.evaluate_stacked, evaluate_lib.stacked_program
+    monkeypatch.setattr(reevaluate, "evaluate_stacked", lambda *a: used.append(a[5]) or real(*a))
+    sizes = []  # the members each call of the evaluation gets
+
+    def recording(*a):
+        run = program(*a)
+        return lambda params, data: (
+            sizes.append(len(jax.tree.leaves(params)[0])) or run(params, data)
+        )
+
+    monkeypatch.setattr(evaluate_lib, "stacked_program", recording)
+    apart = reevaluate.evaluate_run(tiny_seeds_run, module_data_dir, memory_budget_mb=15)
+    assert asked[0][0] == 15 * memory.MB and set(used) == {SEEDS}
+    assert sizes and set(sizes) == {1}  # one member at a time, on every set
+    for key in ("test_accuracy_per_seed", "ensemble_test_accuracy", "confusion_matrix"):
+        assert apart[key] == whole[key], key
+    assert apart["ensemble_test_loss"] == pytest.approx(whole["ensemble_test_loss"], rel=1e-6)
+    assert apart["test_loss_per_seed"] == pytest.approx(whole["test_loss_per_seed"], rel=1e-6)
+
+
+def test_the_fewest_chunks_that_fit_divide_the_members():
+    footprints = {1: 90, 2: 50, 3: 40, 6: 25}
+    assert chunks_lib.fewest_chunks(6, footprints.get, 100, "the budget") == 1
+    assert chunks_lib.fewest_chunks(6, footprints.get, 45, "the budget") == 3
+    assert chunks_lib.fewest_chunks(6, footprints.get, None, "unknown") == 1
+    with pytest.raises(ConfigError, match="even one member at a time, but the budget is"):
+        chunks_lib.fewest_chunks(6, footprints.get, 20, "the budget")
+
+
+def test_an_exported_ensemble_runs_in_the_chunks_chosen(
+    tiny_seeds_run, tiny_arrays, monkeypatch, tmp_path
+):
+    model = predict.load_trained(tiny_seeds_run)
+    images = tiny_arrays["test_images"]
+    expected = predict.compile_predict(model, 64)(images)
+    monkeypatch.setattr(chunks_lib, "fewest_chunks", lambda members, *a: members)
+    path = tmp_path / "chunked.jaxmnist"
+    header = export.export_model(model, path, platforms=("cpu",))
+    assert header["ensemble_chunks"] == SEEDS
+    _, blob = path.read_bytes().split(b"\n", 1)
+    exported = jax.export.deserialize(bytearray(blob))
+    np.testing.assert_allclose(exported.call(images), expected, rtol=1e-5, atol=1e-7)
+    assert "stablehlo.while" in exported.mlir_module()  # the chunks' loop, in the program

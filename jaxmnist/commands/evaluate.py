@@ -32,7 +32,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from jaxmnist.use.reevaluate import evaluate_run  # start-up: imports jax
 
-    result = evaluate_run(args.run_dir, data_dir=args.data_dir, member=args.member)
+    result = evaluate_run(
+        args.run_dir,
+        data_dir=args.data_dir,
+        member=args.member,
+        memory_budget_mb=args.memory_budget_mb,
+    )
     if args.json:
         print(json.dumps(result, indent=2))
     else:

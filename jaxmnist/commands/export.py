@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     from jaxmnist.use import export, predict  # start-up: imports jax
 
     out = export.check_output(args.out)
-    model = predict.load_trained(args.run_dir, args.member)
+    model = predict.load_trained(args.run_dir, args.member, args.memory_budget_mb)
     header = export.export_model(model, out, platforms=args.platforms.split(","))
     print(f"model: {model.describe()}", file=sys.stderr)
     size = out.stat().st_size

@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from jaxmnist.runs import rundir  # start-up: imports jax
     from jaxmnist.use import predict  # start-up: imports jax
 
-    model = predict.load_trained(args.run_dir, args.member)
+    model = predict.load_trained(args.run_dir, args.member, args.memory_budget_mb)
     check_k(args.k, len(model.class_names))
     show = rundir.check_writable(args.show_input) if args.show_input else None
     print(f"model: {model.describe()}", file=sys.stderr)

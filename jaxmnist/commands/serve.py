@@ -38,4 +38,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from jaxmnist.use.serve import serve  # optional extra (serve), and start-up: imports jax
 
-    return serve(args.run_dir, host=args.host, port=args.port, member=args.member)
+    return serve(
+        args.run_dir,
+        host=args.host,
+        port=args.port,
+        member=args.member,
+        memory_budget_mb=args.memory_budget_mb,
+    )

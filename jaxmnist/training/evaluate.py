@@ -225,24 +225,42 @@ def compile_evaluate(model_cfg, params: Any, data: PlacedEval, num_classes: int)
     return run
 
 
+def stacked_program(model_cfg, num_classes: int, ensemble: bool) -> Callable:
+    """The jitted `(params, data: EvalData) -> EvalSums` of S models stacked on a leading
+    axis, vmapped; with `ensemble`, `(EvalSums, log_sums)` (`with_ensemble`)."""
+    members = jax.vmap(make_evaluate(model_cfg, num_classes, ensemble), in_axes=(0, None))
+    return jax.jit(with_ensemble(members) if ensemble else members)
+
+
 def evaluate_stacked(
-    model_cfg, params: Any, data: PlacedEval, num_classes: int, ensemble: bool = False
+    model_cfg,
+    params: Any,
+    data: PlacedEval,
+    num_classes: int,
+    ensemble: bool = False,
+    chunks: int = 1,
+    program: Callable | None = None,
 ) -> tuple[list[EvalResult], EvalResult | None]:
     """Evaluates S models whose parameters are stacked along a leading axis, in one
-    vmapped call: one EvalResult per model, and with `ensemble` the ensemble's (the mean
-    of their softmax probabilities, from the same pass; `with_ensemble`), else None."""
-    members = jax.vmap(make_evaluate(model_cfg, num_classes, ensemble), in_axes=(0, None))
-    if not ensemble:
-        sums = jax.device_get(jax.jit(members)(params, data.arrays))
-        return [result_of(EvalSums(*member), data.count) for member in zip(*sums)], None
+    vmapped call, or in `chunks` calls of S / chunks of them one after another: one
+    EvalResult per model, and with `ensemble` the ensemble's (the mean of their softmax
+    probabilities, from the same pass; the chunks' `log_sums` add), else None.
+    `program`: `stacked_program`'s, compiled for a chunk, where the caller has it."""
     size = jax.tree.leaves(params)[0].shape[0]
-
-    def evaluate(params, arrays: EvalData):
-        sums, log_sums = with_ensemble(members)(params, arrays)
-        return sums, ensemble_sums(log_sums, size, arrays, num_classes)
-
-    sums, together = jax.device_get(jax.jit(evaluate)(params, data.arrays))
-    results = [result_of(EvalSums(*member), data.count) for member in zip(*sums)]
+    each = size // chunks
+    program = program or stacked_program(model_cfg, num_classes, ensemble)
+    outs = [
+        program(jax.tree.map(lambda x, i=i: x[i * each : (i + 1) * each], params), data.arrays)
+        for i in range(chunks)
+    ]
+    if not ensemble:
+        sums = jax.device_get(outs)
+        return [result_of(EvalSums(*m), data.count) for part in sums for m in zip(*part)], None
+    parts, log_sums = zip(*outs)
+    total = functools.reduce(jnp.logaddexp, log_sums)
+    together = jax.jit(ensemble_sums, static_argnums=(1, 3))(total, size, data.arrays, num_classes)
+    parts, together = jax.device_get((parts, together))
+    results = [result_of(EvalSums(*m), data.count) for part in parts for m in zip(*part)]
     return results, result_of(together, data.count)
 
 

@@ -17,13 +17,15 @@ softmax), so the exported model predicts exactly what eval counts. The export of
 run of several seeds is, unless one member is chosen, their ensemble: still one
 function of the same signature, the members' stacked parameters embedded and the
 members vmapped inside, returning the mean of their softmax probabilities (the
-header's `trained.ensemble` says how many). The file is
+header's `trained.ensemble` says how many), in as few chunks of members as fit the memory
+budget where it is exported (`use.chunks`; `ensemble_chunks` in the header). The file is
 written to a temporary name beside the target and renamed into place: a failed
 export never leaves a file that looks complete.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import secrets
@@ -39,7 +41,12 @@ from jaxmnist.errors import ConfigError, JaxmnistError
 from jaxmnist.models import get_model
 from jaxmnist.use import preprocess
 from jaxmnist.use.members import describe_ensemble
-from jaxmnist.use.predict import TrainedModel, probabilities_fn
+from jaxmnist.use.predict import (
+    CLI_BATCH,
+    TrainedModel,
+    compile_probabilities,
+    probabilities_fn,
+)
 
 FORMAT = "jaxmnist-export/1"
 PLATFORMS = ("cpu", "cuda", "rocm", "tpu")  # what jax.export lowers for
@@ -99,7 +106,12 @@ def export_model(model: TrainedModel, out, platforms=("cpu", "cuda", "tpu")) -> 
     params = jax.device_get(model.params)  # host arrays: embedded in the module as constants
     # What the family runs everywhere: a custom call of this process (oneDNN) cannot travel.
     model_cfg = get_model(model.config.model.name).portable(model.config.model)
-    probabilities = probabilities_fn(model_cfg, model.ensemble)
+    # An ensemble's members in as few chunks as fit the memory budget here, at the batch
+    # `predict` runs (`use.chunks`); the exported program runs them so wherever it goes.
+    reference = jax.ShapeDtypeStruct((CLI_BATCH, *model.image_shape), jnp.uint8)
+    portable = model._replace(config=dataclasses.replace(model.config, model=model_cfg))
+    _, chunks = compile_probabilities(portable, params, reference)
+    probabilities = probabilities_fn(model_cfg, model.ensemble, chunks)
     (batch,) = jax.export.symbolic_shape("batch")
     spec = jax.ShapeDtypeStruct((batch, *model.image_shape), jnp.uint8)
     try:
@@ -109,6 +121,8 @@ def export_model(model: TrainedModel, out, platforms=("cpu", "cuda", "tpu")) -> 
     except (ValueError, NotImplementedError) as e:  # an op one of the platforms lacks
         raise JaxmnistError(f"cannot export for {', '.join(platforms)}: {e}") from None
     header = make_header(model, exported, platforms)
+    if model.ensemble:
+        header["ensemble_chunks"] = chunks  # members run members / chunks at a time
     blob = exported.serialize()
     _atomic_write(path, json.dumps(header).encode() + b"\n" + bytes(blob))
     return header

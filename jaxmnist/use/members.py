@@ -19,8 +19,16 @@ MEMBER_HELP = (
 
 def add_member_option(parser) -> None:
     """Adds `--member I` to a command that uses a run's model. It is read as text and
-    checked once the run is read (`choose_member`), so any bad value is one line."""
+    checked once the run is read (`choose_member`), so any bad value is one line. Adds
+    `--memory-budget-mb MB` too: what an ensemble's program may use (`use.chunks`)."""
     parser.add_argument("--member", metavar="I", help=MEMBER_HELP)
+    parser.add_argument(
+        "--memory-budget-mb",
+        type=int,
+        metavar="MB",
+        help="device memory an ensemble may use; its members then run in as few chunks as "
+        "fit (default: the run's memory_budget_mb, else the device's free memory)",
+    )
 
 
 def choose_member(text: str | int | None, members: int) -> int | None:

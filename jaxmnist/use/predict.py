@@ -30,6 +30,7 @@ from jaxmnist.errors import DataError, JaxmnistError
 from jaxmnist.models import apply_uint8, count_params, get_model
 from jaxmnist.models.ensemble import ensemble_log_probs
 from jaxmnist.runs.reader import open_run
+from jaxmnist.use import chunks as chunks_lib
 from jaxmnist.use import preprocess
 from jaxmnist.use.members import choose_member, describe_ensemble
 
@@ -51,6 +52,9 @@ class TrainedModel(NamedTuple):
     seeds: int  # models (members) the run trained
     test_accuracy: float | None  # this model's, from summary.json (None if absent)
     member: int | None = 0  # the member used (0-based); None: the ensemble of all `seeds`
+    # Device memory an ensemble may use (`--memory-budget-mb`); None: the run's setting,
+    # else the device's free memory (`use.chunks.budget`)
+    memory_budget_mb: int | None = None
 
     @property
     def ensemble(self) -> bool:
@@ -111,11 +115,14 @@ class TrainedModel(NamedTuple):
         }
 
 
-def load_trained(run_dir, member: str | int | None = None) -> TrainedModel:
+def load_trained(
+    run_dir, member: str | int | None = None, memory_budget_mb: int | None = None
+) -> TrainedModel:
     """The model of a run directory, read by `runs.reader.open_run` (its errors: exit 2
     for no run, 1 for a corrupt one): the ensemble of a run of several seeds, or member
     `member` (0-based: `use.members.choose_member`, ConfigError for a bad one). An
-    unfinished run is read from its newest intact checkpoint, and stderr says which."""
+    unfinished run is read from its newest intact checkpoint, and stderr says which.
+    `memory_budget_mb`: what an ensemble's program may use (`use.chunks`)."""
     run = open_run(run_dir)
     index = choose_member(member, run.members)
     if not run.finished:
@@ -141,31 +148,53 @@ def load_trained(run_dir, member: str | int | None = None) -> TrainedModel:
         run.members,
         accuracy,
         index,
+        memory_budget_mb,
     )
 
 
-def probabilities_fn(model_cfg, ensemble: bool = False) -> Callable:
+def probabilities_fn(model_cfg, ensemble: bool = False, chunks: int = 1) -> Callable:
     """The pure `(params, images uint8 (B, H, W[, C])) -> probabilities float32 (B, C)` of
     one model, or with `ensemble` of the members stacked on `params`' leading axis: the
     mean of their softmax probabilities (`models.ensemble.ensemble_log_probs`, the
-    figure `jaxmnist eval` and training count), one function with the members vmapped."""
+    figure `jaxmnist eval` and training count), one function with the members vmapped,
+    `chunks` of them at a time (`use.chunks`)."""
 
     def probabilities(params, images):
         return jax.nn.softmax(apply_uint8(params, images, model_cfg), axis=-1)
 
     def ensemble_probabilities(params, images):
-        return jnp.exp(ensemble_log_probs(model_cfg, params, images))
+        return jnp.exp(ensemble_log_probs(model_cfg, params, images, chunks))
 
     return ensemble_probabilities if ensemble else probabilities
+
+
+def compile_probabilities(model: TrainedModel, params, images) -> tuple[Any, int]:
+    """(`probabilities_fn`'s program compiled for `params` and `images` (arrays or shapes),
+    how many chunks an ensemble's members run in): as few as fit the model's memory budget
+    (`use.chunks`); one model, or an unknown budget, in one."""
+
+    def compiled_in(chunks: int):
+        if chunks not in programs:
+            fn = probabilities_fn(model.config.model, model.ensemble, chunks)
+            programs[chunks] = jax.jit(fn).lower(params, images).compile()
+        return programs[chunks]
+
+    programs: dict = {}
+    if not model.ensemble:
+        return compiled_in(1), 1
+    limit, source = chunks_lib.budget(model.config, model.memory_budget_mb)
+    footprint = lambda c: chunks_lib.program_bytes(compiled_in(c))
+    chunks = chunks_lib.fewest_chunks(model.seeds, footprint, limit, source)
+    return compiled_in(chunks), chunks
 
 
 def compile_predict(model: TrainedModel, batch_size: int) -> Callable[[np.ndarray], np.ndarray]:
     """Compiles now, for one fixed batch size, and returns `images uint8 (N, H, W) ->
     probabilities float32 (N, C)` for any N: batches are padded to `batch_size`, so
-    no call ever compiles again."""
+    no call ever compiles again. An ensemble's members run in as few chunks as fit its
+    memory budget (`compile_probabilities`); the function's `chunks` says how many."""
     shape = jax.ShapeDtypeStruct((batch_size, *model.image_shape), jnp.uint8)
-    probabilities = probabilities_fn(model.config.model, model.ensemble)
-    compiled = jax.jit(probabilities).lower(model.params, shape).compile()
+    compiled, chunks = compile_probabilities(model, model.params, shape)
 
     def run(images: np.ndarray) -> np.ndarray:
         images = np.asarray(images, np.uint8)
@@ -177,6 +206,7 @@ def compile_predict(model: TrainedModel, batch_size: int) -> Callable[[np.ndarra
             out.append(np.asarray(compiled(model.params, padded))[: len(batch)])
         return np.concatenate(out) if out else np.zeros((0, len(model.class_names)), np.float32)
 
+    run.chunks = chunks
     return run
 
 

@@ -24,9 +24,11 @@ from jaxmnist.training.evaluate import (
     compile_evaluate,
     evaluate_stacked,
     place_eval_data,
+    stacked_program,
     train_eval_indices,
 )
 from jaxmnist.training.validation import VALIDATION_SEED, split_training_set
+from jaxmnist.use.chunks import budget, fewest_chunks, program_bytes
 from jaxmnist.use.members import choose_member
 
 
@@ -34,6 +36,7 @@ def evaluate_run(
     run_dir: str | os.PathLike,
     data_dir: str | os.PathLike | None = None,
     member: str | int | None = None,
+    memory_budget_mb: int | None = None,
 ) -> dict:
     """Every member's test and training accuracy and loss, as JSON-ready values.
 
@@ -45,7 +48,8 @@ def evaluate_run(
     ensemble's. `member` (0-based; checked, ConfigError) evaluates that member alone, and
     says which (`member`, `seed`). The training set is evaluated as the run evaluated it
     after each epoch: on its fixed subset when it used one (`train.eval_train_examples`;
-    `train_set` says which), else in full.
+    `train_set` says which), else in full. Several members run in as few chunks as fit
+    the memory budget (`use.chunks`; `memory_budget_mb` overrides the run's).
     """
     run = open_run(run_dir)
     index = choose_member(member, run.members)
@@ -76,7 +80,7 @@ def evaluate_run(
     results, together = {}, {}
     for name, data in placed.items():
         results[name], together[name] = _evaluate_members(
-            run, params, data, ensemble and name in ENSEMBLE_SETS
+            run, params, data, ensemble and name in ENSEMBLE_SETS, memory_budget_mb
         )
     test, train = results["test"], results["train"]
     out = {
@@ -130,13 +134,30 @@ def evaluate_run(
 
 
 def _evaluate_members(
-    run: Run, params, data: PlacedEval, ensemble: bool
+    run: Run, params, data: PlacedEval, ensemble: bool, memory_budget_mb: int | None = None
 ) -> tuple[list[EvalResult], EvalResult | None]:
     """One result per member of `params` (stacked), and with `ensemble` the ensemble's, from
-    the same pass. One model runs the very program training evaluated it with (not a vmap
-    of one), so eval repeats training's figures exactly."""
+    the same pass, the members in as few chunks as fit the memory budget (`use.chunks`).
+    One model runs the very program training evaluated it with (not a vmap of one), so
+    eval repeats training's figures exactly."""
     model_cfg, classes = run.config.model, run.spec.num_classes
-    if jax.tree.leaves(params)[0].shape[0] > 1:
-        return evaluate_stacked(model_cfg, params, data, classes, ensemble)
-    one = jax.tree.map(lambda x: x[0], params)
-    return [compile_evaluate(model_cfg, one, data, classes)(one, data)], None
+    size = jax.tree.leaves(params)[0].shape[0]
+    if size == 1:
+        one = jax.tree.map(lambda x: x[0], params)
+        return [compile_evaluate(model_cfg, one, data, classes)(one, data)], None
+    stacked = stacked_program(model_cfg, classes, ensemble)
+    programs: dict = {}
+
+    def footprint(chunks: int) -> int:
+        """The chunk's program's bytes, beside the other members' parameters."""
+        each = size // chunks
+        chunk = jax.tree.map(lambda x: jax.ShapeDtypeStruct((each, *x.shape[1:]), x.dtype), params)
+        programs[chunks] = stacked.lower(chunk, data.arrays).compile()
+        others = sum(x.nbytes for x in jax.tree.leaves(params)) * (chunks - 1) // chunks
+        return program_bytes(programs[chunks]) + others
+
+    limit, source = budget(run.config, memory_budget_mb)
+    chunks = fewest_chunks(size, footprint, limit, source)
+    return evaluate_stacked(
+        model_cfg, params, data, classes, ensemble, chunks, programs.get(chunks)
+    )

@@ -67,9 +67,12 @@ def make_server(model: TrainedModel, sock: socket.socket, host: str):
     return uvicorn.Server(config)
 
 
-def serve(run_dir, host: str = "127.0.0.1", port: int = 8000, member=None) -> int:
+def serve(
+    run_dir, host: str = "127.0.0.1", port: int = 8000, member=None, memory_budget_mb=None
+) -> int:
     """Serves `run_dir`'s model (the ensemble of a run of several seeds, or `member`: see
-    `predict.load_trained`) until interrupted; returns the exit code."""
+    `predict.load_trained`, with `memory_budget_mb`) until interrupted; returns the exit
+    code."""
     try:
         import starlette  # noqa: F401
         import uvicorn  # noqa: F401
@@ -77,7 +80,7 @@ def serve(run_dir, host: str = "127.0.0.1", port: int = 8000, member=None) -> in
         raise ConfigError(
             "jaxmnist serve needs Starlette and uvicorn: pip install 'jaxmnist[serve]'"
         ) from None
-    model = load_trained(run_dir, member)
+    model = load_trained(run_dir, member, memory_budget_mb)
     sock = bind(host, port)
     server = make_server(model, sock, host)
     print(f"serving {model.describe()}", flush=True)
