@@ -70,13 +70,6 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
     collect_ignore.append("multidevice")
 
 
-def pytest_collection_modifyitems(config, items):
-    """The tests marked `slow` run first, in their files' order, the rest as collected:
-    with several test processes (`make test`'s -n), the tests that start last are then
-    short ones, and the processes finish together rather than one waiting on a long test."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-
-
 def learnable_arrays(train_size=640, test_size=150, seed=0) -> dict[str, np.ndarray]:
     """Class c is a bright 6x6 block at a class-specific place, over uniform noise."""
     rng = np.random.default_rng(seed)

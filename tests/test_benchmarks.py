@@ -269,6 +269,7 @@ def test_accelerator_session_stops_before_any_step_when_an_import_fails(tmp_path
 
 
 @pytest.mark.parametrize("name", sorted(SMOKE))
+@pytest.mark.slow
 def test_smoke_mode(name, on_path, tmp_path, capsys):
     if name in NEEDS_ONEDNN and not onednn.available():
         pytest.skip(onednn.unavailable_reason())
@@ -285,6 +286,7 @@ def test_smoke_mode(name, on_path, tmp_path, capsys):
     assert keys <= set(result), keys - set(result)
 
 
+@pytest.mark.slow
 def test_memory_estimate_runs_its_cases_with_the_overrides_asked(on_path, tmp_path, capsys):
     module = load("memory_estimate")
     out = tmp_path / "m.json"
@@ -324,6 +326,7 @@ def test_serve_load_on_a_tiny_run(on_path, tiny_model_run, tmp_path):
     assert result["completed"] == 20 and result["errors"] == 0, result["error_kinds"]
 
 
+@pytest.mark.slow
 def test_record_keeps_each_presets_own_environment_and_load(on_path, tmp_path):
     """Presets measured by separate invocations share one file: each keeps the machine and
     the load average of its own run, not those of the last invocation."""

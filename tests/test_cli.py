@@ -563,6 +563,7 @@ def tree(path) -> dict:
     return {str(p.relative_to(path)): p.is_file() and p.read_bytes() for p in path.rglob("*")}
 
 
+@pytest.mark.slow
 def test_a_run_refused_before_it_starts_leaves_no_directory_it_made(
     train_argv, tmp_path, capsys, monkeypatch
 ):
@@ -578,6 +579,7 @@ def test_a_run_refused_before_it_starts_leaves_no_directory_it_made(
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_a_refused_overwrite_keeps_the_old_run_as_it_was(
     tiny_cli_run, train_argv, tmp_path, capsys
 ):

@@ -214,6 +214,7 @@ def test_member_0_is_a_one_model_runs_only_model(tiny_model_run, tmp_path, capsy
 
 
 @pytest.mark.accelerator
+@pytest.mark.slow
 def test_chunks_of_a_population_make_one_ensemble(tiny_dataset, tiny_arrays, monkeypatch):
     cfg = small_cfg(seeds=SEEDS)
     whole = train_population(cfg, population.seed_members(cfg), tiny_dataset)
@@ -239,6 +240,7 @@ def test_chunks_of_a_population_make_one_ensemble(tiny_dataset, tiny_arrays, mon
     assert direct.loss not in chunked.records[-1]["test_loss_per_seed"]
 
 
+@pytest.mark.slow
 def test_eval_repeats_the_val_ensemble_training_measured(module_data_dir, tmp_path, capsys):
     run = tmp_path / "run"
     argv = tiny_train_argv(module_data_dir, run, "--seeds", "2", "data.validation=50")

@@ -235,6 +235,7 @@ SECTIONS = {
 
 
 @pytest.mark.parametrize("section", sorted(SECTIONS))
+@pytest.mark.slow
 def test_onednn_matches_lax_in_a_child_process(section):
     if not onednn.available():
         pytest.skip(onednn.unavailable_reason())

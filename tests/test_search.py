@@ -227,6 +227,7 @@ def test_the_command_names_the_same_samplers_and_pruners_as_the_study():
 # --- searches on the tiny dataset -----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_cli_search_end_to_end_with_sqlite_and_the_best_trains_again(
     tiny_data_dir, tmp_path, capsys
 ):
@@ -274,6 +275,7 @@ def _search(tmp_path, tiny_dataset, params, *, name="s", cfg=None, batch=8, **kw
     return study, ps, opts
 
 
+@pytest.mark.slow
 def test_a_batch_of_trials_of_one_shape_is_one_vmapped_program(
     tmp_path, tiny_dataset, tiny_data_dir
 ):
@@ -529,6 +531,7 @@ def postgres_url():
 
 
 @pytest.mark.postgres
+@pytest.mark.slow
 def test_two_workers_share_a_postgres_study_and_a_killed_ones_trials_are_retried(
     postgres_url, tiny_data_dir, tmp_path
 ):
