@@ -621,7 +621,7 @@ def test_an_empty_hidden_list_is_a_linear_model(args, capsys):
     assert cfg["model"]["hidden"] == [] and cfg["data"]["max_shift"] == 13
 
 
-def test_resume_with_overwrite_is_refused(tiny_cli_run, tmp_path, capsys):
+def test_resume_with_overwrite_is_refused(tiny_cli_run, tiny_registered, tmp_path, capsys):
     run = shutil.copytree(tiny_cli_run, tmp_path / "run")
     before = tree(run)
     assert main(["train", "--resume", str(run), "--overwrite", "--epochs", "4"]) == 2
