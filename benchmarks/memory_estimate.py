@@ -196,17 +196,19 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(case))
         return
     presets, counts = args.presets.split(","), [int(s) for s in args.seeds.split(",")]
+    batch_norms = (False, True)
     if args.smoke:
-        # Both loops and a population, one fresh process each: a case costs a JAX start-up
-        # and its compiles.
+        # One case, a population with batch norm, in one fresh process: a case costs a JAX
+        # start-up and its compiles.
         presets, counts, args.steps, args.repeats = ["speedrun"], [2], 2, 1
+        batch_norms = (True,)
     out = args.out or default_out("memory_estimate.json", args.smoke)
     load_before = os.getloadavg()
     cases = []
     print(f"{'preset':10s} {'bn':>5s} {'seeds':>5s} {'chunks':>8s} {'estimate':>10s} "
           f"{'measured':>10s} {'ratio':>6s}")  # fmt: skip
     for preset in presets:
-        for bn in (False, True) if preset in WITH_BATCH_NORM else (None,):
+        for bn in batch_norms if preset in WITH_BATCH_NORM else (None,):
             for seeds in counts:
                 runs = [run_case(preset, bn, seeds, args.steps, args.smoke, args.set)
                         for _ in range(args.repeats)]  # fmt: skip

@@ -5,6 +5,8 @@ step counts with float32 internally, which strict mode rejects.)
 """
 
 import atexit
+import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -16,9 +18,10 @@ from pathlib import Path
 # removed when it exits:
 # - JAX's compilation cache: every test process compiles each distinct program once. Its
 #   size limit turns on JAX's file lock, so no process reads an entry another is still
-#   writing; the lock, and the scan of every entry that each write then makes, cost more
-#   than they save for programs that compile in less than half a second, so those are
-#   compiled again.
+#   writing; each write then scans every entry under that lock, which costs more than
+#   it saves for the quickest programs (those under a tenth of a second are compiled
+#   again). Every test leaves these settings as they are set here (a fixture below), so
+#   the cache holds the programs tests compile alike, not every program.
 # - jaxmnist's own cache folder (XDG_CACHE_HOME: its compilation cache, downloads), never
 #   the user's ~/.cache/jaxmnist. A run with `compile_cache` on points JAX at <that
 #   folder>/xla for the rest of its process, and a user's folder, written without the
@@ -34,7 +37,7 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # else the caller's cache, as
         JAX_COMPILATION_CACHE_DIR=os.path.join(
             os.environ["JAXMNIST_TEST_CACHES"], "user", "jaxmnist", "xla"
         ),
-        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5",
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.1",
         JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
         JAX_COMPILATION_CACHE_MAX_SIZE=str(2**40),
     )
@@ -67,13 +70,6 @@ REAL_DATA_DIR = os.environ.get("JAXMNIST_DATA_DIR")
 collect_ignore = ["run_tiny_cli.py"]
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     collect_ignore.append("multidevice")
-
-
-def pytest_collection_modifyitems(config, items):
-    """The tests marked `slow` run first, in their files' order, the rest as collected:
-    with several test processes (`make test`'s -n), the tests that start last are then
-    short ones, and the processes finish together rather than one waiting on a long test."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 def learnable_arrays(train_size=640, test_size=150, seed=0) -> dict[str, np.ndarray]:
@@ -229,8 +225,45 @@ def small_tmpfs(tmp_path):
         subprocess.run(["umount", "-l", str(where)], check=False)
 
 
+# Finished runs trained once in the whole session for the tests that only read them (eval,
+# predict, export, serve, report, refusals): by the first test process that asks for one,
+# while the others (pytest-xdist's workers) wait for it and then read it. A test that
+# changes a run works on a copy (`shutil.copytree` into its tmp_path); each process checks
+# at its end that every file is still as it was made. `eval` finds the data where training
+# found it (data.json), once `tiny` is registered (`tiny_registered`).
+
+
+def _digest(folder: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        if p.is_file()
+        else ""
+        for p in sorted(folder.rglob("*"))
+    }
+
+
+def made_once(tmp_path_factory, name: str, make):
+    """Yields the folder `name` of the session, made by `make(folder)` if no test process
+    has made it yet; then checks that it is still as it was made."""
+    import filelock
+
+    root = tmp_path_factory.getbasetemp()
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        root = root.parent  # the session's own folder, above each worker's
+    folder, made = root / "made-once" / name, root / "made-once" / f"{name}.json"
+    folder.parent.mkdir(exist_ok=True)
+    with filelock.FileLock(root / "made-once" / f"{name}.lock"):
+        if not made.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # what a failed attempt left
+            folder.mkdir()
+            make(folder)
+            made.write_text(json.dumps(_digest(folder)))
+    yield folder
+    assert _digest(folder) == json.loads(made.read_text()), f"a test changed {folder}"
+
+
 @pytest.fixture(scope="session")
-def tiny_model_run(tmp_path_factory, tiny_dataset) -> Path:
+def tiny_model_run(tmp_path_factory, tiny_dataset):
     """A finished run trained on the tiny set whose config names MNIST, so that any
     process can load its model (predict, export, serve) without the tiny dataset."""
     import dataclasses
@@ -244,23 +277,21 @@ def tiny_model_run(tmp_path_factory, tiny_dataset) -> Path:
         compile_cache=False,
         train=dataclasses.replace(cfg.train, batch_size=32, steps=60, eval_batch_size=150),
     )
-    path = tmp_path_factory.mktemp("tiny-model-run")
-    train_and_evaluate(cfg, path, dataset=tiny_dataset)
-    return path
-
-
-# Finished runs of `jaxmnist train` on the tiny set, trained once per test process for the
-# tests that only read them (eval, predict, export, serve, report, refusals). A test that
-# changes a run works on a copy (`shutil.copytree` into its tmp_path). `eval` finds the
-# data where training found it (data.json), once `tiny` is registered (`tiny_registered`).
+    yield from made_once(
+        tmp_path_factory,
+        "tiny-model-run",
+        lambda path: train_and_evaluate(cfg, path, dataset=tiny_dataset),
+    )
 
 
 @pytest.fixture(scope="session")
-def shared_data_dir(tmp_path_factory, tiny_arrays, tiny_spec) -> Path:
+def shared_data_dir(tmp_path_factory, tiny_arrays, tiny_spec):
     """The tiny dataset's folder that the shared runs were trained from."""
-    root = tmp_path_factory.mktemp("shared-data")
-    synthetic.write_idx_folder(root / tiny_spec.folder, tiny_arrays, tiny_spec)
-    return root
+
+    def write(root):
+        synthetic.write_idx_folder(root / tiny_spec.folder, tiny_arrays, tiny_spec)
+
+    yield from made_once(tmp_path_factory, "shared-data", write)
 
 
 @pytest.fixture
@@ -269,46 +300,50 @@ def tiny_registered(monkeypatch, tiny_spec):
     monkeypatch.setitem(registry.DATASETS, "tiny", tiny_spec)
 
 
-def _train_shared(tmp_path_factory, data_dir, tiny_spec, name, *extra) -> Path:
-    """`jaxmnist train` on the tiny set (3 epochs of 20 steps, no report), in this process."""
+def _train_shared(tmp_path_factory, data_dir, tiny_spec, name, *extra):
+    """`jaxmnist train` on the tiny set (3 epochs of 20 steps, no report), in this process,
+    once in the session (`made_once`): yields the run's directory."""
     from jaxmnist.cli import main
 
-    run = tmp_path_factory.mktemp(name) / "run"
-    argv = ["train", "--dataset", "tiny", "--data-dir", str(data_dir), "--run-dir", str(run)]
-    argv += ["--batch-size", "32", "--epochs", "3", "--no-compile-cache", "--no-report"]
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(registry.DATASETS, "tiny", tiny_spec)
-        mp.setenv("XDG_CACHE_HOME", str(run.parent / "cache"))
-        assert main([*argv, "--quiet", *extra]) == 0
-    return run
+    def train(folder):
+        run = folder / "run"
+        argv = ["train", "--dataset", "tiny", "--data-dir", str(data_dir), "--run-dir", str(run)]
+        argv += ["--batch-size", "32", "--epochs", "3", "--no-compile-cache", "--no-report"]
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setitem(registry.DATASETS, "tiny", tiny_spec)
+            mp.setenv("XDG_CACHE_HOME", str(folder / "cache"))
+            assert main([*argv, "--quiet", *extra]) == 0
+
+    for folder in made_once(tmp_path_factory, name, train):
+        yield folder / "run"
 
 
 @pytest.fixture(scope="session")
-def tiny_cli_run(tmp_path_factory, shared_data_dir, tiny_spec) -> Path:
+def tiny_cli_run(tmp_path_factory, shared_data_dir, tiny_spec):
     """A finished one-model run: the MLP of tpu101."""
-    return _train_shared(tmp_path_factory, shared_data_dir, tiny_spec, "cli-run")
+    yield from _train_shared(tmp_path_factory, shared_data_dir, tiny_spec, "cli-run")
 
 
 @pytest.fixture(scope="session")
-def tiny_seeds_run(tmp_path_factory, shared_data_dir, tiny_spec) -> Path:
+def tiny_seeds_run(tmp_path_factory, shared_data_dir, tiny_spec):
     """A finished run of three seeds (0-2), 2 epochs, at a learning rate low enough that
     its members make different mistakes, and their ensemble others still; evaluated in
     batches of 64, so that the test set's last batch is padded."""
     extra = ("--seeds", "3", "--epochs", "2", "optimizer.lr=3e-5", "train.eval_batch_size=64")
-    return _train_shared(tmp_path_factory, shared_data_dir, tiny_spec, "seeds-run", *extra)
+    yield from _train_shared(tmp_path_factory, shared_data_dir, tiny_spec, "seeds-run", *extra)
 
 
 @pytest.fixture(scope="session")
-def tiny_cnn_run(tmp_path_factory, shared_data_dir, tiny_spec) -> Path:
+def tiny_cnn_run(tmp_path_factory, shared_data_dir, tiny_spec):
     """A finished CNN run of two seeds with batch norm: 6 first-layer channels of 3×3,
     dense 16."""
     extra = ("--model", "cnn", "model.channels=6", "--hidden", "16", "model.batch_norm=true")
     extra += ("--seeds", "2")
-    return _train_shared(tmp_path_factory, shared_data_dir, tiny_spec, "cnn-run", *extra)
+    yield from _train_shared(tmp_path_factory, shared_data_dir, tiny_spec, "cnn-run", *extra)
 
 
 @pytest.fixture(scope="session")
-def real_mnist_run(tmp_path_factory) -> Path:
+def real_mnist_run(tmp_path_factory):
     """A short real-MNIST run (300 steps, about 94 % test accuracy: enough to read
     drawn digits); skipped, saying why, where no real MNIST is found."""
     import dataclasses
@@ -318,19 +353,24 @@ def real_mnist_run(tmp_path_factory) -> Path:
     from jaxmnist.errors import DataError
     from jaxmnist.train import train_and_evaluate
 
-    try:
-        dataset = load_dataset("mnist", download=False)
-    except DataError as e:
-        pytest.skip(f"no real MNIST found (set JAXMNIST_DATA_DIR): {e}")
-    cfg = config_lib.get_preset("tpu101")
-    cfg = dataclasses.replace(
-        cfg,
-        compile_cache=False,
-        train=dataclasses.replace(cfg.train, steps=300, eval_train=False),
-    )
-    path = tmp_path_factory.mktemp("real-mnist-run")
-    train_and_evaluate(cfg, path, dataset=dataset)
-    return path
+    def train(path):
+        try:
+            dataset = load_dataset("mnist", download=False)
+        except DataError as e:
+            (path / "skipped.txt").write_text(f"no real MNIST found (set JAXMNIST_DATA_DIR): {e}")
+            return
+        cfg = config_lib.get_preset("tpu101")
+        cfg = dataclasses.replace(
+            cfg,
+            compile_cache=False,
+            train=dataclasses.replace(cfg.train, steps=300, eval_train=False),
+        )
+        train_and_evaluate(cfg, path, dataset=dataset)
+
+    for path in made_once(tmp_path_factory, "real-mnist-run", train):
+        if (path / "skipped.txt").exists():
+            pytest.skip((path / "skipped.txt").read_text())
+        yield path
 
 
 def numpy_mlp_figures(params, images, labels) -> tuple[float, float]:

@@ -90,6 +90,7 @@ def test_the_same_seed_twice_gives_the_same_parameters_bit_for_bit(tiny_dataset)
 
 
 @pytest.mark.parametrize("seeds", [1, 3])
+@pytest.mark.slow
 def test_plans_drawn_on_the_host_train_exactly_as_plans_drawn_on_the_mesh(
     tiny_dataset, monkeypatch, seeds
 ):

@@ -52,6 +52,7 @@ def test_codelab_reaches_86_5_percent_on_fashion_mnist(tmp_path):
 
 
 @pytest.mark.realdata
+@pytest.mark.slow
 def test_the_speedrun_cnn_reaches_98_5_percent_in_one_epoch(tmp_path):
     """The CNN path end to end on real data (im2col convolutions and their written-out
     backward pass, augmentation inside the compiled epoch, one-cycle Adam): the speedrun

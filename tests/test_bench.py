@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import made_once
 
 from jaxmnist import cli, optim, timing
 from jaxmnist import config as config_lib
@@ -27,39 +28,40 @@ from jaxmnist.training.step import init_state
 REAL_DATA_DIR = os.environ.get("JAXMNIST_DATA_DIR")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def quick_run(tmp_path_factory):
-    """One real `jaxmnist bench --quick` run, shared by the tests that read its output.
+    """One real `jaxmnist bench --quick` run, shared by the tests that read its output
+    (made once in the session: `made_once`).
 
     Batch 16: where a jitted call per step costs most relative to the step, so the
     mode ordering is checked with a wide margin even on a busy machine. Real data
     when JAXMNIST_DATA_DIR is set, random data of MNIST's shape otherwise.
     """
-    out = tmp_path_factory.mktemp("bench")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("XDG_CACHE_HOME", str(out / "cache"))
     data = (
         ["--data-dir", REAL_DATA_DIR, "data.download=false"] if REAL_DATA_DIR else ["--synthetic"]
     )
-    argv = [
-        "bench",
-        "--quick",
-        "--no-compile-cache",
-        "--batch-size",
-        "16",
-        "--batch-sizes",
-        "16,256",
-        "--tokens-per-example",
-        "100",
-        "--out",
-        str(out / "result"),
-        *data,
-    ]
-    try:
-        code = cli.main(argv)
-    finally:
-        mp.undo()
-    return code, out / "result"
+
+    def bench(out):
+        argv = [
+            "bench",
+            "--quick",
+            "--no-compile-cache",
+            "--batch-size",
+            "16",
+            "--batch-sizes",
+            "16,256",
+            "--tokens-per-example",
+            "100",
+            "--out",
+            str(out / "result"),
+            *data,
+        ]
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("XDG_CACHE_HOME", str(out / "cache"))
+            (out / "exit_code").write_text(str(cli.main(argv)))
+
+    for out in made_once(tmp_path_factory, "bench-quick", bench):
+        yield int((out / "exit_code").read_text()), out / "result"
 
 
 def test_quick_cli_writes_json_matching_schema(quick_run, capsys):

@@ -273,6 +273,7 @@ def test_accelerator_session_stops_before_any_step_when_an_import_fails(tmp_path
 
 
 @pytest.mark.parametrize("name", sorted(SMOKE))
+@pytest.mark.slow
 def test_smoke_mode(name, on_path, tmp_path, capsys):
     if name in NEEDS_ONEDNN and not onednn.available():
         pytest.skip(onednn.unavailable_reason())
@@ -316,6 +317,7 @@ def test_pytorch_comparison_says_in_one_line_that_torch_is_missing(on_path, monk
     )
 
 
+@pytest.mark.slow
 def test_memory_estimate_runs_its_cases_with_the_overrides_asked(on_path, tmp_path, capsys):
     module = load("memory_estimate")
     out = tmp_path / "m.json"
@@ -346,6 +348,7 @@ def test_memory_estimate_says_in_one_line_when_the_peak_rss_cannot_be_reset(on_p
     assert writable.read_text() == "5"
 
 
+@pytest.mark.slow
 def test_record_keeps_each_presets_own_environment_and_load(on_path, tmp_path):
     """Presets measured by separate invocations share one file: each keeps the machine and
     the load average of its own run, not those of the last invocation."""

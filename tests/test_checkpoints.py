@@ -39,7 +39,7 @@ EPOCHS = "6"
 QUIET = ("--quiet", "--no-report")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def cli(tmp_path_factory, tiny_arrays, tiny_spec):
     """(start(argv) -> Popen, run(argv) -> CompletedProcess, train_argv(run_dir, *extra))."""
     root = tmp_path_factory.mktemp("preemption")
@@ -76,7 +76,7 @@ def _tiny_registered(monkeypatch, tiny_spec):
     monkeypatch.setitem(registry.DATASETS, "tiny", tiny_spec)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def alone(cli, tmp_path_factory):
     """The run directory of an uninterrupted run with these extra arguments (run once)."""
     _, run, train_argv = cli
@@ -127,20 +127,23 @@ def assert_metrics_continuous(run: Path, epochs: int) -> None:
     assert steps == list(range(1, records[-1]["step"] + 1))
 
 
-@pytest.mark.parametrize("seeds", ["1", "4"])
+# One seed is the default: that run is the uninterrupted run the other tests compare with.
+@pytest.mark.parametrize("seeds", [(), ("--seeds", "4")], ids=["1", "4"])
+@pytest.mark.slow
 def test_kill_9_then_resume_is_bit_for_bit(cli, alone, tmp_path, seeds):
     start, _, train_argv = cli
     killed = tmp_path / "killed"
-    proc = start(train_argv(killed, "--seeds", seeds))
+    proc = start(train_argv(killed, *seeds))
     wait_for_epochs(killed, proc, 2, saved=True)  # then kill it during epoch 3 or so
     proc.send_signal(signal.SIGKILL)
     proc.communicate()
     assert proc.returncode == -signal.SIGKILL and not (killed / "summary.json").exists()
     resume(cli, killed)
-    assert_same_params(killed, alone("--seeds", seeds))
+    assert_same_params(killed, alone(*seeds))
     assert_metrics_continuous(killed, int(EPOCHS))
 
 
+@pytest.mark.slow
 def test_kill_9_then_resume_from_inside_an_epoch_is_bit_for_bit(cli, alone, tmp_path):
     """--checkpoint-every-steps 7 saves inside epochs (20 steps each); the run is
     killed, and everything after its checkpoint at step 49 (epoch 3, step 9 of 20) is
@@ -224,6 +227,7 @@ def test_sigterm_and_ctrl_c_stop_with_a_checkpoint(cli, alone, tmp_path, signum,
     assert_metrics_continuous(run, int(EPOCHS))
 
 
+@pytest.mark.slow
 def test_a_closed_stdout_does_not_cost_the_run(cli, tmp_path):
     """`train | head -2`: the reader goes away after the first lines, before the epochs'
     lines; the run goes on without printing and finishes."""
@@ -291,7 +295,7 @@ def test_a_run_killed_before_its_first_checkpoint_starts_over(cli, alone, tmp_pa
     assert_metrics_continuous(run, int(EPOCHS))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def finished(cli, tmp_path_factory):
     """A finished 3-epoch run, with checkpoints at steps 20, 40 and 60 (copy it to change it)."""
     path = tmp_path_factory.mktemp("finished") / "run"
@@ -561,6 +565,7 @@ class SignalAt(Callback):
 
 
 @pytest.mark.accelerator
+@pytest.mark.slow
 def test_members_in_memory_chunks_resume_bit_for_bit_or_regrouped(
     tiny_dataset, tmp_path, monkeypatch, paced_by_steps
 ):

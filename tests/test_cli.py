@@ -563,10 +563,11 @@ def tree(path) -> dict:
     return {str(p.relative_to(path)): p.is_file() and p.read_bytes() for p in path.rglob("*")}
 
 
+@pytest.mark.slow
 def test_a_run_refused_before_it_starts_leaves_no_directory_it_made(
     train_argv, tmp_path, capsys, monkeypatch
 ):
-    too_many = ("--seeds", "100000", "memory_budget_mb=64")  # refused by the memory estimate
+    too_many = ("--seeds", "100", "memory_budget_mb=64")  # refused by the memory estimate
     assert main(train_argv(tmp_path / "new" / "run", *too_many)) == 2
     assert "models need about" in capsys.readouterr().err
     assert not (tmp_path / "new").exists()  # nor the folder above it, made for it
@@ -578,20 +579,21 @@ def test_a_run_refused_before_it_starts_leaves_no_directory_it_made(
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_a_refused_overwrite_keeps_the_old_run_as_it_was(
     tiny_cli_run, train_argv, tmp_path, capsys
 ):
     run = shutil.copytree(tiny_cli_run, tmp_path / "run")
     assert (run / "command.txt").is_file() and (run / "checkpoints").is_dir()
     before = tree(run)
-    assert main(train_argv(run, "--overwrite", "--seeds", "100000", "memory_budget_mb=64")) == 2
+    assert main(train_argv(run, "--overwrite", "--seeds", "100", "memory_budget_mb=64")) == 2
     assert "models need about" in capsys.readouterr().err
     assert tree(run) == before  # checkpoints, parameters and command.txt: all the old run's
 
     kept = tmp_path / "mine"
     kept.mkdir()
     (kept / "notes.txt").write_text("mine")
-    assert main(train_argv(kept, "--seeds", "100000", "memory_budget_mb=64")) == 2
+    assert main(train_argv(kept, "--seeds", "100", "memory_budget_mb=64")) == 2
     assert sorted(p.name for p in kept.iterdir()) == ["notes.txt"]  # not even its .lock
 
 
@@ -619,7 +621,7 @@ def test_an_empty_hidden_list_is_a_linear_model(args, capsys):
     assert cfg["model"]["hidden"] == [] and cfg["data"]["max_shift"] == 13
 
 
-def test_resume_with_overwrite_is_refused(tiny_cli_run, tmp_path, capsys):
+def test_resume_with_overwrite_is_refused(tiny_cli_run, tiny_registered, tmp_path, capsys):
     run = shutil.copytree(tiny_cli_run, tmp_path / "run")
     before = tree(run)
     assert main(["train", "--resume", str(run), "--overwrite", "--epochs", "4"]) == 2

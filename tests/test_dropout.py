@@ -65,6 +65,7 @@ def train(cfg, dataset):
     return r, [np.asarray(x) for x in jax.tree.leaves(r.population.params(r.states))]
 
 
+@pytest.mark.slow
 def test_training_with_dropout_is_reproducible_and_evaluation_is_deterministic(tiny_dataset):
     a, pa = train(cfg_with(0.3), tiny_dataset)
     b, pb = train(cfg_with(0.3), tiny_dataset)

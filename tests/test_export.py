@@ -123,6 +123,7 @@ def test_export_runs_without_jaxmnist_and_matches_eval(
 
 
 @pytest.mark.realdata
+@pytest.mark.slow
 def test_export_matches_eval_on_the_real_test_set(real_mnist_run, tmp_path, capsys):
     from jaxmnist.data import load_dataset
 

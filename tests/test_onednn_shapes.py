@@ -100,18 +100,31 @@ def _value_and_grads(fn, padding):
     return jax.jit(run)
 
 
+def _all_value_and_grads(fn, cases):
+    """One program computing each case's forward pass and both gradients: compiled once,
+    rather than once a case (the compiles were most of this check's time)."""
+
+    def run(operands):
+        return [
+            _value_and_grads(fn, case[6])(x, w, g)
+            for case, (x, w, g) in zip(cases, operands, strict=True)
+        ]
+
+    return jax.jit(run)
+
+
 def check_grid() -> list[str]:
     """Forward and both gradients of every case in GRID."""
     rng = np.random.default_rng(0)
+    operands = [_operands(rng, case) for case in GRID]
+    # No bfloat16 kernels for this CPU: those cases are left out (test_conv checks).
+    kept = [(c, o) for c, o in zip(GRID, operands, strict=True) if onednn.supports(c[7])]
+    cases, operands = [c for c, _ in kept], [o for _, o in kept]
+    got = _all_value_and_grads(onednn.conv_onednn, cases)(operands)
+    want = _all_value_and_grads(reference, cases)(operands)
     failures = []
-    for case in GRID:
-        x, w, g = _operands(rng, case)
-        padding, dtype = case[6], case[7]
-        if not onednn.supports(dtype):  # no bfloat16 kernels for this CPU (test_conv checks)
-            continue
-        got = _value_and_grads(onednn.conv_onednn, padding)(x, w, g)
-        want = _value_and_grads(reference, padding)(x, w, g)
-        failures += _mismatches(str(case), got, want, dtype)
+    for case, a, b in zip(cases, got, want, strict=True):
+        failures += _mismatches(str(case), a, b, case[7])
     return failures
 
 
@@ -235,6 +248,7 @@ SECTIONS = {
 
 
 @pytest.mark.parametrize("section", sorted(SECTIONS))
+@pytest.mark.slow
 def test_onednn_matches_lax_in_a_child_process(section):
     if not onednn.available():
         pytest.skip(onednn.unavailable_reason())

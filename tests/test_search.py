@@ -227,6 +227,7 @@ def test_the_command_names_the_same_samplers_and_pruners_as_the_study():
 # --- searches on the tiny dataset -----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_cli_search_end_to_end_with_sqlite_and_the_best_trains_again(
     tiny_data_dir, tmp_path, capsys
 ):
@@ -274,6 +275,7 @@ def _search(tmp_path, tiny_dataset, params, *, name="s", cfg=None, batch=8, **kw
     return study, ps, opts
 
 
+@pytest.mark.slow
 def test_a_batch_of_trials_of_one_shape_is_one_vmapped_program(
     tmp_path, tiny_dataset, tiny_data_dir
 ):
@@ -529,6 +531,7 @@ def postgres_url():
 
 
 @pytest.mark.postgres
+@pytest.mark.slow
 def test_two_workers_share_a_postgres_study_and_a_killed_ones_trials_are_retried(
     postgres_url, tiny_data_dir, tmp_path
 ):
@@ -640,39 +643,43 @@ def test_a_database_error_that_is_not_the_race_is_one_line_at_once(monkeypatch):
     assert len(calls) == 1 and "\n" not in str(e.value) and "secret" not in str(e.value)
 
 
-# Opens (creates) the study in the SQLite file argv[1] once argv[2]'s time is reached, so
-# that several processes start creating its tables in the same instant.
+# Opens (creates) the study in each SQLite file of argv[1::2] once the time that follows
+# it is reached, so that several processes start creating its tables in the same instant.
 CREATE_AT_ONCE = """
 import sys, time
 from jaxmnist.search import space, study
 from jaxmnist import config
 lr = space.parse_params(["optimizer.lr=log:1e-4:1e-1"], config.get_preset("tpu101"))
-opts = study.StudyOptions(name="s", storage=f"sqlite:///{sys.argv[1]}", trials=4)
-time.sleep(max(0.0, float(sys.argv[2]) - time.time()))
-study.open_study(opts, lr, 2)
-print("ok")
+for path, at in zip(sys.argv[1::2], sys.argv[2::2]):
+    opts = study.StudyOptions(name="s", storage=f"sqlite:///{path}", trials=4)
+    time.sleep(max(0.0, float(at) - time.time()))
+    study.open_study(opts, lr, 2)
+    print("ok", path, flush=True)
 """
 
 
 @pytest.mark.slow
 def test_workers_started_together_on_a_new_sqlite_file_all_join(tmp_path):
-    """Four workers creating one new study file at the same instant, three times: every
-    one joins (one failed on `table studies already exists` in 2 of 5 tries)."""
-    for attempt in range(3):
-        path = tmp_path / f"s{attempt}.db"
-        at = time.time() + 4.0  # after every interpreter has started and imported Optuna
-        procs = [
-            subprocess.Popen(
-                [sys.executable, "-c", CREATE_AT_ONCE, str(path), str(at)],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for _ in range(4)
-        ]
-        for p in procs:
-            out, err = p.communicate(timeout=120)
-            assert p.returncode == 0 and out.strip() == "ok", err[-2000:]
+    """Four workers creating one new study file at the same instant, three times (three
+    files, 3 s apart, the same four processes): every one joins (one failed on `table
+    studies already exists` in 2 of 5 tries)."""
+    start = time.time() + 4.0  # after every interpreter has started and imported Optuna
+    paths = [tmp_path / f"s{attempt}.db" for attempt in range(3)]
+    argv = [str(x) for i, path in enumerate(paths) for x in (path, start + 3.0 * i)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CREATE_AT_ONCE, *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err[-2000:]
+        assert out.splitlines() == [f"ok {path}" for path in paths], err[-2000:]
+    for path in paths:
         study = optuna.load_study(study_name="s", storage=f"sqlite:///{path}")
         assert study_lib.declared(study)["trials"] == 4
 

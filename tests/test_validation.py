@@ -96,6 +96,7 @@ class EpochParams(Callback):
         self.seen.append((dict(end.record), params))
 
 
+@pytest.mark.slow
 def test_val_metrics_are_the_models_figures_on_the_held_out_examples(
     tiny_dataset, tiny_data_dir, tmp_path
 ):

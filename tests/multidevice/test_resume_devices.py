@@ -9,6 +9,7 @@ tolerance (the sums of a 4-member program are split differently on one device).
 """
 
 import numpy as np
+import pytest
 
 from jaxmnist.cli import main
 from jaxmnist.runs import checkpoint
@@ -26,6 +27,7 @@ def stop_at_poll(n: int) -> property:
     return property(requested)
 
 
+@pytest.mark.slow
 def test_four_devices_resume_on_one(train_argv, tmp_path, monkeypatch, paced_by_steps):
     args = ("--seeds", "4", "--epochs", "4", "--quiet", "--no-report")
     stopped = tmp_path / "stopped"

@@ -76,6 +76,7 @@ def test_data_parallel_adam_agrees_to_its_rounding_noise(tiny_dataset):
     assert four.test.accuracy[0] == one.test.accuracy[0]
 
 
+@pytest.mark.slow
 def test_batch_norm_over_a_data_axis_normalises_by_the_whole_global_batch(tiny_dataset):
     """Each device holds a quarter of every batch; the statistics must still be the
     global batch's (a per-device normalisation would train a different model)."""
@@ -87,6 +88,7 @@ def test_batch_norm_over_a_data_axis_normalises_by_the_whole_global_batch(tiny_d
     assert_trees_close(p1, p4, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_seed_parallel_and_mixed_mesh_equal_one_device(tiny_dataset):
     cfg = small_cfg(seeds=8, steps=20)
     _, p1 = trained(cfg, tiny_dataset, parallel.build_layout(1))
@@ -211,6 +213,7 @@ def test_the_coordinator_listens_only_on_the_host_it_was_given(tiny_data_dir, tm
     assert found and set(found) <= loopback, found
 
 
+@pytest.mark.slow
 def test_a_second_process_0_is_one_line_and_the_first_goes_on(tiny_data_dir, tmp_path):
     """gRPC shares a port (SO_REUSEPORT): a second coordinator on it used to take part of
     the connections, abort the first in C++ and time out itself."""
@@ -286,6 +289,7 @@ def _trainer(proc) -> int:
     return int(child)
 
 
+@pytest.mark.slow
 def test_a_lost_process_is_one_line_that_says_which_and_how_to_resume(tiny_data_dir, tmp_path):
     """kill -9 of process 1's training (its host lost): process 0 ends within the
     heartbeat bound with one line naming process 1 and the command that resumes it,
@@ -360,6 +364,7 @@ def test_a_signal_to_one_process_stops_every_process_at_the_same_step(tiny_data_
     assert step < 200 * 20 and not (run / "summary.json").exists()
 
 
+@pytest.mark.slow
 def test_bench_scaling_table_over_devices(tmp_path, capsys):
     out = tmp_path / "bench"
     argv = ["bench", "--quick", "--synthetic", "--modes", "scan-epoch", "--dtypes", "float32"]
