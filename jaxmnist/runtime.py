@@ -18,7 +18,7 @@ import numpy as np
 from jaxmnist import compile_cache, hostmem
 from jaxmnist.data.locate import default_cache_dir
 from jaxmnist.data.registry import get_spec
-from jaxmnist.models import apply_uint8, get_model, onednn
+from jaxmnist.models import apply_uint8, get_model, onednn, param_shapes
 
 
 def enable_compilation_cache(directory: str | os.PathLike | None = None) -> Path | None:
@@ -31,22 +31,15 @@ def enable_compilation_cache(directory: str | os.PathLike | None = None) -> Path
 def largest_copy_bytes(dataset: str, model_cfg, members: int) -> int:
     """The most bytes a run copies between host and device at once, known before anything
     opens: the training images of `dataset` (uint8), or with several `members` one
-    parameter of every model of `model_cfg` together (float32; checkpoints fetch each such
-    array), whichever is more. Shapes come from `jax.eval_shape`, which needs no device."""
+    parameter of every model of `model_cfg` together (checkpoints fetch each such array),
+    whichever is more. The parameters' shapes need no device (`models.param_shapes`)."""
     spec = get_spec(dataset)
     images = spec.train_size * int(np.prod(spec.image_shape))
     if members == 1:  # one model's largest array is far below any buffer's floor
         return images
-    model = get_model(model_cfg.name)
-    key = jax.ShapeDtypeStruct((2,), np.uint32)
-    shapes = jax.eval_shape(
-        lambda raw: model.init(
-            jax.random.wrap_key_data(raw), model_cfg, spec.image_shape, spec.num_classes
-        ),
-        key,
-    )
-    largest = max(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
-    return max(images, members * largest * 4)
+    shapes = param_shapes(model_cfg, spec.image_shape, spec.num_classes)
+    largest = max(x.size * x.dtype.itemsize for x in jax.tree.leaves(shapes))
+    return max(images, members * largest)
 
 
 def _version(package: str) -> str | None:

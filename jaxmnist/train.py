@@ -25,7 +25,7 @@ from jaxmnist import config as config_lib
 from jaxmnist import runtime, stats
 from jaxmnist.data import load_dataset
 from jaxmnist.errors import TrainingError
-from jaxmnist.models import get_model
+from jaxmnist.models import param_shapes
 from jaxmnist.runs import reader
 from jaxmnist.runs import resume as resume_lib
 from jaxmnist.runs.checkpoint import Checkpointer, CheckpointOptions
@@ -231,15 +231,8 @@ def _steady_epoch_seconds(records: list[dict], plan) -> float | None:
 def _compile_predict(cfg, dataset) -> Future:
     """The program of `_first_member_probabilities`, compiling on a thread of its own."""
     device = jax.sharding.SingleDeviceSharding(parallel.default_device())
-    model = get_model(cfg.model.name)
-    shapes = jax.eval_shape(  # from a raw key's shape: no key is made on the device
-        lambda raw: model.init(
-            jax.random.wrap_key_data(raw),
-            cfg.model,
-            dataset.train_images.shape[1:],
-            len(dataset.spec.class_names),
-        ),
-        jax.ShapeDtypeStruct((2,), np.uint32),
+    shapes = param_shapes(  # from a raw key's shape: no key is made on the device
+        cfg.model, dataset.train_images.shape[1:], len(dataset.spec.class_names)
     )
     params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), shapes)
     pool = ThreadPoolExecutor(1, thread_name_prefix="jaxmnist-compile")

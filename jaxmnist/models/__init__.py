@@ -217,6 +217,19 @@ def _scale(images: jax.Array) -> jax.Array:
     return images.astype("float32") * (1.0 / 255.0)
 
 
+def param_shapes(model_cfg, input_shape: tuple[int, ...], num_classes: int):
+    """One model's parameter tree as `jax.ShapeDtypeStruct`s, from a raw key's shape: no
+    key and no array is made on any device (`jax.eval_shape`). cfg: a family's config."""
+    import jax  # not at the top: this module is read before jax loads (start-up)
+    import numpy as np
+
+    model = get_model(model_cfg.name)
+    return jax.eval_shape(
+        lambda raw: model.init(jax.random.wrap_key_data(raw), model_cfg, input_shape, num_classes),
+        jax.ShapeDtypeStruct((2,), np.uint32),
+    )
+
+
 def count_params(params) -> int:
     """Trainable parameters: running statistics (`params["stats"]`) are not counted."""
     import jax  # not at the top: this module is read before jax loads (start-up)
@@ -241,6 +254,7 @@ __all__ = [
     "count_params",
     "get_model",
     "model_config",
+    "param_shapes",
     "register",
     "switch_family",
     "train_apply_uint8",
