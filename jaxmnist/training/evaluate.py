@@ -257,8 +257,9 @@ def evaluate_stacked(
         sums = jax.device_get(outs)
         return [result_of(EvalSums(*m), data.count) for part in sums for m in zip(*part)], None
     parts, log_sums = zip(*outs)
-    total = functools.reduce(jnp.logaddexp, log_sums)
-    together = jax.jit(ensemble_sums, static_argnums=(1, 3))(total, size, data.arrays, num_classes)
+    together, _ = jax.jit(ensemble_of_chunks, static_argnums=(1, 3))(
+        list(log_sums), size, data.arrays, num_classes
+    )
     parts, together = jax.device_get((parts, together))
     results = [result_of(EvalSums(*m), data.count) for part in parts for m in zip(*part)]
     return results, result_of(together, data.count)
@@ -312,6 +313,19 @@ def predict_probabilities(
     predict = program or _compiled_predict(model_cfg)
     probs = jax.device_get(predict(params, data.images))
     return np.asarray(probs, np.float32).reshape(-1, probs.shape[-1])[:n]
+
+
+def ensemble_of_chunks(
+    chunk_log_sums, members: int, data: EvalData, num_classes: int
+) -> tuple[EvalSums, jax.Array]:
+    """The ensemble of `members` members evaluated in chunks, from each chunk's `log_sums`
+    (`with_ensemble`'s): its `EvalSums` (`ensemble_sums`) and every example's log of the
+    mean probabilities, float32 (num_batches, batch, C). The chunks' probabilities add, so
+    their logs add as `logaddexp`. Pure."""
+    total = chunk_log_sums[0]
+    for more in chunk_log_sums[1:]:
+        total = jnp.logaddexp(total, more)
+    return ensemble_sums(total, members, data, num_classes), total - jnp.log(members)
 
 
 def ensemble_sums(log_sums: jax.Array, members: int, data: EvalData, num_classes: int) -> EvalSums:

@@ -440,11 +440,7 @@ class Population:
         members, classes, lay = len(self.members), self.num_classes, self.layout
 
         def finish(chunk_sums, data):
-            total = chunk_sums[0]
-            for more in chunk_sums[1:]:  # probabilities add: their logs add as logaddexp
-                total = jnp.logaddexp(total, more)
-            sums = evaluate_lib.ensemble_sums(total, members, data, classes)
-            return sums, total - jnp.log(members)  # and each example's mean probabilities' log
+            return evaluate_lib.ensemble_of_chunks(chunk_sums, members, data, classes)
 
         done = jax.jit(finish, out_shardings=lay.replicated)
         lowered = {}
