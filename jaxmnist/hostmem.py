@@ -101,8 +101,7 @@ def accelerator_installed() -> bool:
     JAX_PLATFORMS does not pin the CPU. Decided without starting JAX (the allocator is set
     before its threads start); there, programs compile at once on threads, which one
     arena would make wait on each other's allocations."""
-    platforms = os.environ.get("JAX_PLATFORMS", "")
-    if platforms and all(p.strip() == "cpu" for p in platforms.split(",")):
+    if _jax_platforms() == {"cpu"}:
         return False
     plugins = ("libtpu", "jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm7_plugin")
     return any(importlib.util.find_spec(name) is not None for name in plugins)
@@ -134,10 +133,15 @@ def size_tpu_transfer_buffer(largest_copy: int = 0) -> int | None:
 def tpu_installed() -> bool:
     """Whether JAX's TPU plugin (libtpu) is installed and JAX_PLATFORMS does not exclude
     it: where the transfer buffer's size can matter. Decided without starting JAX."""
-    platforms = os.environ.get("JAX_PLATFORMS", "")
-    if platforms and "tpu" not in {p.strip() for p in platforms.split(",")}:
+    platforms = _jax_platforms()
+    if platforms and "tpu" not in platforms:
         return False
     return importlib.util.find_spec("libtpu") is not None
+
+
+def _jax_platforms() -> set[str]:
+    """The platforms JAX_PLATFORMS pins JAX to; empty where it pins none."""
+    return {p.strip() for p in os.environ.get("JAX_PLATFORMS", "").split(",") if p.strip()}
 
 
 def hand_back() -> None:
