@@ -108,9 +108,11 @@ def export_model(model: TrainedModel, out, platforms=("cpu", "cuda", "tpu")) -> 
     model_cfg = get_model(model.config.model.name).portable(model.config.model)
     # An ensemble's members in as few chunks as fit the memory budget here, at the batch
     # `predict` runs (`use.chunks`); the exported program runs them so wherever it goes.
-    reference = jax.ShapeDtypeStruct((CLI_BATCH, *model.image_shape), jnp.uint8)
-    portable = model._replace(config=dataclasses.replace(model.config, model=model_cfg))
-    _, chunks = compile_probabilities(portable, params, reference)
+    chunks = 1
+    if model.ensemble:
+        reference = jax.ShapeDtypeStruct((CLI_BATCH, *model.image_shape), jnp.uint8)
+        portable = model._replace(config=dataclasses.replace(model.config, model=model_cfg))
+        _, chunks = compile_probabilities(portable, params, reference)
     probabilities = probabilities_fn(model_cfg, model.ensemble, chunks)
     (batch,) = jax.export.symbolic_shape("batch")
     spec = jax.ShapeDtypeStruct((batch, *model.image_shape), jnp.uint8)
