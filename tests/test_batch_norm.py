@@ -49,6 +49,29 @@ def test_training_normalises_by_the_batch_and_inference_by_the_running_statistic
     np.testing.assert_allclose(y_inf, y, rtol=1e-4, atol=1e-5)
 
 
+def test_a_block_without_pooling_normalises_and_activates_its_whole_map(images):
+    cfg = dataclasses.replace(BN, channels=(4, 4, 8), pool=(0, 1, 1))
+    params = cnn.init(jax.random.key(0), cfg)
+    stats = [
+        {"mean": jnp.full(s["mean"].shape, 0.1), "var": jnp.full(s["var"].shape, 2.0)}
+        for s in params["stats"]
+    ]
+    params = {**params, "stats": stats}
+    x = images[..., None]
+    for i, (layer, pooled) in enumerate(zip(params["conv"], (0, 1, 1), strict=True)):
+        x = cnn.conv.conv2d(x, layer["w"], "xla")
+        x = (x - 0.1) / jnp.sqrt(2.0 + cnn.BN_EPSILON) * layer["scale"] + layer["b"]
+        x = jax.nn.relu(x)
+        if pooled:
+            x = x.reshape(x.shape[0], x.shape[1] // 2, 2, x.shape[2] // 2, 2, -1).max((2, 4))
+        assert x.shape[1:3] == ((28, 28), (14, 14), (7, 7))[i]
+    x = jax.nn.relu(x.reshape(32, -1) @ params["dense"][0]["w"] + params["dense"][0]["b"])
+    want = x @ params["dense"][1]["w"] + params["dense"][1]["b"]
+    np.testing.assert_allclose(cnn.apply(params, images, cfg), want, rtol=1e-4, atol=1e-4)
+    _, moved = cnn.apply(params, images, cfg, train=True)
+    assert len(moved) == 3  # every convolution's statistics move, pooled or not
+
+
 def test_inference_does_not_depend_on_the_batch_training_does(images):
     params = cnn.init(jax.random.key(0), BN)
     full = cnn.apply(params, images, BN)

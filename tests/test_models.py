@@ -198,15 +198,22 @@ VALID = dataclasses.replace(
 )
 
 
+# VGG-style: two convolutions between pools (the second block keeps its map's size).
+VGG = dataclasses.replace(REFERENCE, channels=(8, 8, 16), pool=(1, 0, 1), hidden=(32,))
+
+
 def _reference_forward(params, images, cfg):
-    """The CNN as textbooks write it: lax's convolution, bias, activation, then pooling."""
+    """The CNN as textbooks write it: lax's convolution, bias, activation, then pooling
+    (where the block has it)."""
     x = images[..., None]
-    for layer in params["conv"]:
+    pools = cfg.pool * len(cfg.channels) if len(cfg.pool) == 1 else cfg.pool
+    for layer, pooled in zip(params["conv"], pools, strict=True):
         x = lax.conv_general_dilated(
             x, layer["w"], (1, 1), cfg.padding.upper(), dimension_numbers=("NHWC", "HWIO", "NHWC")
         )
         x = ACTIVATIONS[cfg.activation](x + layer["b"])
-        x = lax.reduce_window(x, -jnp.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+        if pooled:
+            x = lax.reduce_window(x, -jnp.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
     x = x.reshape(x.shape[0], -1)
     for i, layer in enumerate(params["dense"]):
         x = x @ layer["w"] + layer["b"]
@@ -216,7 +223,7 @@ def _reference_forward(params, images, cfg):
 
 @pytest.mark.parametrize("impl", ["im2col", "onednn"])
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
-@pytest.mark.parametrize("cfg", [REFERENCE, VALID], ids=["same", "valid-5-3"])
+@pytest.mark.parametrize("cfg", [REFERENCE, VALID, VGG], ids=["same", "valid-5-3", "vgg"])
 def test_cnn_equals_the_textbook_order_of_its_operations(cfg, activation, impl):
     # With ReLU the block pools before the bias and activation (they commute); with GELU,
     # which dips below zero, it must not. Either way the function is the textbook one.
@@ -225,8 +232,11 @@ def test_cnn_equals_the_textbook_order_of_its_operations(cfg, activation, impl):
         pytest.skip(onednn.unavailable_reason())
     cfg = dataclasses.replace(cfg, activation=activation, conv_impl=impl)
     params = _init(cfg)
-    params = jax.tree.map(  # nonzero biases, so their place in the block matters
-        lambda x: np.asarray(x) + 0.05 * np.arange(x.size, dtype=x.dtype).reshape(x.shape) % 0.3,
+    params = jax.tree.map(  # nonzero biases, so their place in the block matters; centred,
+        # so that maps of positive inputs still have negative values for the activation
+        lambda x: (
+            np.asarray(x) + (0.05 * np.arange(x.size, dtype=x.dtype).reshape(x.shape) % 0.3 - 0.15)
+        ),
         params,
     )
     images = jnp.asarray(np.random.default_rng(3).uniform(size=(4, 28, 28)), jnp.float32)
@@ -236,17 +246,19 @@ def test_cnn_equals_the_textbook_order_of_its_operations(cfg, activation, impl):
     )
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(jnp.abs(want).max()))
     text = jax.jit(cnn.apply, static_argnums=2).lower(params, images, cfg).as_text()
-    blocks = 2 * (impl == "onednn")  # custom calls per kind, one for each block
-    fused = blocks * (activation == "relu")
-    assert text.count("jaxmnist_onednn_conv_forward") == blocks
+    # Custom calls per kind: a convolution for each block, a pooling for each pooled one.
+    convs = len(cfg.channels) * (impl == "onednn")
+    pooled = (len(cfg.channels) - cfg.pool.count(0)) * (impl == "onednn")
+    fused = pooled * (activation == "relu")
+    assert text.count("jaxmnist_onednn_conv_forward") == convs
     assert text.count("jaxmnist_onednn_pool_bias_relu") == fused
-    assert text.count("jaxmnist_onednn_pool_forward") == blocks - fused
+    assert text.count("jaxmnist_onednn_pool_forward") == pooled - fused
     # Training: the same, the pooling writing its workspace for the gradient.
     step = jax.jit(jax.grad(lambda p: cnn.apply(p, images, cfg, train=True)[0].sum()))
     text = step.lower(params).as_text()
-    assert text.count("jaxmnist_onednn_conv_forward") == blocks
+    assert text.count("jaxmnist_onednn_conv_forward") == convs
     assert text.count("jaxmnist_onednn_pool_bias_relu_forward") == fused
-    assert text.count("jaxmnist_onednn_pool_backward") == blocks
+    assert text.count("jaxmnist_onednn_pool_backward") == pooled
     if impl == "onednn":
         # Its forward pass rounds differently: a near-tie in a pooling window can go the
         # other way and send a gradient elsewhere (test_conv checks its gradients).
@@ -272,6 +284,36 @@ def test_valid_padding_and_kernel_sizes_per_block_shape_the_network():
     too_big = dataclasses.replace(VALID, kernel_size=(13,))  # 28 -> 16 -> 8 -> -4
     with pytest.raises(ConfigError, match="smaller kernels"):
         cnn.init(jax.random.key(0), too_big, (28, 28), 10)
+
+
+def test_blocks_without_pooling_keep_their_map_size():
+    params = jax.eval_shape(lambda: cnn.init(jax.random.key(0), VGG, (28, 28), 10))
+    shapes = jax.tree.map(lambda x: x.shape, params)
+    assert shapes == {  # 28 -pool-> 14 -(no pool)-> 14 -pool-> 7: 7*7*16 = 784
+        "conv": [
+            {"w": (3, 3, 1, 8), "b": (8,)},
+            {"w": (3, 3, 8, 8), "b": (8,)},
+            {"w": (3, 3, 8, 16), "b": (16,)},
+        ],
+        "dense": [{"w": (784, 32), "b": (32,)}, {"w": (32, 10), "b": (10,)}],
+    }
+    macs = [28 * 28 * 9 * 8, 14 * 14 * 9 * 8 * 8, 14 * 14 * 9 * 8 * 16, 784 * 32, 32 * 10]
+    assert cnn.flops_per_example(VGG, (28, 28), 10) == 4 * sum(macs) + 2 * sum(macs[1:])
+    assert cnn.describe(VGG) == (
+        "cnn in → conv 3×3×8 → pool → conv 3×3×8 → conv 3×3×16 → pool → 32 → out"
+    )
+    assert "pool" not in cnn.describe(REFERENCE)  # every block pools: said once, in the docs
+    # One flag for every block: 0 pools nowhere (28 * 28 * 16 features).
+    flat = dataclasses.replace(VGG, pool=(0,))
+    assert cnn.init(jax.random.key(0), flat)["dense"][0]["w"].shape == (28 * 28 * 16, 32)
+    for bad in ((1, 0), (1, 2, 1)):
+        with pytest.raises(ConfigError, match=r"model.pool: 1 \(pool\) or 0"):
+            cnn.validate(dataclasses.replace(VGG, pool=bad))
+    cfg = config_lib.apply_overrides(
+        config_lib.Config(), {"model.name": "cnn", "model.pool": "1,0"}
+    )
+    assert cfg.model.pool == (1, 0)  # the command line's form; two blocks by default
+    config_lib.validate(cfg)
 
 
 def test_adam_decay_rates_reach_optax_and_leave_the_state_shape_alone():

@@ -2,8 +2,10 @@
 
 Each block is a stride-1 convolution with k×k kernels (`kernel_size`: one size for every
 block, or one per block; `padding` "same" keeps the map's size, "valid" shrinks it by
-k - 1), `channels[i]` output channels, a bias, the activation, and 2×2 max-pooling; the
-pooled maps are flattened and go through dense layers of sizes `hidden` and a linear
+k - 1), `channels[i]` output channels, a bias, the activation, and 2×2 max-pooling
+(`pool`: 1 for every block, or a flag per block; a block without it keeps its map's size,
+so that several convolutions can come between two pools, as in VGG networks); the
+last block's maps are flattened and go through dense layers of sizes `hidden` and a linear
 classifier. The reference CNN is `channels=(16, 32), kernel_size=3, hidden=(128,)`: conv
 3×3 1→16, ReLU, pool; conv 3×3 16→32, ReLU, pool; dense 1568→128, ReLU; dense 128→10
 (206,922 parameters). ReLU commutes with max-pooling (as does adding a per-channel bias),
@@ -66,20 +68,29 @@ def kernel_sizes(cfg) -> tuple[int, ...]:
     return ks * len(cfg.channels) if len(ks) == 1 else ks
 
 
+def pools(cfg) -> tuple[bool, ...]:
+    """One flag per conv block: whether 2×2 max-pooling ends it (`pool` as given, or its one
+    value repeated)."""
+    given = (cfg.pool,) if isinstance(cfg.pool, int) else tuple(cfg.pool)
+    flags = given * len(cfg.channels) if len(given) == 1 else given
+    return tuple(bool(p) for p in flags)
+
+
 def _in_channels(input_shape) -> int:
     """The images' channels: input_shape is (H, W) for one, (H, W, C) for C."""
     return input_shape[2] if len(input_shape) == 3 else 1
 
 
 def _map_sizes(cfg, input_shape) -> list[tuple[int, int]]:
-    """(H, W) of each block's convolution output, then of the last pool's output."""
+    """(H, W) of each block's convolution output, then of the last block's output."""
     h, w = input_shape[:2]
     sizes = []
-    for k in kernel_sizes(cfg):
+    for k, pooled in zip(kernel_sizes(cfg), pools(cfg), strict=True):
         if cfg.padding == "valid":
             h, w = h - k + 1, w - k + 1
         sizes.append((h, w))
-        h, w = max(h, 0) // 2, max(w, 0) // 2
+        if pooled:
+            h, w = max(h, 0) // 2, max(w, 0) // 2
     return [*sizes, (h, w)]
 
 
@@ -203,21 +214,24 @@ def apply(params: dict, images: jax.Array, cfg, key: jax.Array | None = None, tr
     x = (images[..., None] if images.ndim == 3 else images).astype(dtype)  # NHWC
     new_stats = []
     pool_first = cfg.activation in MONOTONIC
-    for i, layer in enumerate(params["conv"]):
+    for i, (layer, pooled) in enumerate(zip(params["conv"], pools(cfg), strict=True)):
         w, b = layer["w"].astype(dtype), layer["b"].astype(dtype)
+        x = conv.conv2d(x, w, impl, cfg.padding)
         if cfg.batch_norm:  # statistics of the whole map, before pooling
-            x, stats = _batch_norm(
-                conv.conv2d(x, w, impl, cfg.padding), layer, params[STATS][i], train
-            )
+            x, stats = _batch_norm(x, layer, params[STATS][i], train)
             new_stats.append(stats)
-            if pool_first:
+            if not pooled:
+                x = activation(x)
+            elif pool_first:
                 x = activation(conv.max_pool(x, impl=impl))
             else:
                 x = conv.max_pool(activation(x), impl=impl)
+        elif not pooled:
+            x = activation(x + b)
         elif pool_first:  # ReLU: the block whole
-            x = conv.max_pool_bias_relu(conv.conv2d(x, w, impl, cfg.padding), b, impl=impl)
+            x = conv.max_pool_bias_relu(x, b, impl=impl)
         else:
-            x = conv.max_pool(activation(conv.conv2d(x, w, impl, cfg.padding) + b), impl=impl)
+            x = conv.max_pool(activation(x + b), impl=impl)
     x = x.reshape(x.shape[0], -1)
     drop_key = key if train else None
     for i, layer in enumerate(params["dense"]):
@@ -269,6 +283,12 @@ def validate(cfg) -> None:
     if any(k <= 0 for k in ks) or (cfg.padding == "same" and any(k % 2 == 0 for k in ks)):
         what = "positive odd sizes (same padding)" if cfg.padding == "same" else "positive sizes"
         raise ConfigError(f"model.kernel_size: {what}, got {ks}")
+    given_pools = (cfg.pool,) if isinstance(cfg.pool, int) else tuple(cfg.pool)
+    if len(given_pools) not in (1, len(cfg.channels)) or any(p not in (0, 1) for p in given_pools):
+        raise ConfigError(
+            f"model.pool: 1 (pool) or 0 (not), one for all conv blocks or one per block "
+            f"({len(cfg.channels)}), got {given_pools}"
+        )
     if cfg.conv_impl not in conv.CHOICES:
         raise ConfigError(
             f"unknown model.conv_impl {cfg.conv_impl!r}; choose from: {', '.join(conv.CHOICES)}"
@@ -288,8 +308,13 @@ def validate(cfg) -> None:
 
 def describe(cfg) -> str:
     """The network in a few words, e.g. "cnn in → conv 3×3×16 → conv 3×3×32 → 128 → out"
-    (each conv is followed by 2×2 max-pooling), with valid padding or batch norm said."""
+    (each conv is followed by 2×2 max-pooling), with valid padding or batch norm said; where
+    some block has no pooling, each pool is written where it is ("conv 3×3×32 → conv
+    3×3×32 → pool → ...")."""
     convs = [f"conv {k}×{k}×{c}" for k, c in zip(kernel_sizes(cfg), cfg.channels, strict=False)]
+    flags = pools(cfg) if len(pools(cfg)) == len(convs) else (True,) * len(convs)
+    if not all(flags):
+        convs = [step for c, p in zip(convs, flags, strict=True) for step in (c, "pool")[: 1 + p]]
     text = f"{cfg.name} " + " → ".join(map(str, ["in", *convs, *cfg.hidden, "out"]))
     notes = ["valid padding"] * (cfg.padding == "valid") + ["batch norm"] * cfg.batch_norm
     return ", ".join([text, *notes])

@@ -22,6 +22,7 @@ class CNNConfig(ModelConfig):
     hidden: tuple[int, ...] = (256,)  # dense layers after the convs
     channels: tuple[int, ...] = (16, 32)  # output channels of each conv + pool block
     kernel_size: tuple[int, ...] = (3,)  # square kernels, one for all blocks or one each
+    pool: tuple[int, ...] = (1,)  # 2x2 max-pooling after a block: 1 or 0, for all or each
     padding: str = "same"  # "same" (zero padding, odd kernels) or "valid" (none)
     conv_impl: str = "auto"  # auto, xla, im2col, patches, onednn (see models/conv.py)
     batch_norm: bool = False  # batch normalisation after each convolution
