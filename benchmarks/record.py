@@ -8,9 +8,16 @@ probabilities), the members' mean test accuracy with its 95% CI, and both after 
 epoch. The machine's 1-minute load average is sampled every 30 s while the run goes
 (other jobs slow it: a result keeps the range it saw).
 
-Goals (#21), on a 2-core CPU: `record` (MNIST): ensemble >= 99.75%, members' mean
->= 99.6%, whole run <= 60 minutes; `fashion_record` (Fashion-MNIST): ensemble >= 94.5%,
-whole run <= 90 minutes.
+Goals (#58), on one TPU v5e chip with an empty compilation cache: `record` (MNIST):
+ensemble >= 99.80%, members' mean >= 99.65%, whole run <= 10 minutes; `fashion_record`
+(Fashion-MNIST): ensemble >= 95.0%, members' mean >= 94.5%, whole run <= 10 minutes. On
+another machine the figures are recorded against the same goals (a CPU has none of its
+own: the record says how long the presets take there). Run it with an empty cache
+(`XDG_CACHE_HOME` pointed at a new folder) to measure a first run.
+
+The script never opens the device itself while the runs go: an accelerator that admits
+one program at a time would refuse the next run. Each preset's machine is its run's own
+environment.json.
 
 Usage: JAXMNIST_DATA_DIR=../shared/datasets python benchmarks/record.py
        [--presets record,fashion_record] [--smoke]
@@ -31,19 +38,19 @@ import threading
 import time
 from pathlib import Path
 
-from jaxmnist import runtime, stats
+from jaxmnist import stats
 
 from benchlib.launch import jaxmnist_command, require_data_dir
 from benchlib.results import SMOKE_HELP, default_out, save_benchmark
 
 GOALS = {
-    "record": {"ensemble": 0.9975, "members_mean": 0.996, "minutes": 60},
-    "fashion_record": {"ensemble": 0.945, "members_mean": None, "minutes": 90},
+    "record": {"ensemble": 0.998, "members_mean": 0.9965, "minutes": 10},
+    "fashion_record": {"ensemble": 0.95, "members_mean": 0.945, "minutes": 10},
 }
 # --smoke: the preset's recipe on the tiny dataset, shrunk to seconds, without the report
 # (which this script does not read).
 SMOKE_OVERRIDES = [
-    "--seeds", "2", "train.steps=3", "train.batch_size=2", "model.channels=2,4", "model.hidden=4",
+    "--seeds", "2", "train.steps=3", "train.batch_size=2", "model.channels=2,2,4,4", "model.hidden=4",
     "--no-report",
 ]  # fmt: skip
 
@@ -82,6 +89,9 @@ def run_preset(preset: str, work: Path, smoke: bool) -> dict:
     if proc.returncode != 0:
         raise SystemExit(f"jaxmnist {' '.join(args)} failed: {proc.stderr.strip()[-800:]}")
     s = json.loads((run_dir / "summary.json").read_text())
+    # The run's own record of its machine: this process never opens the device, which
+    # holds an accelerator that admits one program at a time (a TPU) against the next run.
+    environment = json.loads((run_dir / "environment.json").read_text())
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
     members = stats.spread(s["test_accuracy_per_seed"])
     goal = GOALS[preset]
@@ -118,6 +128,7 @@ def run_preset(preset: str, work: Path, smoke: bool) -> dict:
             for r in records
         ],
         "load_during": {"min": min(load), "max": max(load), "samples": load},
+        "environment": environment,
     }
 
 
@@ -156,7 +167,6 @@ def main(argv: list[str] | None = None) -> None:
                 "before": list(before),
                 "after": list(os.getloadavg()),
             }
-            results[preset]["environment"] = runtime.environment()
             print(describe(preset, results[preset]), flush=True)
     previous = json.loads(out.read_text()) if out.exists() else {}
     print(save_benchmark(out, {"presets": {**previous.get("presets", {}), **results}}, load_before))

@@ -349,6 +349,32 @@ def test_memory_estimate_says_in_one_line_when_the_peak_rss_cannot_be_reset(on_p
 
 
 @pytest.mark.slow
+def test_record_opens_no_device_while_its_runs_go(on_path, tmp_path, monkeypatch):
+    """An accelerator that admits one program at a time (a TPU) would refuse the next run
+    if the script held it: each preset's machine is read from its run's environment.json,
+    and the script asks JAX for its own only after the last run has ended."""
+    from jaxmnist import runtime  # the module the benchmark's saving asks
+
+    module, events = load("record"), []
+    real_run, real_environment = subprocess.run, runtime.environment
+
+    def run(command, *args, **kwargs):
+        events.extend(["train"] * ("train" in command))  # not the provenance's git calls
+        return real_run(command, *args, **kwargs)
+
+    def environment(*args, **kwargs):
+        events.append("environment")
+        return real_environment(*args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "run", run)
+    monkeypatch.setattr(runtime, "environment", environment)
+    out = tmp_path / "record.json"
+    module.main(["--smoke", "--out", str(out)])
+    assert events == ["train", "train", "environment"]
+    for result in json.loads(out.read_text())["presets"].values():
+        assert result["environment"]["seeds"] == [0, 1]  # the run's own record
+
+
 def test_record_keeps_each_presets_own_environment_and_load(on_path, tmp_path):
     """Presets measured by separate invocations share one file: each keeps the machine and
     the load average of its own run, not those of the last invocation."""
