@@ -347,8 +347,8 @@ def test_cnn_apply_refuses_flattened_images(reference_params):
         ("cnn", 206_922, True),
         ("fashion_cnn", 206_922, True),
         ("speedrun", 215_194, True),
-        ("record", 615_594, True),
-        ("fashion_record", 824_458, True),
+        ("record", 1_867_850, True),
+        ("fashion_record", 1_867_850, True),
     ],
 )
 def test_cnn_presets_validate_and_have_pinned_parameter_counts(preset, num_params, augment):
