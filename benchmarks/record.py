@@ -50,8 +50,8 @@ GOALS = {
 # --smoke: the preset's recipe on the tiny dataset, shrunk to seconds, without the report
 # (which this script does not read).
 SMOKE_OVERRIDES = [
-    "--seeds", "2", "train.steps=3", "train.batch_size=2", "model.channels=2,2,4,4", "model.hidden=4",
-    "--no-report",
+    "--seeds", "2", "train.steps=3", "train.batch_size=2", "model.channels=2,2,4,4",
+    "model.hidden=4", "--no-report",
 ]  # fmt: skip
 
 
