@@ -19,8 +19,14 @@ The script never opens the device itself while the runs go: an accelerator that 
 one program at a time would refuse the next run. Each preset's machine is its run's own
 environment.json.
 
+On a machine too slow for the whole schedule (a 2-core CPU), `--steps N` runs the first N
+steps of each preset instead (no report, no checkpoints) and projects the schedule's
+training time from them: `projected_train_hours` is N steps' training time scaled to the
+preset's steps, a projection and labelled so, not a measured run. `--set KEY=VALUE`
+(repeatable) passes an override to every run and is recorded (`model.dtype=float32`, say).
+
 Usage: JAXMNIST_DATA_DIR=../shared/datasets python benchmarks/record.py
-       [--presets record,fashion_record] [--smoke]
+       [--presets record,fashion_record] [--smoke] [--steps N] [--set KEY=VALUE ...]
 Prints a line per preset and writes JSON (`--out`, default benchmarks/results/record/;
 presets measured by earlier invocations stay in it, each with the environment and the load
 average before and after its own run).
@@ -38,6 +44,7 @@ import threading
 import time
 from pathlib import Path
 
+from jaxmnist import config as config_lib
 from jaxmnist import stats
 
 from benchlib.launch import jaxmnist_command, require_data_dir
@@ -75,11 +82,15 @@ class LoadSampler:
         return self.samples
 
 
-def run_preset(preset: str, work: Path, smoke: bool) -> dict:
-    """One whole `jaxmnist train --preset P` run; its figures against the goals."""
+def run_preset(preset: str, work: Path, smoke: bool, steps=None, overrides=()) -> dict:
+    """One whole `jaxmnist train --preset P` run; its figures against the goals. With
+    `steps`, its first `steps` steps, and the schedule's training time projected."""
     launch, tiny = jaxmnist_command(smoke, work)
     run_dir = work / preset
     args = ["train", "--preset", preset, "--quiet", *tiny, *(SMOKE_OVERRIDES if smoke else [])]
+    args += list(overrides)
+    if steps is not None:
+        args += [f"train.steps={steps}", "--no-report", "--no-checkpoint"]
     args += ["--run-dir", str(run_dir)]  # a scratch folder: left out of the recorded command
     sampler = LoadSampler()
     t0 = time.perf_counter()
@@ -92,6 +103,8 @@ def run_preset(preset: str, work: Path, smoke: bool) -> dict:
     # The run's own record of its machine: this process never opens the device, which
     # holds an accelerator that admits one program at a time (a TPU) against the next run.
     environment = json.loads((run_dir / "environment.json").read_text())
+    if steps is not None:
+        return _partial(preset, args, s, environment, steps, wall, load)
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
     members = stats.spread(s["test_accuracy_per_seed"])
     goal = GOALS[preset]
@@ -132,7 +145,43 @@ def run_preset(preset: str, work: Path, smoke: bool) -> dict:
     }
 
 
+def _partial(preset, args, summary, environment, steps, wall, load) -> dict:
+    """A run of the first `steps` steps: its figures, and the whole schedule's training
+    time projected from them."""
+    full = config_lib.apply_overrides(config_lib.get_preset(preset), _pairs(args))
+    full_steps = full.train.steps or full.train.epochs * environment["steps_per_epoch"]
+    per_step = summary["train_seconds"] / steps
+    return {
+        "command": "jaxmnist " + " ".join(args[:-2]),
+        "partial": True,
+        "steps": steps,
+        "wall_seconds": wall,
+        "compile_seconds": summary["compile_seconds"],
+        "train_seconds": summary["train_seconds"],
+        "seconds_per_step": per_step,
+        "schedule_steps": full_steps,
+        "projected_train_hours": per_step * full_steps / 3600,
+        "members": len(environment["seeds"]),
+        "environment": environment,
+        "load_during": {"min": min(load), "max": max(load), "samples": load},
+    }
+
+
+def _pairs(args: list[str]) -> dict:
+    """The KEY=VALUE overrides of a command line but `train.steps` (the partial run's)."""
+    pairs = dict(a.split("=", 1) for a in args if "=" in a and not a.startswith("-"))
+    pairs.pop("train.steps", None)
+    return pairs
+
+
 def describe(preset: str, r: dict) -> str:
+    if r.get("partial"):
+        return (
+            f"{preset}: {r['steps']} steps of {r['members']} members, "
+            f"{r['seconds_per_step']:.2f} s a step after {r['compile_seconds']:.0f} s of "
+            f"compiling; its {r['schedule_steps']} steps would train for about "
+            f"{r['projected_train_hours']:.1f} h (projected)"
+        )
     ci = r["members_ci95"]
     ci_text = f", 95% CI {ci[0]:.2%}-{ci[1]:.2%}" if ci else ""
     verdict = ", ".join(f"{k} {'met' if ok else 'MISSED'}" for k, ok in r["met"].items())
@@ -150,7 +199,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--presets", default="record,fashion_record")
     p.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     p.add_argument("--out", type=Path, help="default benchmarks/results/record/")
+    p.add_argument("--steps", type=int, help="only the first N steps; project the rest")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = p.parse_args(argv)
+    if args.steps is not None and args.steps < 1:
+        sys.exit(f"--steps: a positive number of steps, got {args.steps}")
     presets = args.presets.split(",")
     unknown = [x for x in presets if x not in GOALS]
     if unknown:
@@ -162,7 +215,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="record-") as work:
         for preset in presets:
             before = os.getloadavg()
-            results[preset] = run_preset(preset, Path(work), args.smoke)
+            results[preset] = run_preset(preset, Path(work), args.smoke, args.steps, args.set)
             results[preset]["load_average_around"] = {
                 "before": list(before),
                 "after": list(os.getloadavg()),

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from jaxmnist import config as config_lib
 from jaxmnist.models import onednn
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
@@ -373,6 +374,24 @@ def test_record_opens_no_device_while_its_runs_go(on_path, tmp_path, monkeypatch
     assert events == ["train", "train", "environment"]
     for result in json.loads(out.read_text())["presets"].values():
         assert result["environment"]["seeds"] == [0, 1]  # the run's own record
+
+
+def test_record_steps_projects_the_schedule_from_a_partial_run(on_path, tmp_path):
+    """`--steps N` runs N steps with the overrides asked and scales their training time to
+    the preset's whole schedule (its epochs times the run's steps per epoch)."""
+    out, module = tmp_path / "record.json", load("record")
+    module.main(["--smoke", "--out", str(out), "--presets", "record", "--steps", "2",
+                 "--set", "model.dtype=float32"])  # fmt: skip
+    r = json.loads(out.read_text())["presets"]["record"]
+    env = r["environment"]
+    assert r["partial"] and r["steps"] == env["total_steps"] == 2
+    assert "model.dtype=float32" in r["command"]
+    schedule = config_lib.get_preset("record").train.epochs * env["steps_per_epoch"]
+    assert r["schedule_steps"] == schedule > 2
+    assert r["seconds_per_step"] == r["train_seconds"] / 2
+    assert r["projected_train_hours"] * 3600 == pytest.approx(r["seconds_per_step"] * schedule)
+    with pytest.raises(SystemExit, match="--steps: a positive number"):
+        module.main(["--smoke", "--out", str(out), "--steps", "0"])
 
 
 def test_record_keeps_each_presets_own_environment_and_load(on_path, tmp_path):

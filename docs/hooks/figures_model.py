@@ -93,6 +93,20 @@ def record(r: dict) -> Rows:
     if "presets" in r:
         rows = []
         for name, p in r["presets"].items():
+            if p.get("partial"):  # its first steps, the schedule's training projected
+                rows.append(
+                    (
+                        f"`{name}`, its first {p['steps']} steps, {p['members']} members"
+                        + "".join(f", `{a}`" for a in p["command"].split() if "dtype" in a),
+                        (
+                            f"{sec(p['seconds_per_step'])} a step after "
+                            f"{sec(p['compile_seconds'], 0)} of compiling; its "
+                            f"{p['schedule_steps']:,} steps: about "
+                            f"{p['projected_train_hours']:.1f} h of training (projected)"
+                        ),
+                    )
+                )
+                continue
             rows.append(
                 (
                     f"`{name}`, {p['members']} members",
