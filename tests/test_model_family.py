@@ -237,6 +237,7 @@ def test_a_saved_config_with_every_old_field_reads_back():
         "hidden",
         "channels",
         "kernel_size",
+        "pool",
         "padding",
         "conv_impl",
         "batch_norm",
