@@ -263,6 +263,33 @@ def test_eval_repeats_the_val_ensemble_training_measured(module_data_dir, tmp_pa
     assert shown in capsys.readouterr().out
 
 
+def test_a_run_with_tta_is_measured_with_it_and_eval_can_choose(module_data_dir, tmp_path, capsys):
+    """`model.tta_shift` is the model's inference: training's evaluations use it, eval
+    repeats them by default, and `eval --tta-shift N` evaluates the same parameters with
+    another (the run left as it was)."""
+    run = tmp_path / "run"
+    assert main(tiny_train_argv(module_data_dir, run, "--seeds", "2", "model.tta_shift=1")) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    config = (run / "config.json").read_text()
+    capsys.readouterr()
+
+    def evaluate(*extra):
+        argv = ["eval", str(run), "--data-dir", str(module_data_dir), "--json", *extra]
+        assert main(argv) == 0
+        return json.loads(capsys.readouterr().out)
+
+    default, none = evaluate(), evaluate("--tta-shift", "0")
+    assert default["tta_shift"] == 1 and none["tta_shift"] == 0
+    assert default["ensemble_test_accuracy"] == summary["ensemble_test_accuracy"]
+    assert default["ensemble_test_loss"] == pytest.approx(summary["ensemble_test_loss"], rel=1e-5)
+    assert none["ensemble_test_loss"] != pytest.approx(default["ensemble_test_loss"], rel=1e-3)
+    assert (run / "config.json").read_text() == config
+    assert main(["eval", str(run), "--data-dir", str(module_data_dir), "--tta-shift", "2"]) == 0
+    assert "its four moves by 2 pixel(s)" in capsys.readouterr().out
+    assert main(["eval", str(run), "--data-dir", str(module_data_dir), "--tta-shift", "5"]) == 2
+    assert "model.tta_shift: 0 (none) to 4 pixels" in capsys.readouterr().err
+
+
 @pytest.mark.accelerator
 def test_the_ensemble_takes_no_second_pass_over_a_set(tiny_dataset, monkeypatch):
     """Each chunk's evaluation program gives its members' figures and its part of the

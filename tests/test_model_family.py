@@ -91,6 +91,7 @@ def test_a_registered_family_trains_evaluates_exports_and_serves_through_the_cli
         "activation": "relu",
         "dtype": "float32",
         "dropout": 0.0,
+        "tta_shift": 0,
         "temperature": 2.0,
     }
     assert model_text(saved) == "tempered in → out ÷ 2, relu, compute float32"
@@ -137,7 +138,7 @@ def test_a_family_checks_its_own_field_and_refuses_others_in_one_line(
             (
                 "unknown config field 'model.channels' for the tempered model (a field of cnn); "
                 "its fields: model.name, model.activation, model.dtype, model.dropout, "
-                "model.temperature"
+                "model.tta_shift, model.temperature"
             ),
         ),
     ]
@@ -186,6 +187,7 @@ def test_switching_keeps_common_fields_and_drops_the_old_familys(capsys):
         "activation": "relu",
         "dtype": "float32",
         "dropout": 0.25,
+        "tta_shift": 0,
         "hidden": [128],
     }
     # Back to the CNN: its own fields are its defaults again, not the preset's.
@@ -234,6 +236,7 @@ def test_a_saved_config_with_every_old_field_reads_back():
         "activation",
         "dtype",
         "dropout",
+        "tta_shift",
         "hidden",
         "channels",
         "kernel_size",

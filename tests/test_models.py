@@ -316,6 +316,38 @@ def test_blocks_without_pooling_keep_their_map_size():
     config_lib.validate(cfg)
 
 
+def _moved(images: np.ndarray, down: int, right: int) -> np.ndarray:
+    """The images moved `down` rows and `right` columns (either negative), zeros moved in."""
+    out = np.zeros_like(images)
+    h, w = images.shape[1:3]
+    rows, cols = slice(max(down, 0), h + min(down, 0)), slice(max(right, 0), w + min(right, 0))
+    src = slice(max(-down, 0), h - max(down, 0)), slice(max(-right, 0), w - max(right, 0))
+    out[:, rows, cols] = images[:, src[0], src[1]]
+    return out
+
+
+@pytest.mark.parametrize("shape", [(5, 28, 28), (5, 28, 28, 3)], ids=["grey", "colour"])
+def test_tta_shift_predicts_the_mean_probability_of_five_moved_views(shape):
+    cfg = dataclasses.replace(REFERENCE, hidden=(16,))
+    images = np.random.default_rng(2).integers(0, 256, shape, dtype=np.uint8)
+    params = _init(cfg, shape[1:])
+    plain = jax.jit(models.apply_uint8, static_argnums=2)
+    assert models.apply_uint8(params, images, dataclasses.replace(cfg, tta_shift=0)).shape == (
+        5,
+        10,
+    )
+    for n in (1, 2):
+        views = [_moved(images, dy, dx) for dy, dx in ((0, 0), (n, 0), (-n, 0), (0, n), (0, -n))]
+        want = np.mean([jax.nn.softmax(plain(params, v, cfg)) for v in views], axis=0)
+        got = plain(params, images, dataclasses.replace(cfg, tta_shift=n))
+        np.testing.assert_allclose(jax.nn.softmax(got), want, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np.exp(got).sum(-1), 1, rtol=1e-5)  # log-probabilities
+    with pytest.raises(ConfigError, match=r"model.tta_shift: 0 \(none\) to 4 pixels, got 5"):
+        config_lib.validate(
+            config_lib.apply_overrides(config_lib.Config(), {"model.tta_shift": "5"})
+        )
+
+
 def test_adam_decay_rates_reach_optax_and_leave_the_state_shape_alone():
     base = config_lib.OptimizerConfig(name="adam", lr=1e-2)
     tuned = dataclasses.replace(base, b1=0.7, b2=0.9)

@@ -25,6 +25,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "fixed subset the run evaluated after each epoch), not summary.json's train_loss "
         "(the last epoch's mean batch loss while training)",
     )
+    p.add_argument(
+        "--tta-shift",
+        type=int,
+        metavar="N",
+        help="test-time augmentation: each image's prediction is the mean of the "
+        "probabilities over it and its four moves by N pixels (0: none; default: the "
+        "run's model.tta_shift)",
+    )
     add_member_option(p)
     return p
 
@@ -37,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
         data_dir=args.data_dir,
         member=args.member,
         memory_budget_mb=args.memory_budget_mb,
+        tta_shift=args.tta_shift,
     )
     if args.json:
         print(json.dumps(result, indent=2))
@@ -53,6 +62,9 @@ def run(args: argparse.Namespace) -> int:
 def print_eval(result: dict) -> None:
     print(f"run          {result['run_dir']}")
     print(f"dataset      {result['dataset']}")
+    if result.get("tta_shift"):
+        n = result["tta_shift"]
+        print(f"predictions  the mean over each image and its four moves by {n} pixel(s)")
     if "seeds" in result:
         from jaxmnist import stats  # start-up: numpy, which `eval --help` need not wait for
 

@@ -203,8 +203,35 @@ def switch_family(model_cfg: ModelConfig, name: str) -> ModelConfig:
 
 def apply_uint8(params, images, cfg) -> jax.Array:
     """Logits for uint8 images (B, H, W) in inference: the one place that scales the
-    device-resident bytes to [0, 1] before `cfg.name`'s apply. cfg: a family's config."""
-    return get_model(cfg.name).apply(params, _scale(images), cfg)
+    device-resident bytes to [0, 1] before `cfg.name`'s apply. cfg: a family's config.
+
+    With `cfg.tta_shift` n > 0 (test-time augmentation), each image is also moved by n
+    pixels up, down, left and right (zero fill), the five views go through the model in
+    one batch, and the result is the log of their mean softmax probabilities: logits
+    whose softmax is that mean, so that every caller (evaluation, ensembles, predict,
+    export, serve) uses the averaged prediction without knowing."""
+    model = get_model(cfg.name)
+    if not cfg.tta_shift:
+        return model.apply(params, _scale(images), cfg)
+    import jax  # not at the top: this module is read before jax loads (start-up)
+    import jax.numpy as jnp
+
+    views = _moved_views(images, cfg.tta_shift)
+    logits = model.apply(params, _scale(views.reshape(-1, *images.shape[1:])), cfg)
+    log_probs = jax.nn.log_softmax(logits).reshape(len(views), images.shape[0], -1)
+    return jax.nn.logsumexp(log_probs, axis=0) - jnp.log(len(views))
+
+
+def _moved_views(images, n: int):
+    """(5, B, H, W[, C]): the images, then moved by n pixels down, up, right and left, the
+    pixels moved in zeros."""
+    import jax.numpy as jnp  # not at the top: this module is read before jax loads
+
+    h, w = images.shape[1:3]
+    pad = [(0, 0), (n, n), (n, n)] + [(0, 0)] * (images.ndim - 3)
+    padded = jnp.pad(images, pad)
+    crops = [(n, n), (0, n), (2 * n, n), (n, 0), (n, 2 * n)]  # (top, left) of each view
+    return jnp.stack([padded[:, t : t + h, l : l + w] for t, l in crops])
 
 
 def train_apply_uint8(params, images, cfg, key=None) -> tuple[jax.Array, object]:

@@ -10,11 +10,13 @@ of them (`use.members.choose_member`).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import jax
 import numpy as np
 
+from jaxmnist.models.family import validate_common
 from jaxmnist.runs.reader import Run, open_run
 from jaxmnist.training.evaluate import (
     ENSEMBLE_SETS,
@@ -37,6 +39,7 @@ def evaluate_run(
     data_dir: str | os.PathLike | None = None,
     member: str | int | None = None,
     memory_budget_mb: int | None = None,
+    tta_shift: int | None = None,
 ) -> dict:
     """Every member's test and training accuracy and loss, as JSON-ready values.
 
@@ -49,9 +52,15 @@ def evaluate_run(
     says which (`member`, `seed`). The training set is evaluated as the run evaluated it
     after each epoch: on its fixed subset when it used one (`train.eval_train_examples`;
     `train_set` says which), else in full. Several members run in as few chunks as fit
-    the memory budget (`use.chunks`; `memory_budget_mb` overrides the run's).
+    the memory budget (`use.chunks`; `memory_budget_mb` overrides the run's). `tta_shift`
+    evaluates with that test-time augmentation (`model.tta_shift`) in place of the run's,
+    and says so (`tta_shift` in the result, whichever was used).
     """
     run = open_run(run_dir)
+    if tta_shift is not None:
+        model = dataclasses.replace(run.config.model, tta_shift=tta_shift)
+        validate_common(model)
+        run = dataclasses.replace(run, config=dataclasses.replace(run.config, model=model))
     index = choose_member(member, run.members)
     dataset = run.load_dataset(data_dir)
     batch = run.config.train.eval_batch_size
@@ -86,6 +95,7 @@ def evaluate_run(
     out = {
         "run_dir": str(run_dir),
         "dataset": dataset.spec.name,
+        "tta_shift": run.config.model.tta_shift,
         "test_accuracy": float(np.mean([r.accuracy for r in test])),
         "test_loss": float(np.mean([r.loss for r in test])),
         "num_test_examples": test[0].count,
