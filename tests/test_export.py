@@ -122,6 +122,32 @@ def test_export_runs_without_jaxmnist_and_matches_eval(
     assert header["jax_version"] and header["platforms"] == ["cpu", "cuda", "tpu"]
 
 
+def test_an_export_predicts_with_the_runs_test_time_augmentation(
+    train_argv, tiny_registered, tiny_arrays, tmp_path
+):
+    """The exported function is the model's inference, `model.tta_shift` included: its
+    probabilities are those of the five moved views, not of the image alone."""
+    import dataclasses
+
+    import jax
+
+    from jaxmnist.models import apply_uint8
+    from jaxmnist.runs.reader import open_run
+
+    run = tmp_path / "run"
+    assert main([*train_argv(run, "--steps", "20", "model.tta_shift=1", "--no-report")]) == 0
+    assert main(["export", str(run), "--out", str(tmp_path / "model.jaxexport")]) == 0
+    _, exported = export.load_export(tmp_path / "model.jaxexport")
+    images = tiny_arrays["test_images"][:50]
+    got = np.asarray(exported.call(images))
+    saved = open_run(run)
+    params, model_cfg = saved.member_params(0), saved.config.model
+    want = jax.nn.softmax(apply_uint8(params, images, model_cfg))
+    alone = jax.nn.softmax(apply_uint8(params, images, dataclasses.replace(model_cfg, tta_shift=0)))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(got, alone, rtol=1e-3, atol=1e-4)
+
+
 @pytest.mark.realdata
 @pytest.mark.slow
 def test_export_matches_eval_on_the_real_test_set(real_mnist_run, tmp_path, capsys):
