@@ -5,16 +5,20 @@ which importing jaxmnist fails, and run at batch sizes 1, 7 and 10,000 on the
 test set; its predictions must give `jaxmnist eval`'s confusion matrix exactly.
 """
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 import textwrap
 
+import jax
 import numpy as np
 import pytest
 
 from jaxmnist.cli import main
+from jaxmnist.models import apply_uint8
+from jaxmnist.runs.reader import open_run
 from jaxmnist.use import export
 
 # The docs' loader (docs/using-a-model.md), then batch sizes 1, 7 and 10,000 over the images
@@ -127,13 +131,6 @@ def test_an_export_predicts_with_the_runs_test_time_augmentation(
 ):
     """The exported function is the model's inference, `model.tta_shift` included: its
     probabilities are those of the five moved views, not of the image alone."""
-    import dataclasses
-
-    import jax
-
-    from jaxmnist.models import apply_uint8
-    from jaxmnist.runs.reader import open_run
-
     run = tmp_path / "run"
     assert main([*train_argv(run, "--steps", "20", "model.tta_shift=1", "--no-report")]) == 0
     assert main(["export", str(run), "--out", str(tmp_path / "model.jaxexport")]) == 0
