@@ -6,10 +6,11 @@
 # seeds in one program, and one alone), jaxmnist's epoch against the tutorial's, the
 # memory estimate against the allocator's peak (8 CNN and 8 `speedrun` seeds, with and
 # without batch norm), `jaxmnist bench --quick`, and profiles of the `cnn` and `record`
-# steps (`jaxmnist profile`, as many steps as one of a run's calls). Run from anywhere.
+# steps (`jaxmnist profile`, as many steps as one of a run's calls), and the record
+# presets' whole runs (`record.py`, from an empty compilation cache). Run from anywhere.
 # Every record is named as `benchlib.results` names one, <date>_<commit>_<machine> (the
 # accelerator's kind), in its benchmark's folder: under $OUT if set (copy its folders into
-# benchmarks/results/), else under benchmarks/results/ itself: four benchmark JSONs,
+# benchmarks/results/), else under benchmarks/results/ itself: five benchmark JSONs,
 # bench_tpu101/'s json, png and html, profile_cnn/ and profile_record/ (profile.json), and
 # in accelerator_session/ the session's log and the lane's JUnit XML. What no record keeps
 # (the profiles' traces, bench's own folder) goes to raw/ under $OUT, else to a scratch
@@ -18,7 +19,7 @@
 #   bash benchmarks/accelerator_session.sh
 #   STEPS="speedrun tutorial" bash benchmarks/accelerator_session.sh   # some steps only
 #
-# Steps: time-to-result tests speedrun tutorial memory bench profile.
+# Steps: time-to-result tests speedrun tutorial memory bench profile record.
 # Every benchmark runs
 # its programs one after another, never two at once, so a chip that one program at a time
 # can hold (a TPU) serves them all.
@@ -85,7 +86,7 @@ done
 raw=$([ -n "${OUT:-}" ] && echo "$OUT/raw" || mktemp -d)
 mkdir -p "$out/accelerator_session" "$raw"
 log="$out/accelerator_session/$stem.txt"
-ALL_STEPS="time-to-result tests speedrun tutorial memory bench profile"
+ALL_STEPS="time-to-result tests speedrun tutorial memory bench profile record"
 {
   date -u
   echo "backend $backend; records: $out/*/$stem.*; traces and bench's folder: $raw"
@@ -153,4 +154,8 @@ step profile "$py" -m jaxmnist profile --preset cnn --out "$raw/profile-cnn"
 keep "$raw/profile-cnn/profile.json" "$out/profile_cnn/$stem.json"
 step profile "$py" -m jaxmnist profile --preset record --out "$raw/profile-record"
 keep "$raw/profile-record/profile.json" "$out/profile_record/$stem.json"
+# The record presets as a user runs them, from an empty compilation cache (a cache of its
+# own, which no earlier step filled); about seven minutes on a TPU v5e chip.
+XDG_CACHE_HOME="$raw/record-cache" STEP_LIMIT=${RECORD_LIMIT:-900} step record \
+  "$py" -c "$launch" benchmarks/record.py --out "$out/record/$stem.json"
 echo "== done: $out/*/$stem.*" | tee -a "$log"
