@@ -68,10 +68,15 @@ def kernel_sizes(cfg) -> tuple[int, ...]:
     return ks * len(cfg.channels) if len(ks) == 1 else ks
 
 
+def _given_pools(cfg) -> tuple[int, ...]:
+    """`pool` as a tuple (a plain int from Python code counts as one flag)."""
+    return (cfg.pool,) if isinstance(cfg.pool, int) else tuple(cfg.pool)
+
+
 def pools(cfg) -> tuple[bool, ...]:
     """One flag per conv block: whether 2×2 max-pooling ends it (`pool` as given, or its one
     value repeated)."""
-    given = (cfg.pool,) if isinstance(cfg.pool, int) else tuple(cfg.pool)
+    given = _given_pools(cfg)
     flags = given * len(cfg.channels) if len(given) == 1 else given
     return tuple(bool(p) for p in flags)
 
@@ -283,7 +288,7 @@ def validate(cfg) -> None:
     if any(k <= 0 for k in ks) or (cfg.padding == "same" and any(k % 2 == 0 for k in ks)):
         what = "positive odd sizes (same padding)" if cfg.padding == "same" else "positive sizes"
         raise ConfigError(f"model.kernel_size: {what}, got {ks}")
-    given_pools = (cfg.pool,) if isinstance(cfg.pool, int) else tuple(cfg.pool)
+    given_pools = _given_pools(cfg)
     if len(given_pools) not in (1, len(cfg.channels)) or any(p not in (0, 1) for p in given_pools):
         raise ConfigError(
             f"model.pool: 1 (pool) or 0 (not), one for all conv blocks or one per block "
