@@ -7,26 +7,41 @@ STAMP := $(VENV)/.installed
 
 .PHONY: train test test-accelerator lint bench docs docs-images clean
 
-$(STAMP): pyproject.toml
+PIP := $(BIN)/pip
+$(PIP):
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(PIP) install --quiet --upgrade pip
+
+$(STAMP): $(PIP) pyproject.toml
+	$(PIP) install --quiet -e '.[test]'
 	touch $(STAMP)
 
-# jaxmnist-onednn (native/): oneDNN's CPU convolution as XLA FFI handlers, compiled by pip as
-# it installs the package, against JAX's headers and Intel's oneDNN wheels. Where a C++
-# compiler is found (the one setuptools uses: $CXX, else Python's own build's) a failed
-# build stops make: a fault to fix, not a fallback. Without one, jaxmnist runs its
-# convolutions with im2col; this says so each time, and builds it once a compiler is there.
+# jaxmnist-onednn (native/): oneDNN's CPU convolution as XLA FFI handlers, compiled by pip
+# into a wheel, against JAX's headers and Intel's oneDNN wheels, in pip's isolated build
+# environment: apart from .venv, so that `make -j` builds it while the test extra installs
+# (.ci/run does); the wheel is then installed into .venv (forced: a rebuilt wheel keeps
+# its version). Where a C++ compiler is found (the one setuptools uses: $CXX, else
+# Python's own build's) a failed build stops make: a fault to fix, not a fallback.
+# Without one, jaxmnist runs its convolutions with im2col; this says so each time, and
+# builds it once a compiler is there.
+WHEELS := $(VENV)/wheels
+NATIVE_WHEEL := $(WHEELS)/.onednn
 NATIVE := $(VENV)/.onednn
 HAS_CXX := import os, shlex, shutil, sysconfig; \
   cxx = os.environ.get("CXX") or sysconfig.get_config_var("CXX") or "c++"; \
   raise SystemExit(shutil.which(shlex.split(cxx)[0]) is None)
-$(NATIVE): $(STAMP) $(wildcard native/*.toml native/*.py native/src/* native/jaxmnist_onednn/*.py)
+$(NATIVE_WHEEL): $(PIP) $(wildcard native/*.toml native/*.py native/src/* native/jaxmnist_onednn/*.py)
 	@if $(BIN)/python -c '$(HAS_CXX)'; then \
-	  echo "$(BIN)/pip install ./native"; $(BIN)/pip install --quiet ./native && touch $@; \
+	  rm -f $(WHEELS)/jaxmnist_onednn-*.whl; \
+	  echo "$(PIP) wheel ./native"; \
+	  $(PIP) wheel --quiet --no-deps --wheel-dir $(WHEELS) ./native && touch $@; \
 	else \
 	  echo "no C++ compiler: jaxmnist-onednn not built; CNNs on the CPU use im2col"; \
+	fi
+$(NATIVE): $(STAMP) $(NATIVE_WHEEL)
+	@if [ -f $(NATIVE_WHEEL) ]; then \
+	  echo "$(PIP) install $(WHEELS)/jaxmnist_onednn-*.whl"; \
+	  $(PIP) install --quiet --force-reinstall $(WHEELS)/jaxmnist_onednn-*.whl && touch $@; \
 	fi
 
 train: $(STAMP) $(NATIVE)

@@ -280,6 +280,12 @@ def test_smoke_mode(name, on_path, tmp_path, capsys):
         pytest.skip(onednn.unavailable_reason())
     if name in NEEDS_EXTRA:
         pytest.importorskip(NEEDS_EXTRA[name], reason="needs an extra it names")
+    if name == "cnn_vs_pytorch" and importlib.util.find_spec("torch") is None:
+        # The same run as the test below, which hides PyTorch and checks these keys too.
+        pytest.skip(
+            "no PyTorch: test_pytorch_comparisons_smoke_runs_jaxmnist_alone_without_torch "
+            "runs this smoke mode"
+        )
     extra, keys = SMOKE[name]
     module = load(name)
     if keys is None:
@@ -303,6 +309,8 @@ def test_pytorch_comparisons_smoke_runs_jaxmnist_alone_without_torch(
     load("cnn_vs_pytorch").main(["--smoke", "--out", str(out)])
     assert "PyTorch is not installed: the smoke run skips its variant\n" in capsys.readouterr().out
     result = json.loads(out.read_text())
+    keys = SMOKE["cnn_vs_pytorch"][1]
+    assert keys <= set(result), keys - set(result)
     (row,) = result["results"]
     assert row["variant"].startswith("jax ") and row["steady_epoch_seconds"] > 0
     assert result["ratios"] == {}
