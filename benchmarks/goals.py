@@ -113,7 +113,11 @@ def _on_tpu(preset: str) -> Callable[[dict], bool]:
 
     def measures(record: dict) -> bool:
         run = record.get("presets", {}).get(preset)
-        return run is not None and run.get("environment", {}).get("backend") == "tpu"
+        return (
+            run is not None
+            and not run.get("partial")
+            and run.get("environment", {}).get("backend") == "tpu"
+        )
 
     return measures
 
@@ -215,6 +219,14 @@ def _preset_in(preset: str, name: str = "presets"):
     return lambda record: preset in record.get(name, {})
 
 
+def _whole_run_of(preset: str):
+    """Does a record of the record presets hold a whole run of `preset` (not the first
+    steps of one, `record.py --steps`)?"""
+    return lambda record: (
+        not record.get("presets", {}).get(preset, {"partial": True}).get("partial")
+    )
+
+
 # What each preset reached: the benchmark whose records hold it, whether a record holds
 # it, and its figure. A preset missing here has no record yet (its figures, if any, are
 # in the Results page's log).
@@ -234,7 +246,7 @@ PRESET_RESULTS = {
     **{
         name: (
             "record",
-            _preset_in(name),
+            _whole_run_of(name),
             lambda r, name=name: (
                 f"{r['presets'][name]['ensemble_test_accuracy']:.2%} test accuracy of the "
                 f"ensemble of {r['presets'][name]['members']}, members' mean "
