@@ -112,12 +112,8 @@ def _on_tpu(preset: str) -> Callable[[dict], bool]:
     """Does a record of the record presets hold `preset` measured on a TPU?"""
 
     def measures(record: dict) -> bool:
-        run = record.get("presets", {}).get(preset)
-        return (
-            run is not None
-            and not run.get("partial")
-            and run.get("environment", {}).get("backend") == "tpu"
-        )
+        run = record.get("presets", {}).get(preset, {})
+        return _whole_run_of(preset)(record) and run.get("environment", {}).get("backend") == "tpu"
 
     return measures
 

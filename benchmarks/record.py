@@ -103,8 +103,17 @@ def run_preset(preset: str, work: Path, smoke: bool, steps=None, overrides=()) -
     # The run's own record of its machine: this process never opens the device, which
     # holds an accelerator that admits one program at a time (a TPU) against the next run.
     environment = json.loads((run_dir / "environment.json").read_text())
+    common = {
+        "command": "jaxmnist " + " ".join(args[:-2]),
+        "wall_seconds": wall,
+        "compile_seconds": s["compile_seconds"],
+        "train_seconds": s["train_seconds"],
+        "members": len(environment["seeds"]),
+        "load_during": {"min": min(load), "max": max(load), "samples": load},
+        "environment": environment,
+    }
     if steps is not None:
-        return _partial(preset, args, s, environment, steps, wall, load)
+        return {**common, **_projection(preset, overrides, s, environment, steps)}
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
     members = stats.spread(s["test_accuracy_per_seed"])
     goal = GOALS[preset]
@@ -115,14 +124,10 @@ def run_preset(preset: str, work: Path, smoke: bool, steps=None, overrides=()) -
     if goal["members_mean"] is not None:
         met["members_mean"] = members.mean >= goal["members_mean"]
     return {
-        "command": "jaxmnist " + " ".join(args[:-2]),
+        **common,
         "goal": goal,
         "met": met,
-        "wall_seconds": wall,
-        "compile_seconds": s["compile_seconds"],
-        "train_seconds": s["train_seconds"],
         "eval_seconds": s["eval_seconds"],
-        "members": len(s["test_accuracy_per_seed"]),
         "epochs": s["epochs"],
         "ensemble_test_accuracy": s["ensemble_test_accuracy"],
         "ensemble_test_loss": s["ensemble_test_loss"],
@@ -140,38 +145,23 @@ def run_preset(preset: str, work: Path, smoke: bool, steps=None, overrides=()) -
             }
             for r in records
         ],
-        "load_during": {"min": min(load), "max": max(load), "samples": load},
-        "environment": environment,
     }
 
 
-def _partial(preset, args, summary, environment, steps, wall, load) -> dict:
-    """A run of the first `steps` steps: its figures, and the whole schedule's training
-    time projected from them."""
-    full = config_lib.apply_overrides(config_lib.get_preset(preset), _pairs(args))
+def _projection(preset, overrides, summary, environment, steps) -> dict:
+    """What a run of the first `steps` steps adds: its time a step, and the training time
+    of the preset's whole schedule (with the `--set` overrides) projected from it."""
+    pairs = dict(o.split("=", 1) for o in overrides)
+    full = config_lib.apply_overrides(config_lib.get_preset(preset), pairs)
     full_steps = full.train.steps or full.train.epochs * environment["steps_per_epoch"]
     per_step = summary["train_seconds"] / steps
     return {
-        "command": "jaxmnist " + " ".join(args[:-2]),
         "partial": True,
         "steps": steps,
-        "wall_seconds": wall,
-        "compile_seconds": summary["compile_seconds"],
-        "train_seconds": summary["train_seconds"],
         "seconds_per_step": per_step,
         "schedule_steps": full_steps,
         "projected_train_hours": per_step * full_steps / 3600,
-        "members": len(environment["seeds"]),
-        "environment": environment,
-        "load_during": {"min": min(load), "max": max(load), "samples": load},
     }
-
-
-def _pairs(args: list[str]) -> dict:
-    """The KEY=VALUE overrides of a command line but `train.steps` (the partial run's)."""
-    pairs = dict(a.split("=", 1) for a in args if "=" in a and not a.startswith("-"))
-    pairs.pop("train.steps", None)
-    return pairs
 
 
 def describe(preset: str, r: dict) -> str:

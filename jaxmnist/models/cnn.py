@@ -317,8 +317,8 @@ def describe(cfg) -> str:
     some block has no pooling, each pool is written where it is ("conv 3×3×32 → conv
     3×3×32 → pool → ...")."""
     convs = [f"conv {k}×{k}×{c}" for k, c in zip(kernel_sizes(cfg), cfg.channels, strict=False)]
-    flags = pools(cfg) if len(pools(cfg)) == len(convs) else (True,) * len(convs)
-    if not all(flags):
+    flags = pools(cfg)
+    if len(flags) == len(convs) and not all(flags):
         convs = [step for c, p in zip(convs, flags, strict=True) for step in (c, "pool")[: 1 + p]]
     text = f"{cfg.name} " + " → ".join(map(str, ["in", *convs, *cfg.hidden, "out"]))
     notes = ["valid padding"] * (cfg.padding == "valid") + ["batch norm"] * cfg.batch_norm
