@@ -5,12 +5,15 @@ compilation cache off (`--no-compile-cache`, and JAX's own cache variables remov
 the environment), for one step, without report or checkpoints, and reads
 `compile_seconds` from the run's summary.json (every program of the run: parameter
 initialisation, the epoch's plan, the training steps, evaluation). Also the whole
-process's wall time from start to exit. `--pythonpath DIR` runs another copy of the code
-(e.g. `git archive OLD jaxmnist` unpacked in DIR) side by side, the copies taking turns
-in each round, so that a load that comes and goes falls on both alike.
+process's wall time from start to exit, and each program's own compile seconds
+(`compile_programs`: they compile concurrently, so they overlap; the slowest is the
+run's wall). A preset may carry overrides, `PRESET:KEY=VALUE:...` (e.g.
+`speedrun:train.seeds=8`, `record:data.augment=false`). `--pythonpath DIR` runs another
+copy of the code (e.g. `git archive OLD jaxmnist` unpacked in DIR) side by side, the
+copies taking turns in each round, so that a load that comes and goes falls on both alike.
 
-Needs MNIST and Fashion-MNIST where JAXMNIST_DATA_DIR says; `--smoke` runs `tpu101` on
-a tiny generated dataset instead. Writes JSON (`--out`, default
+Needs MNIST and Fashion-MNIST where JAXMNIST_DATA_DIR says; `--smoke` runs `tpu101` (two
+seeds) on a tiny generated dataset instead. Writes JSON (`--out`, default
 benchmarks/results/compile_time/).
 """
 
@@ -33,19 +36,28 @@ CACHE_VARIABLES = ("JAX_COMPILATION_CACHE_DIR", "JAX_ENABLE_COMPILATION_CACHE")
 
 
 def one_run(cmd: list[str], env: dict, run_dir: Path, cwd: str) -> dict:
-    """Runs `cmd` to the end; its summary's compile seconds and the process's wall time."""
+    """Runs `cmd` to the end; its summary's compile seconds (all programs, and each
+    program's), and the process's wall time."""
     start = time.perf_counter()
     done = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - start
     if done.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed: {done.stderr.strip()[-800:]}")
     summary = json.loads((run_dir / "summary.json").read_text())
-    return {"compile_seconds": summary["compile_seconds"], "wall_seconds": wall}
+    return {
+        "compile_seconds": summary["compile_seconds"],
+        "wall_seconds": wall,
+        "programs": summary.get("compile_programs", {}),
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--presets", default=PRESETS, help=f"comma-separated (default {PRESETS})")
+    p.add_argument(
+        "--presets",
+        default=PRESETS,
+        help=f"comma-separated PRESET[:KEY=VALUE...] (default {PRESETS})",
+    )
     p.add_argument("--rounds", type=int, default=3, help="runs of each preset per copy")
     add_code_copies(p, "run")
     p.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
@@ -53,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     out = args.out or default_out("compile_time.json", args.smoke)
     require_data_dir(args.smoke)
-    presets = ["tpu101"] if args.smoke else args.presets.split(",")
+    presets = ["tpu101:train.seeds=2"] if args.smoke else args.presets.split(",")
     rounds = 1 if args.smoke else args.rounds
     load_before = os.getloadavg()
     codes = code_copies(args)
@@ -67,14 +79,20 @@ def main(argv: list[str] | None = None) -> None:
             for preset in presets:
                 for code, path in order:
                     run_dir = Path(work) / f"run{i}-{preset}-{len(runs[code][preset])}-{code[:4]}"
-                    cmd = [*prefix, "train", "--preset", preset, *tiny, "--quiet"]
+                    name, *overrides = preset.split(":")
+                    cmd = [*prefix, "train", "--preset", name, *overrides, *tiny, "--quiet"]
                     cmd += ["--run-dir", str(run_dir), "--no-compile-cache", "--no-report"]
                     cmd += ["--no-checkpoint", "train.steps=1", "train.target_accuracy=none"]
                     got = one_run(cmd, {**env, "PYTHONPATH": path}, run_dir, work)
                     runs[code][preset].append(got)
     median = {
         code: {
-            preset: {k: statistics.median(r[k] for r in rs) for k in rs[0]}
+            preset: {k: statistics.median(r[k] for r in rs) for k in rs[0] if k != "programs"}
+            | {
+                "programs": {
+                    n: statistics.median(r["programs"][n] for r in rs) for n in rs[0]["programs"]
+                }
+            }
             for preset, rs in by_preset.items()
         }
         for code, by_preset in runs.items()

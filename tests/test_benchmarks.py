@@ -55,7 +55,14 @@ NEEDS_ONEDNN: set[str] = set()
 # Scripts that need an optional extra: skipped without it.
 NEEDS_EXTRA = {"serve_load": "uvicorn"}  # the serve extra
 # What a smoke record must say beyond its keys.
-SMOKE_CHECKS = {"serve_load": lambda r: r["completed"] == 20 and r["errors"] == 0}
+SMOKE_CHECKS = {
+    "serve_load": lambda r: r["completed"] == 20 and r["errors"] == 0,
+    # Each program's compile, of the preset with its override (two members).
+    "compile_time": lambda r: (
+        {"steps", "init", "eval/test"}
+        <= set(r["median"]["this"]["tpu101:train.seeds=2"]["programs"])
+    ),
+}
 # Their --smoke modes, run by tests of their own: twice, in
 # test_record_keeps_each_presets_own_environment_and_load; with an override, in
 # test_memory_estimate_runs_its_cases_with_the_overrides_asked.

@@ -14,17 +14,41 @@ Rows = list[tuple[str, str]]
 
 
 def compile_time(r: dict) -> Rows:
+    if "probes" in r:  # each program of a preset's run, compiled concurrently
+        return [
+            (
+                f"`{p['preset']}`" + "".join(f", `{o}`" for o in p["overrides"]),
+                (
+                    f"all programs {sec(p['compile_seconds'])}; the slowest, "
+                    + ", ".join(
+                        f"{name} {sec(t)}"
+                        for name, t in sorted(p["programs"].items(), key=lambda kv: -kv[1])[:2]
+                    )
+                ),
+            )
+            for p in r["probes"]
+        ]
     copies = list(r["median"])
     rows = []
     for preset in r["median"]["this"]:
         text = "; ".join(
             f"{copy(c, copies)} {sec(m[preset]['compile_seconds'])} (the process "
-            f"{sec(m[preset]['wall_seconds'], 1)})"
+            f"{sec(m[preset]['wall_seconds'], 1)}{_slowest(m[preset].get('programs'))})"
             for c, m in r["median"].items()
             if preset in m
         )
-        rows.append((f"`{preset}`, compile with nothing cached", text))
+        name, *overrides = preset.split(":")
+        label = f"`{name}`" + "".join(f", `{o}`" for o in overrides)
+        rows.append((f"{label}, compile with nothing cached", text))
     return rows
+
+
+def _slowest(programs: dict | None) -> str:
+    """ ", the slowest program X s" of a run's programs (name -> seconds), if given."""
+    if not programs:
+        return ""
+    name = max(programs, key=programs.get)
+    return f"; the slowest program, {name}, {sec(programs[name])}"
 
 
 def startup(r: dict) -> Rows:
