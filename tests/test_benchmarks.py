@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import made_once
 
 from jaxmnist import config as config_lib
 from jaxmnist.models import onednn
@@ -63,8 +64,8 @@ SMOKE_CHECKS = {
         <= set(r["median"]["this"]["tpu101:train.seeds=2"]["programs"])
     ),
 }
-# Their --smoke modes, run by tests of their own: twice, in
-# test_record_keeps_each_presets_own_environment_and_load; with an override, in
+# Their --smoke modes, run by tests of their own: twice, in `record_runs`, which
+# the record tests read; with an override, in
 # test_memory_estimate_runs_its_cases_with_the_overrides_asked.
 OWN_SMOKE_TEST = {"record", "memory_estimate"}
 # Tools that read the records rather than measure: tests/test_results.py runs them.
@@ -364,40 +365,60 @@ def test_memory_estimate_says_in_one_line_when_the_peak_rss_cannot_be_reset(on_p
     assert writable.read_text() == "5"
 
 
+@pytest.fixture(scope="session")
+def record_runs(tmp_path_factory):
+    """benchmarks/record.py --smoke run twice into one file, once in the session
+    (`made_once`), for the tests below: both presets (`first.json`, a copy of the file
+    then), then `record` alone for its first 2 steps in float32, which leaves
+    `fashion_record` as the first invocation wrote it (`record.json`); `events.json`: the
+    order of each invocation's training runs and of its own look at the machine."""
+    from jaxmnist import runtime  # the module the benchmark's saving asks
+
+    def run_twice(folder):
+        events = []
+        real_run, real_environment = subprocess.run, runtime.environment
+
+        def run(command, *args, **kwargs):
+            events.extend(["train"] * ("train" in command))  # not the provenance's git calls
+            return real_run(command, *args, **kwargs)
+
+        def environment(*args, **kwargs):
+            events.append("environment")
+            return real_environment(*args, **kwargs)
+
+        out = folder / "record.json"
+        with pytest.MonkeyPatch.context() as mp:
+            mp.syspath_prepend(str(BENCHMARKS))
+            mp.setattr(subprocess, "run", run)
+            mp.setattr(runtime, "environment", environment)
+            module = load("record")
+            module.main(["--smoke", "--out", str(out)])
+            (folder / "first.json").write_text(out.read_text())
+            first_events = events[:]
+            events.clear()
+            module.main(["--smoke", "--out", str(out), "--presets", "record", "--steps", "2",
+                         "--set", "model.dtype=float32"])  # fmt: skip
+            (folder / "events.json").write_text(json.dumps([first_events, events]))
+
+    yield from made_once(tmp_path_factory, "record-smoke", run_twice)
+
+
 @pytest.mark.slow
-def test_record_opens_no_device_while_its_runs_go(on_path, tmp_path, monkeypatch):
+def test_record_opens_no_device_while_its_runs_go(record_runs):
     """An accelerator that admits one program at a time (a TPU) would refuse the next run
     if the script held it: each preset's machine is read from its run's environment.json,
     and the script asks JAX for its own only after the last run has ended."""
-    from jaxmnist import runtime  # the module the benchmark's saving asks
-
-    module, events = load("record"), []
-    real_run, real_environment = subprocess.run, runtime.environment
-
-    def run(command, *args, **kwargs):
-        events.extend(["train"] * ("train" in command))  # not the provenance's git calls
-        return real_run(command, *args, **kwargs)
-
-    def environment(*args, **kwargs):
-        events.append("environment")
-        return real_environment(*args, **kwargs)
-
-    monkeypatch.setattr(subprocess, "run", run)
-    monkeypatch.setattr(runtime, "environment", environment)
-    out = tmp_path / "record.json"
-    module.main(["--smoke", "--out", str(out)])
-    assert events == ["train", "train", "environment"]
-    for result in json.loads(out.read_text())["presets"].values():
+    events = json.loads((record_runs / "events.json").read_text())
+    assert events == [["train", "train", "environment"], ["train", "environment"]]
+    for result in json.loads((record_runs / "first.json").read_text())["presets"].values():
         assert result["environment"]["seeds"] == [0, 1]  # the run's own record
 
 
-def test_record_steps_projects_the_schedule_from_a_partial_run(on_path, tmp_path):
+@pytest.mark.slow
+def test_record_steps_projects_the_schedule_from_a_partial_run(record_runs, on_path, tmp_path):
     """`--steps N` runs N steps with the overrides asked and scales their training time to
     the preset's whole schedule (its epochs times the run's steps per epoch)."""
-    out, module = tmp_path / "record.json", load("record")
-    module.main(["--smoke", "--out", str(out), "--presets", "record", "--steps", "2",
-                 "--set", "model.dtype=float32"])  # fmt: skip
-    r = json.loads(out.read_text())["presets"]["record"]
+    r = json.loads((record_runs / "record.json").read_text())["presets"]["record"]
     env = r["environment"]
     assert r["partial"] and r["steps"] == env["total_steps"] == 2
     assert "model.dtype=float32" in r["command"]
@@ -406,20 +427,20 @@ def test_record_steps_projects_the_schedule_from_a_partial_run(on_path, tmp_path
     assert r["seconds_per_step"] == r["train_seconds"] / 2
     assert r["projected_train_hours"] * 3600 == pytest.approx(r["seconds_per_step"] * schedule)
     with pytest.raises(SystemExit, match="--steps: a positive number"):
-        module.main(["--smoke", "--out", str(out), "--steps", "0"])
+        load("record").main(["--smoke", "--out", str(tmp_path / "record.json"), "--steps", "0"])
 
 
-def test_record_keeps_each_presets_own_environment_and_load(on_path, tmp_path):
+@pytest.mark.slow
+def test_record_keeps_each_presets_own_environment_and_load(record_runs):
     """Presets measured by separate invocations share one file: each keeps the machine and
     the load average of its own run, not those of the last invocation."""
-    out, module = tmp_path / "record.json", load("record")
-    module.main(["--smoke", "--out", str(out), "--presets", "record"])
-    result = json.loads(out.read_text())
-    assert {"presets", "environment"} <= set(result), set(result)
-    first = result["presets"]["record"]
-    module.main(["--smoke", "--out", str(out), "--presets", "fashion_record"])
-    presets = json.loads(out.read_text())["presets"]
-    assert presets["record"] == first and set(presets) == {"record", "fashion_record"}
-    for result in presets.values():
+    first = json.loads((record_runs / "first.json").read_text())
+    assert {"presets", "environment"} <= set(first), set(first)
+    assert set(first["presets"]) == {"record", "fashion_record"}
+    presets = json.loads((record_runs / "record.json").read_text())["presets"]
+    assert set(presets) == {"record", "fashion_record"}
+    assert presets["fashion_record"] == first["presets"]["fashion_record"]
+    assert presets["record"]["partial"] and not first["presets"]["record"].get("partial")
+    for result in [*presets.values(), first["presets"]["record"]]:
         assert result["environment"]["cpu_count"] >= 1
         assert set(result["load_average_around"]) == {"before", "after"}

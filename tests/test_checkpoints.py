@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import made_once
 
 from jaxmnist import config as config_lib
 from jaxmnist.cli import main
@@ -78,19 +79,26 @@ def _tiny_registered(monkeypatch, tiny_spec):
 
 @pytest.fixture(scope="session")
 def alone(cli, tmp_path_factory):
-    """The run directory of an uninterrupted run with these extra arguments (run once)."""
+    """The run directory of an uninterrupted run with these extra arguments (run once in
+    the session, by the first test process that asks for it: `made_once`)."""
     _, run, train_argv = cli
-    done = {}
+    made, folders = [], {}
+
+    def train(extra, folder):
+        result = run(train_argv(folder / "run", *extra))
+        assert result.returncode == 0, result.stderr
 
     def get(*extra):
-        if extra not in done:
-            path = tmp_path_factory.mktemp("alone")
-            result = run(train_argv(path, *extra))
-            assert result.returncode == 0, result.stderr
-            done[extra] = path
-        return done[extra]
+        if extra not in folders:
+            name = "-".join(["alone", *extra])
+            made.append(made_once(tmp_path_factory, name, lambda f: train(extra, f)))
+            folders[extra] = next(made[-1]) / "run"
+        return folders[extra]
 
-    return get
+    yield get
+    for each in made:
+        for _ in each:  # its check that the run is still as it was made
+            pass
 
 
 def resume(cli, run_dir, *extra):
@@ -232,7 +240,7 @@ def test_a_closed_stdout_does_not_cost_the_run(cli, tmp_path):
     """`train | head -2`: the reader goes away after the first lines, before the epochs'
     lines; the run goes on without printing and finishes."""
     run = tmp_path / "run"
-    argv = cli[2](run, "--epochs", "20", "--hidden", "512,512,512")
+    argv = cli[2](run)  # the programs `alone` compiled; its epochs come after the reader went
     proc = cli[0]([a for a in argv if a != "--quiet"])
     lines = [proc.stdout.readline() for _ in range(2)]
     proc.stdout.close()
@@ -242,7 +250,7 @@ def test_a_closed_stdout_does_not_cost_the_run(cli, tmp_path):
     assert lines[1].startswith("compiled in")
     note = "jaxmnist: stdout was closed; training goes on without printing"
     assert err == f"{note} (run directory: {run})\n"
-    assert json.loads((run / "summary.json").read_text())["epochs"] == 20
+    assert json.loads((run / "summary.json").read_text())["epochs"] == int(EPOCHS)
 
 
 def test_second_ctrl_c_aborts_at_once_and_earlier_checkpoints_survive(cli, alone, tmp_path):
