@@ -28,7 +28,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib.launch import add_code_copies, code_copies, jaxmnist_command, require_data_dir
+from benchlib.launch import (
+    add_code_copies,
+    code_copies,
+    code_env,
+    jaxmnist_command,
+    require_data_dir,
+)
 from benchlib.results import SMOKE_HELP, default_out, save_benchmark
 
 PRESETS = "tpu101,codelab,cnn,speedrun,record"
@@ -83,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
                     cmd = [*prefix, "train", "--preset", name, *overrides, *tiny, "--quiet"]
                     cmd += ["--run-dir", str(run_dir), "--no-compile-cache", "--no-report"]
                     cmd += ["--no-checkpoint", "train.steps=1", "train.target_accuracy=none"]
-                    got = one_run(cmd, {**env, "PYTHONPATH": path}, run_dir, work)
+                    got = one_run(cmd, code_env(path, env), run_dir, work)
                     runs[code][preset].append(got)
     median = {
         code: {

@@ -26,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchlib.launch import add_code_copies, code_copies, require_data_dir
+from benchlib.launch import add_code_copies, code_copies, code_env, require_data_dir
 from benchlib.results import SMOKE_HELP, default_out, save_benchmark
 
 # One load in this process: {seconds, peak growth, array bytes} as JSON on stdout.
@@ -61,7 +61,7 @@ print(json.dumps({"seconds": seconds, "peak_growth_mb": (hwm_kb() - before) / 10
 def one_load(path: str, dataset: str, env: dict, tiny_dir: str | None = None) -> dict:
     done = subprocess.run(
         [sys.executable, "-c", ONE_LOAD, dataset, *([tiny_dir] if tiny_dir else [])],
-        env={**env, "PYTHONPATH": path},
+        env=code_env(path, env),
         cwd=tempfile.gettempdir(),  # `-c` puts the working directory first on sys.path
         capture_output=True,
         text=True,

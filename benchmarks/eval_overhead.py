@@ -48,7 +48,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchlib.launch import add_code_copies, code_copies
+from benchlib.launch import add_code_copies, code_copies, code_env
 from benchlib.proc import status_kb
 from benchlib.results import SMOKE_HELP, default_out, save_benchmark
 
@@ -149,7 +149,7 @@ def side_by_side(args) -> dict:
     out: dict = {}
     for _ in range(args.rounds):
         for name, path in code_copies(args).items():
-            env = {**os.environ, "PYTHONPATH": path}
+            env = code_env(path)
             for preset in args.presets.split(","):
                 command = [sys.executable, __file__, "--child", preset]
                 command += ["--epochs", str(args.epochs), "--seeds", str(args.seeds)]

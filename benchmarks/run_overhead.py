@@ -32,7 +32,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib.launch import add_code_copies, code_copies, jaxmnist_command, require_data_dir
+from benchlib.launch import (
+    add_code_copies,
+    code_copies,
+    code_env,
+    jaxmnist_command,
+    require_data_dir,
+)
 from benchlib.results import SMOKE_HELP, default_out, save_benchmark
 
 GOAL_REPORT_SECONDS = 0.5
@@ -109,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
             base += ["train.steps=4", "train.batch_size=2"]
         for i in range(rounds):
             for code, path in codes.items():
-                env = {**os.environ, "PYTHONPATH": path}
+                env = code_env(path)
                 order = ["no_report", "report"] if i % 2 == 0 else ["report", "no_report"]
                 for kind in [*order, "no_checkpoint"]:
                     run_dir = Path(work) / f"run{len(list(Path(work).glob('run*')))}"

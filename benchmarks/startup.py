@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchlib.launch import add_code_copies, code_copies
+from benchlib.launch import add_code_copies, code_copies, code_env
 from benchlib.results import SMOKE_HELP, default_out, save_benchmark
 
 GOAL_SECONDS = 0.3  # issue #23: a command that only parses answers within this
@@ -123,7 +123,7 @@ def stack_imports(python: str, copies: dict[str, str], imports: dict, repeats: i
     for _ in range(repeats):
         for name, code in imports.items():
             for copy, path in copies.items():
-                env = {**os.environ, "PYTHONPATH": path}
+                env = code_env(path)
                 times[copy][name].append(code_seconds(python, code, env))
     return {copy: {n: summarise(s) for n, s in got.items()} for copy, got in times.items()}
 

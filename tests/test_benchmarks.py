@@ -184,6 +184,15 @@ def test_a_smoke_run_never_writes_into_the_committed_results(on_path):
     assert BENCHMARKS not in default_out("x.json", smoke=True).parents
 
 
+def test_a_code_copy_goes_first_on_the_path_the_dependencies_stay_on(on_path):
+    # Dependencies installed with `pip install --target DIR` are found through PYTHONPATH:
+    # a side-by-side child that replaced it could not import JAX.
+    code_env = importlib.import_module("benchlib.launch").code_env
+    env = code_env("/copy", {"PYTHONPATH": "/deps", "HOME": "/h"})
+    assert env == {"PYTHONPATH": os.pathsep.join(["/copy", "/deps"]), "HOME": "/h"}
+    assert code_env("/copy", {})["PYTHONPATH"] == "/copy"
+
+
 def test_figures_that_cannot_be_written_are_printed_not_lost(on_path, tmp_path, capsys):
     save_benchmark = importlib.import_module("benchlib.results").save_benchmark
     blocked = tmp_path / "a file"

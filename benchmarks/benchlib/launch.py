@@ -52,6 +52,15 @@ def code_copies(args: argparse.Namespace) -> dict[str, str]:
     return {"this": here, **{f"pythonpath:{d}": str(Path(d).resolve()) for d in args.pythonpath}}
 
 
+def code_env(path: str, env: dict | None = None) -> dict:
+    """`env` (default this process's) with the code copy at `path` first on PYTHONPATH,
+    ahead of what PYTHONPATH held: where the dependencies may live (`pip install
+    --target DIR` on a machine whose Python cannot be written to)."""
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [path, env.get("PYTHONPATH")]))
+    return env
+
+
 def require_data_dir(smoke: bool, holding: str = "mnist/") -> None:
     """Exits with one line unless this is a `smoke` run or JAXMNIST_DATA_DIR says where
     the real data is (`holding`): a benchmark never downloads it."""
