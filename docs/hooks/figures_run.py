@@ -14,20 +14,6 @@ Rows = list[tuple[str, str]]
 
 
 def compile_time(r: dict) -> Rows:
-    if "probes" in r:  # each program of a preset's run, compiled concurrently
-        return [
-            (
-                f"`{p['preset']}`" + "".join(f", `{o}`" for o in p["overrides"]),
-                (
-                    f"all programs {sec(p['compile_seconds'])}; the slowest, "
-                    + ", ".join(
-                        f"{name} {sec(t)}"
-                        for name, t in sorted(p["programs"].items(), key=lambda kv: -kv[1])[:2]
-                    )
-                ),
-            )
-            for p in r["probes"]
-        ]
     copies = list(r["median"])
     rows = []
     for preset in r["median"]["this"]:
