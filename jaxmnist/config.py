@@ -103,6 +103,9 @@ class TrainConfig:
     eval_train_examples: int | None = None
     progress_every: int = 0  # calls end at least every this many steps (bar updates); 0: by time
     label_smoothing: float = 0.0  # training loss against smoothed one-hot targets; 0: none
+    # An exponential moving average of the parameters (and batch norm's statistics) kept
+    # while training, with this decay: evaluation and the saved model use it; 0: none
+    ema_decay: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -478,6 +481,8 @@ def validate(cfg: Config, *, num_train_examples: int | None = None) -> None:
         raise ConfigError(f"progress_every must be >= 0, got {t.progress_every}")
     if not 0 <= t.label_smoothing < 1:
         raise ConfigError(f"train.label_smoothing must be in [0, 1), got {t.label_smoothing}")
+    if not 0 <= t.ema_decay < 1:
+        raise ConfigError(f"train.ema_decay must be in [0, 1), got {t.ema_decay}")
     if not (math.isfinite(o.lr) and o.lr > 0):
         raise ConfigError(f"learning rate must be finite and positive, got {o.lr}")
     if not (math.isfinite(o.weight_decay) and o.weight_decay >= 0):

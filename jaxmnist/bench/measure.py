@@ -40,7 +40,7 @@ from jaxmnist.profiling import peak as peak_lib
 from jaxmnist.profiling.recipe import profile_config
 from jaxmnist.training import evaluate as evaluate_lib
 from jaxmnist.training.loop import place_train_data
-from jaxmnist.training.step import init_state
+from jaxmnist.training.step import init_state, model_params
 
 SCHEMA_VERSION = 1
 SYNTHETIC_NOTE = (
@@ -172,7 +172,8 @@ class _Bench:
     def _record(self, mode: str, cfg, runner, seconds: list[float], out, compiles: int) -> dict:
         o, batch_size, steps = self.opts, cfg.train.batch_size, runner.steps
         losses = runner.losses(out)
-        test = self._evaluator(cfg.model, runner.state.params)(runner.state.params, self.test_set)
+        params = model_params(runner.state)
+        test = self._evaluator(cfg.model, params)(params, self.test_set)
         step_stats = timing.stats(np.asarray(seconds) / steps)
         eps = peak_lib.invert(timing.stats(seconds), steps * batch_size)
         flops = get_model(cfg.model.name).flops_per_example(

@@ -31,7 +31,7 @@ from jaxmnist.data.locate import scan
 from jaxmnist.errors import CorruptRunError, DataError, JaxmnistError, NotARunError
 from jaxmnist.runs import checkpoint, rundir
 from jaxmnist.training import parallel
-from jaxmnist.training.step import init_state
+from jaxmnist.training.step import init_state, model_params
 
 
 @dataclass(frozen=True)
@@ -133,7 +133,7 @@ def open_run(path: str | os.PathLike) -> Run:
             f"{path}: run has no {rundir.PARAMS_FILE} and no checkpoint (did it finish?)"
         )
     restored = _restore_newest(path, cfg, spec)
-    params = jax.device_get(restored.state.params)
+    params = jax.device_get(model_params(restored.state))
     source = f"its checkpoint of step {restored.step} (epoch {restored.epoch})"
     return Run(path, cfg, spec, params, source, False, restored.step, restored.epoch)
 

@@ -56,6 +56,7 @@ from jaxmnist.training.step import (
     init_state,
     make_epoch_plan,
     make_train_steps,
+    model_params,
 )
 
 HYPERPARAMS = ("lr", "weight_decay", "momentum")  # OptimizerConfig fields held as traced arrays
@@ -390,7 +391,9 @@ class Population:
             compiles.add("metrics", fresh.lower())
             compiles.add("rate", self._rate_fn().lower(states))
             for name, data in eval_sets.items():
-                compiles.add(f"eval/{name}", self._eval_fn(size, name).lower(states.params, data))
+                compiles.add(
+                    f"eval/{name}", self._eval_fn(size, name).lower(model_params(states), data)
+                )
             programs, seconds = compiles.results()
         self.compile_times.update(
             {
@@ -522,7 +525,7 @@ class Population:
         `watch(ready)`, where given, is called once those programs are dispatched, with a
         function that says whether they are done (`hostmem.GrowthCheck.watch`)."""
         outs = [
-            self.eval_fns[size, name](s.params, data.arrays)
+            self.eval_fns[size, name](model_params(s), data.arrays)
             for size, s in zip(self.chunks, states, strict=True)
         ]
         if watch is not None:
@@ -561,15 +564,16 @@ class Population:
         return np.concatenate([np.asarray(x, np.float64).reshape(-1) for x in jax.device_get(lrs)])
 
     def params(self, states):
-        """Every member's parameters on the host, stacked along a leading member axis."""
+        """Every member's parameters on the host, stacked along a leading member axis (the
+        moving average where the run keeps one: `step.model_params`)."""
         if self.layout.size == 1:  # nothing to gather: one device holds every member
             return jax.tree.map(
-                lambda *xs: np.concatenate(xs), *jax.device_get([s.params for s in states])
+                lambda *xs: np.concatenate(xs), *jax.device_get([model_params(s) for s in states])
             )
         gather = jax.jit(lambda p: p, out_shardings=self.layout.replicated)
         return jax.tree.map(
             lambda *xs: np.concatenate(xs),
-            *[jax.device_get(gather(s.params)) for s in states],
+            *[jax.device_get(gather(model_params(s))) for s in states],
         )
 
     def member_params(self, states, index: int):

@@ -38,6 +38,21 @@ class TrainState(NamedTuple):
     step: jax.Array  # int32 scalar: optimizer steps taken
     params: Any
     opt_state: Any
+    ema: Any = None  # the parameters' moving average (`train.ema_decay`); None: none
+
+
+def model_params(state: TrainState):
+    """The parameters a state's model is evaluated, saved and used with: the moving
+    average where the run keeps one (`train.ema_decay`), else the trained ones."""
+    return state.params if state.ema is None else state.ema
+
+
+def ema_decay_at(decay: float, step) -> jax.Array:
+    """The decay of the moving average's update after `step` steps: `decay`, or less while
+    few steps are averaged, (1 + step) / (10 + step) (as TensorFlow's
+    `ExponentialMovingAverage` with `num_updates`), so that the average leaves the
+    initial parameters behind within the first few hundred steps."""
+    return jnp.minimum(decay, (1.0 + step) / (10.0 + step))
 
 
 class EpochMetrics(NamedTuple):
@@ -53,16 +68,19 @@ class TrainData(NamedTuple):
 def init_state(key, cfg, optimizer, input_shape, num_classes) -> TrainState:
     """A fresh state: the model's `init` (cfg: Config) and the optimizer's state."""
     params = get_model(cfg.model.name).init(key, cfg.model, tuple(input_shape), num_classes)
-    return TrainState(jnp.zeros((), jnp.int32), params, optimizer.init(params))
+    ema = jax.tree.map(jnp.copy, params) if cfg.train.ema_decay else None
+    return TrainState(jnp.zeros((), jnp.int32), params, optimizer.init(params), ema)
 
 
 def make_train_step(cfg, optimizer) -> Callable:
     """Returns `step(state, images_u8 (B, H, W), labels (B,), key=None) -> (state, (loss,
     correct))`; `key` is dropout's (`model.dropout`), None for none. With
     `train.label_smoothing` a > 0 the loss is the batch's mean cross-entropy against
-    `optax.smooth_labels` targets (a / C on each of the C classes, 1 - a + a / C on the label)."""
+    `optax.smooth_labels` targets (a / C on each of the C classes, 1 - a + a / C on the label).
+    With `train.ema_decay` the state's moving average follows the parameters after each
+    step (`ema_decay_at`)."""
 
-    smoothing = cfg.train.label_smoothing
+    smoothing, decay = cfg.train.label_smoothing, cfg.train.ema_decay
 
     def loss_fn(params, images, labels, key):
         logits, stats = train_apply_uint8(params, images, cfg.model, key)
@@ -81,8 +99,12 @@ def make_train_step(cfg, optimizer) -> Callable:
         params = optax.apply_updates(state.params, updates)
         if stats is not None:  # running statistics: moved by the batch, not by the optimizer
             params = {**params, STATS: stats}
+        ema = state.ema
+        if ema is not None:  # after the step, statistics included; it never steers training
+            d = ema_decay_at(decay, state.step.astype(jnp.float32))
+            ema = jax.tree.map(lambda e, p: d * e + (1 - d) * p, ema, params)
         correct = jnp.sum(jnp.argmax(logits, -1) == labels, dtype=jnp.int32)
-        return TrainState(state.step + 1, params, opt_state), (loss, correct)
+        return TrainState(state.step + 1, params, opt_state, ema), (loss, correct)
 
     return step
 
