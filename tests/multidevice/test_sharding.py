@@ -221,7 +221,6 @@ def test_processes_that_disagree_on_the_count_stop_with_one_line(tiny_data_dir, 
     assert not (tmp_path / "run" / "summary.json").exists()
 
 
-@pytest.mark.slow
 def test_two_processes_equal_one_process_with_four_devices_and_a_second_process_0_is_refused(
     tiny_data_dir, train_argv, tmp_path
 ):
