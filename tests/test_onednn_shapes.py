@@ -89,7 +89,10 @@ def _operands(rng, case):
         rng.normal(size=(k, k, c, o)),
         rng.normal(size=(b, h - shrink, w - shrink, o)),
     )
-    return tuple(jnp.asarray(a, jnp.float32).astype(dtype) for a in arrays)
+    # Rounded by NumPy (to float32, then to `dtype`) and copied to the device as they are:
+    # the values `jnp.asarray(a, jnp.float32).astype(dtype)` gives, without the conversion
+    # programs it compiles for every shape.
+    return tuple(jax.device_put(a.astype(np.float32).astype(dtype)) for a in arrays)
 
 
 def _value_and_grads(fn, padding):
