@@ -57,6 +57,13 @@ def one_run(cmd: list[str], env: dict, run_dir: Path, cwd: str) -> dict:
     }
 
 
+def _median(runs: list[dict]) -> dict:
+    """The median of each of `one_run`'s figures over `runs`, each program's too."""
+    programs = {n: statistics.median(r["programs"][n] for r in runs) for n in runs[0]["programs"]}
+    figures = ("compile_seconds", "wall_seconds")
+    return {k: statistics.median(r[k] for r in runs) for k in figures} | {"programs": programs}
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument(
@@ -92,15 +99,7 @@ def main(argv: list[str] | None = None) -> None:
                     got = one_run(cmd, code_env(path, env), run_dir, work)
                     runs[code][preset].append(got)
     median = {
-        code: {
-            preset: {k: statistics.median(r[k] for r in rs) for k in rs[0] if k != "programs"}
-            | {
-                "programs": {
-                    n: statistics.median(r["programs"][n] for r in rs) for n in rs[0]["programs"]
-                }
-            }
-            for preset, rs in by_preset.items()
-        }
+        code: {preset: _median(rs) for preset, rs in by_preset.items()}
         for code, by_preset in runs.items()
     }
     for preset in presets:

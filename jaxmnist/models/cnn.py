@@ -57,28 +57,27 @@ from jaxmnist.models.cnn_config import CNNConfig
 from jaxmnist.models.layers import ACTIVATIONS, STATS, dropout, matmul
 
 
-def _given_kernel_sizes(cfg) -> tuple[int, ...]:
-    """`kernel_size` as a tuple (a plain int from Python code counts as one size)."""
-    return (cfg.kernel_size,) if isinstance(cfg.kernel_size, int) else tuple(cfg.kernel_size)
+def _given(value) -> tuple[int, ...]:
+    """A per-block field (`kernel_size`, `pool`) as a tuple (a plain int from Python code
+    counts as one value)."""
+    return (value,) if isinstance(value, int) else tuple(value)
+
+
+def _per_block(value, cfg) -> tuple[int, ...]:
+    """One value per conv block: a per-block field as given, or its one value repeated."""
+    given = _given(value)
+    return given * len(cfg.channels) if len(given) == 1 else given
 
 
 def kernel_sizes(cfg) -> tuple[int, ...]:
     """One kernel size per conv block: `kernel_size` as given, or its one value repeated."""
-    ks = _given_kernel_sizes(cfg)
-    return ks * len(cfg.channels) if len(ks) == 1 else ks
-
-
-def _given_pools(cfg) -> tuple[int, ...]:
-    """`pool` as a tuple (a plain int from Python code counts as one flag)."""
-    return (cfg.pool,) if isinstance(cfg.pool, int) else tuple(cfg.pool)
+    return _per_block(cfg.kernel_size, cfg)
 
 
 def pools(cfg) -> tuple[bool, ...]:
     """One flag per conv block: whether 2×2 max-pooling ends it (`pool` as given, or its one
     value repeated)."""
-    given = _given_pools(cfg)
-    flags = given * len(cfg.channels) if len(given) == 1 else given
-    return tuple(bool(p) for p in flags)
+    return tuple(bool(p) for p in _per_block(cfg.pool, cfg))
 
 
 def _in_channels(input_shape) -> int:
@@ -280,7 +279,7 @@ def validate(cfg) -> None:
         raise ConfigError(
             f"unknown model.padding {cfg.padding!r}; choose from: {', '.join(conv.PADDINGS)}"
         )
-    ks = _given_kernel_sizes(cfg)
+    ks = _given(cfg.kernel_size)
     if len(ks) not in (1, len(cfg.channels)):
         raise ConfigError(
             f"model.kernel_size: one size, or one per conv block ({len(cfg.channels)}), got {ks}"
@@ -288,7 +287,7 @@ def validate(cfg) -> None:
     if any(k <= 0 for k in ks) or (cfg.padding == "same" and any(k % 2 == 0 for k in ks)):
         what = "positive odd sizes (same padding)" if cfg.padding == "same" else "positive sizes"
         raise ConfigError(f"model.kernel_size: {what}, got {ks}")
-    given_pools = _given_pools(cfg)
+    given_pools = _given(cfg.pool)
     if len(given_pools) not in (1, len(cfg.channels)) or any(p not in (0, 1) for p in given_pools):
         raise ConfigError(
             f"model.pool: 1 (pool) or 0 (not), one for all conv blocks or one per block "

@@ -16,6 +16,7 @@ import os
 import jax
 import numpy as np
 
+from jaxmnist import config as config_lib
 from jaxmnist.models.family import validate_common
 from jaxmnist.runs.reader import Run, open_run
 from jaxmnist.training.evaluate import (
@@ -58,9 +59,9 @@ def evaluate_run(
     """
     run = open_run(run_dir)
     if tta_shift is not None:
-        model = dataclasses.replace(run.config.model, tta_shift=tta_shift)
-        validate_common(model)
-        run = dataclasses.replace(run, config=dataclasses.replace(run.config, model=model))
+        cfg = config_lib.apply_overrides(run.config, {"model.tta_shift": tta_shift})
+        validate_common(cfg.model)
+        run = dataclasses.replace(run, config=cfg)
     index = choose_member(member, run.members)
     dataset = run.load_dataset(data_dir)
     batch = run.config.train.eval_batch_size
