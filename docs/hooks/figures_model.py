@@ -422,3 +422,30 @@ def run_layer_before_after(r: dict) -> Rows:
             )
         )
     return rows
+
+
+def staged_batches(r: dict) -> Rows:
+    rows = []
+    for run, modes in r["pairs"].items():
+        for mode, v in modes.items():
+            programs = v["compile_programs"]
+            parts = ", ".join(
+                f"{name} {sec(programs[name])}" for name in ("steps", "stage") if name in programs
+            )
+            rows.append(
+                (
+                    f"`{run}`, {mode}",
+                    (
+                        f"compile {sec(v['compile_seconds'])} ({parts}); steady epoch "
+                        f"{sec(v['steady_epoch_seconds'], 3)}; test {pct(v['test_accuracy'])}"
+                    ),
+                )
+            )
+    staged = r["time_to_result_staged"]
+    before = staged["without_staging_compile_seconds"]
+    text = ", ".join(
+        f"{p} {sec(s)}" + (f" (unstaged, an earlier call: {sec(before[p])})" if p in before else "")
+        for p, s in staged["compile_seconds"].items()
+    )
+    rows.append(("every preset's compile, staged, from an empty cache", text))
+    return rows

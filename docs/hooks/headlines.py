@@ -164,6 +164,12 @@ BENCHMARKS = {
         model.shuffle,
         REMOVED.format("4b115f5", "shuffle"),
     ),
+    "staged_batches": Benchmark(
+        "Each epoch's batches gathered and augmented by a program of their own, against the "
+        "steps' own gather: whole runs' compile and steady epoch (tried, not kept).",
+        model.staged_batches,
+        REMOVED.format("ee20843", "staged_batches"),
+    ),
     "startup": Benchmark(
         "The command line's start-up, and importing the computing stack.", run.startup
     ),

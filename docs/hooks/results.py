@@ -89,7 +89,10 @@ GROUPS = (
     ),
     (
         "Choices made",
-        "The measurements behind choices made and kept; their scripts have left `benchmarks/`.",
+        (
+            "The measurements behind choices made, kept or tried and left; their scripts have "
+            "left `benchmarks/`."
+        ),
         "conv_backward",
         "onednn_pool",
         "epoch_versions",
@@ -97,6 +100,7 @@ GROUPS = (
         "pacing_overhead",
         "search_pruning",
         "shuffle",
+        "staged_batches",
     ),
 )
 

@@ -102,12 +102,6 @@ def batch_size(base: config_lib.Config, params: list[Param], dataset, cap: int) 
         len(dataset.spec.class_names),
         len(plan.epoch_steps),
         layout,
-        staged=memory.stages_batches(  # as the run would (`loop.setup_run`), per trial
-            cfg,
-            layout,
-            seeds,
-            (plan.steps_per_epoch * cfg.train.batch_size, *dataset.train_images.shape[1:]),
-        ),
     )
     est = memory.estimate_for(cfg, pop, plan.steps_per_epoch, dataset, (seeds,))
     budget, source = memory.device_budget(cfg)

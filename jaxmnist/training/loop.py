@@ -166,11 +166,9 @@ def setup_run(
         **layout.describe(),
     }
     info.update(get_model(cfg.model.name).run_facts(cfg.model))  # e.g. the CNN's conv_impl
-    staged = memory.stages_batches(cfg, layout, len(members), split.images.shape)
-    info["staged_batches"] = staged  # gathered by a program of their own (`population`)
     pop = Population(
         cfg, optimizer, members, (len(members),), input_shape, num_classes,
-        len(plan.epoch_steps), layout, ensemble=ensemble, staged=staged,
+        len(plan.epoch_steps), layout, ensemble=ensemble,
     )  # fmt: skip
     # Estimated from the compiled programs before any data or state is allocated: chunks
     # that fit, or one clear line. The programs compiled for it are the run's own.
@@ -306,7 +304,7 @@ class _Loop:
         t0 = time.perf_counter()
         # Waited for here: the epoch's time, but not its first call's, which the pacer
         # takes as the speed of a step (a population's shuffles can take seconds).
-        plans = jax.block_until_ready(pop.plan_epoch(epoch - 1, self.setup.train_data))
+        plans = jax.block_until_ready(pop.plan_epoch(epoch - 1))
         waited = time.perf_counter() - t0
         clock[0] += waited
         clock[1] += waited

@@ -10,8 +10,8 @@ device:
     shared      the training set and the padded evaluation sets, as they are placed
                 (replicated, or split over the `data` axis), and the generated code
     resident    per model, for the whole run: its state and the epoch's accumulators
-                (the `steps` program's output), the epoch's plan (the `plan` program's,
-                or with its batches, the `stage` program's) and its keys
+                (the `steps` program's output), the epoch's plan (the `plan` program's)
+                and its keys
     transient   the program that is running: XLA's temporaries, plus whatever it outputs
                 beyond what it writes over its donated inputs, plus (on CPU) the largest
                 array a YNNPACK fusion makes inside itself; the largest over the chunk's
@@ -84,10 +84,7 @@ _COMPUTATION = re.compile(r"^(%[\w.\-]+) \(.*?\) -> .*? \{\n(.*?)\n\}", re.DOTAL
 _ARRAY = re.compile(r"\s*%[\w.\-]+ = [a-z]+(\d*)\[([\d,]*)\]\S* ([\w\-]+)\(")
 _NOT_MADE = ("parameter", "constant", "bitcast", "broadcast")  # inputs, or views of them
 # Programs whose output is the resident state, plan or accumulators (counted as such).
-_KEPT_OUTPUTS = ("init", "plan", "metrics", "stage")
-# On an accelerator a population stages its batches (`stages_batches`) when an epoch of
-# images for every model takes at most this part of the device's budget.
-STAGE_FRACTION = 0.25
+_KEPT_OUTPUTS = ("init", "plan", "metrics")
 
 
 class MemoryEstimate(NamedTuple):
@@ -157,7 +154,6 @@ def chunk_memory(
     resident = (
         stats["steps"].output_size_in_bytes  # the states and accumulators it steps
         + plan.output_size_in_bytes
-        + (stats["stage"].output_size_in_bytes if "stage" in stats else 0)  # the batches
         # Every epoch's key (kept on the host, placed as its epoch starts: on a CPU, the
         # same memory) and the init key.
         + plan.argument_size_in_bytes * (num_epochs + 1)
@@ -274,21 +270,6 @@ def device_budget(cfg) -> tuple[int | None, str]:
     if available is not None:
         return int(available * HOST_FRACTION), "70% of the available host memory"
     return None, "unknown"
-
-
-def stages_batches(cfg, layout, num_models: int, train_shape: tuple[int, ...]) -> bool:
-    """Whether a population of `num_models` on `layout` stages each epoch's batches
-    (`population.Population`, `step.make_stage`) for a training set of `train_shape`
-    (N, H, W): never on a CPU (whose memory a population of hundreds needs, and where
-    gathering in the steps' program compiles fast), elsewhere when an epoch of uint8 images
-    and int32 labels for each of a device's models takes at most `STAGE_FRACTION` of its
-    budget (`device_budget`)."""
-    if layout.mesh.devices.flat[0].platform == "cpu":
-        return False
-    budget, _ = device_budget(cfg)
-    models = -(-num_models // layout.members)
-    epoch = train_shape[0] * (math.prod(train_shape[1:]) + 4)
-    return budget is not None and models * epoch <= STAGE_FRACTION * budget
 
 
 def plan_chunks(

@@ -23,12 +23,7 @@ slowest program rather than for the sum of them.
 On a TPU, the plan is drawn on the host's CPU and copied to the mesh, the next
 epoch's while this one trains: a TPU compiles a sort of a training set's size
 for many seconds (most of a run's compile time), the host compiles and runs
-it in milliseconds, and the plan is the same on either (`shuffle`). A population
-that stages its batches (`staged`, chosen by `memory.stages_batches`: on an
-accelerator, where an epoch of images per model fits easily) has one more program,
-`stage`, which gathers and augments every step's batch of the epoch as the epoch
-starts (`step.make_stage`); `train_steps` then only indexes them, and compiles in a
-fraction of the time.
+it in milliseconds, and the plan is the same on either (`shuffle`).
 
 A member's random keys do not depend on its company: seed s gives
 `init_key, shuffle_key = split(key(s))` and epoch keys `split(shuffle_key,
@@ -60,7 +55,6 @@ from jaxmnist.training.step import (
     empty_metrics,
     init_state,
     make_epoch_plan,
-    make_stage,
     make_train_steps,
     model_params,
 )
@@ -234,11 +228,9 @@ class Population:
         layout,
         *,
         ensemble: bool = False,
-        staged: bool = False,
     ):
         self.cfg, self.optimizer, self.members = cfg, optimizer, tuple(members)
         self.layout = layout
-        self.staged = staged  # batches gathered by their own program (module doc)
         # Evaluate the ensemble of every member too, on the sets of `evaluate.ENSEMBLE_SETS`.
         self.ensemble = ensemble
         self.chunks = tuple(chunks)
@@ -256,7 +248,6 @@ class Population:
         self.num_epochs = num_epochs
         self.init_keys = [layout.put(init[s], layout.by_member) for s in self.slices]
         self.plan_fns: dict = {}  # chunk size -> compiled plan_epoch
-        self.stage_fns: dict = {}  # chunk size -> compiled stage, where `staged`
         self.metrics_fns: dict = {}  # chunk size -> compiled new_metrics
         self.steps_fns: dict = {}  # chunk size -> compiled train_steps
         self.rate_fns: dict = {}  # chunk size -> compiled learning rates
@@ -334,7 +325,6 @@ class Population:
         other = Population(
             self.cfg, self.optimizer, self.members, chunks, self.input_shape,
             self.num_classes, self.num_epochs, self.layout, ensemble=self.ensemble,
-            staged=self.staged,
         )  # fmt: skip
         other.programs, other.compile_seconds = self.programs, self.compile_seconds
         other.compile_times = self.compile_times
@@ -342,8 +332,7 @@ class Population:
 
     def chunk_programs(self, size: int, steps_per_epoch: int, train_data, eval_sets: dict) -> dict:
         """The compiled programs of a chunk of `size` members: "plan", "metrics", "steps",
-        "rate", "eval/NAME" for each of `eval_sets` (name -> EvalData), and "stage" where
-        the population stages its batches. Lowered from
+        "rate" and "eval/NAME" for each of `eval_sets` (name -> EvalData). Lowered from
         shapes alone (`train_data` and `eval_sets` may be `jax.ShapeDtypeStruct`s with their
         shardings), so nothing is allocated: `memory` reads their sizes before anything is
         placed, and `compile` then uses the same programs. Kept per size (a population
@@ -382,9 +371,7 @@ class Population:
             lambda: jax.tree.map(lambda x: jnp.broadcast_to(x, (size, *x.shape)), empty_metrics(S)),
             out_shardings=by_member,
         )
-        train_steps = make_train_steps(
-            self.cfg, self.optimizer, shard_batch=lay.shard_batch, staged=self.staged
-        )
+        train_steps = make_train_steps(self.cfg, self.optimizer, shard_batch=lay.shard_batch)
         stepped = jax.jit(
             self._lift(train_steps, size, (0, 0, 0, None, None, None)),
             donate_argnums=(0, 1),
@@ -394,21 +381,11 @@ class Population:
         bounds = jax.ShapeDtypeStruct((), np.int32, sharding=lay.replicated)
         plan_shapes = shapes(planned.eval_shape(plan_keys))
         metric_shapes = shapes(fresh.eval_shape())
-        if self.staged:
-            stage = jax.jit(
-                self._lift(make_stage(self.cfg, lay.shard_batch), size, (0, None)),
-                in_shardings=(by_member, lay.replicated),
-                out_shardings=by_member,
-            )
-            staged_shapes = shapes(stage.eval_shape(plan_shapes, train_data))
         with Compiles(self.compile_workers) as compiles:  # the slowest first
-            steps_plan = staged_shapes if self.staged else plan_shapes
             compiles.add(
                 "steps",
-                stepped.lower(states, metric_shapes, steps_plan, train_data, bounds, bounds),
+                stepped.lower(states, metric_shapes, plan_shapes, train_data, bounds, bounds),
             )
-            if self.staged:
-                compiles.add("stage", stage.lower(plan_shapes, train_data))
             compiles.add("init", init.lower(raw_keys, hyper))
             compiles.add("plan", planned.lower(plan_keys))
             compiles.add("metrics", fresh.lower())
@@ -450,8 +427,6 @@ class Population:
         for size in dict.fromkeys(self.chunks):
             programs = self.chunk_programs(size, steps_per_epoch, train_data, arrays)
             self.plan_fns[size] = programs["plan"]
-            if self.staged:
-                self.stage_fns[size] = programs["stage"]
             self.metrics_fns[size] = programs["metrics"]
             self.steps_fns[size] = programs["steps"]
             self.rate_fns[size] = programs["rate"]
@@ -485,17 +460,9 @@ class Population:
         self.compile_times.update({f"ensemble/{n}": t for n, t in seconds.items()})
         self.compile_seconds += time.perf_counter() - start
 
-    def plan_epoch(self, epoch_index: int, data=None) -> list[EpochPlan]:
+    def plan_epoch(self, epoch_index: int) -> list[EpochPlan]:
         """Every chunk's plan for epoch `epoch_index` (0-based), on the mesh; where plans
-        are drawn on the host (`plan_device`), the next epoch's is started there too.
-        Given the training data (`step.TrainData`), a population that stages its batches
-        (`staged`) returns them staged: what its `train_steps` reads."""
-        plans = self._plans(epoch_index)
-        if self.staged and data is not None:
-            plans = [self.stage_fns[size](p, data) for size, p in zip(self.chunks, plans)]
-        return plans
-
-    def _plans(self, epoch_index: int) -> list[EpochPlan]:
+        are drawn on the host (`plan_device`), the next epoch's is started there too."""
         lay = self.layout
         if self.plan_device is None:
             with jax.transfer_guard_host_to_device("allow"):  # the epoch's keys, as it starts

@@ -12,13 +12,9 @@ augmentation and dropout); `train_steps(state, metrics, plan, data, start, stop)
 of about a second of a long one, with the same result either way;
 `make_train_epoch` composes both into the one-call epoch the tutorials compile.
 Images stay uint8 `(N, H, W)` on the device and are scaled to [0, 1] inside the
-step (`models.train_apply_uint8`). Each step's batch is gathered (and augmented) by
-`make_batch`, either inside the steps' loop or, staged, for the whole epoch at once
-by a program of its own (`make_stage`: the plan then carries the epoch's batches,
-and the steps only index them); the two give the same batches. Whoever runs the
-epoch on a mesh passes `shard_batch`, which constrains each gathered batch to be
-split over the mesh's `data` axis; the compiler then inserts the gradient all-reduce
-itself.
+step (`models.train_apply_uint8`). Whoever runs the epoch on a mesh passes
+`shard_batch`, which constrains each gathered batch to be split over the mesh's
+`data` axis; the compiler then inserts the gradient all-reduce itself.
 """
 
 from __future__ import annotations
@@ -123,13 +119,10 @@ def epoch_indices(
 
 
 class EpochPlan(NamedTuple):
-    """What an epoch's steps read, drawn once from the epoch's key; staged
-    (`make_stage`), with every step's batch too."""
+    """What an epoch's steps read, drawn once from the epoch's key."""
 
     indices: jax.Array  # int32 (num_steps, batch): the examples of each step's batch
     keys: jax.Array | None  # uint32 (num_steps, 2): raw keys of augmentation and dropout
-    images: jax.Array | None = None  # uint8 (num_steps, batch, H, W): staged batches
-    labels: jax.Array | None = None  # int32 (num_steps, batch): their labels
 
 
 def make_epoch_plan(
@@ -155,47 +148,8 @@ def empty_metrics(num_steps: int) -> EpochMetrics:
     return EpochMetrics(jnp.zeros((num_steps,), jnp.float32), jnp.zeros((), jnp.int32))
 
 
-def make_batch(cfg, shard_batch: Callable[[jax.Array], jax.Array] | None = None) -> Callable:
-    """Returns `batch(plan, data, i) -> (images uint8 (B, H, W), labels int32 (B,))`:
-    step `i`'s examples of `data` as `plan` orders them, augmented with the step's key
-    where `data.augment` is on. `shard_batch(x)` is applied to each (see `make_train_steps`)."""
-    shard = shard_batch or (lambda x: x)
-    augmenting = cfg.data.augment
-
-    def batch(plan: EpochPlan, data, i):
-        # Batches are gathered as rows of the flattened images: a TPU lays (N, H, W) uint8
-        # out with N innermost, where picking examples is a strided gather.
-        n, *shape = data.images.shape
-        rows = data.images.reshape(n, -1)
-        batch_idx = shard(plan.indices[i])
-        images = shard(rows[batch_idx].reshape(-1, *shape))
-        if augmenting:  # each step its own key: each image its own move
-            images = shard(augment(jax.random.wrap_key_data(plan.keys[i]), images, cfg.data))
-        return images, shard(data.labels[batch_idx])
-
-    return batch
-
-
-def make_stage(cfg, shard_batch: Callable[[jax.Array], jax.Array] | None = None) -> Callable:
-    """Returns the pure `stage(plan, data) -> EpochPlan`: `plan` with every step's batch
-    (`make_batch`, one step after another), for `make_train_steps(staged=True)`. It holds an
-    epoch of images per model; in return the gather and augmentation leave the steps'
-    program, which then compiles in a fraction of the time on a TPU (docs/tpu-gpu.md)."""
-    batch = make_batch(cfg, shard_batch)
-
-    def stage(plan: EpochPlan, data) -> EpochPlan:
-        steps = jnp.arange(plan.indices.shape[0])
-        images, labels = jax.lax.map(lambda i: batch(plan, data, i), steps)
-        return plan._replace(images=images, labels=labels)
-
-    return stage
-
-
 def make_train_steps(
-    cfg,
-    optimizer,
-    shard_batch: Callable[[jax.Array], jax.Array] | None = None,
-    staged: bool = False,
+    cfg, optimizer, shard_batch: Callable[[jax.Array], jax.Array] | None = None
 ) -> Callable:
     """Returns the pure `train_steps(state, metrics, plan, data, start, stop) ->
     (state, metrics)`: steps `start, ..., stop - 1` of an epoch's `plan`.
@@ -207,27 +161,28 @@ def make_train_steps(
     right answers adds to `metrics.correct`, so the parts of an epoch give exactly
     what the whole would: the same step runs in the same order either way.
     `shard_batch(x)` is applied to each gathered batch (images and labels), e.g. a
-    sharding constraint; identity when None. `staged`: the plan carries its batches
-    (`make_stage`) and `data` is not read.
+    sharding constraint; identity when None.
     """
     step = make_train_step(cfg, optimizer)
     shard = shard_batch or (lambda x: x)
-    batch = make_batch(cfg, shard_batch)
-    dropping = cfg.model.dropout > 0
+    augmenting, dropping = cfg.data.augment, cfg.model.dropout > 0
 
     def train_steps(state: TrainState, metrics: EpochMetrics, plan: EpochPlan, data, start, stop):
+        # Batches are gathered as rows of the flattened images: a TPU lays (N, H, W) uint8
+        # out with N innermost, where picking examples is a strided gather.
+        n, *shape = data.images.shape
+        rows = data.images.reshape(n, -1)
+
         def body(i, carry):
             state, metrics = carry
-            if staged:
-                images, labels = shard(plan.images[i]), shard(plan.labels[i])
-            else:
-                images, labels = batch(plan, data, i)
+            batch_idx = shard(plan.indices[i])
+            images = shard(rows[batch_idx].reshape(-1, *shape))
+            key = jax.random.wrap_key_data(plan.keys[i]) if plan.keys is not None else None
+            if augmenting:  # each step its own key: each image its own move
+                images = shard(augment(key, images, cfg.data))
             # Dropout draws from its own stream of the step's key, apart from augmentation's.
-            drop_key = (
-                jax.random.fold_in(jax.random.wrap_key_data(plan.keys[i]), DROPOUT_STREAM)
-                if dropping
-                else None
-            )
+            drop_key = jax.random.fold_in(key, DROPOUT_STREAM) if dropping else None
+            labels = shard(data.labels[batch_idx])
             state, (loss, correct) = step(state, images, labels, drop_key)
             return state, EpochMetrics(metrics.loss.at[i].set(loss), metrics.correct + correct)
 

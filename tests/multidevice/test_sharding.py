@@ -25,7 +25,7 @@ from jaxmnist.cli import main
 from jaxmnist.models import model_config
 from jaxmnist.runs import checkpoint
 from jaxmnist.timing import compile_count
-from jaxmnist.training import memory, parallel
+from jaxmnist.training import parallel
 from jaxmnist.training.hooks import Callback
 from jaxmnist.training.loop import train_population
 from jaxmnist.training.population import seed_members
@@ -100,20 +100,6 @@ def test_seed_parallel_and_mixed_mesh_equal_one_device(tiny_dataset):
     mixed, p24 = trained(cfg, tiny_dataset, parallel.build_layout(None, {"members": 2, "data": 4}))
     assert mixed.info["mesh"] == {"members": 2, "data": 4}
     assert_trees_close(p1, p24, rtol=1e-5, atol=1e-4)
-
-
-def test_staged_batches_on_a_mixed_mesh_train_the_same_models(tiny_dataset, monkeypatch):
-    """An epoch staged by its own program (`step.make_stage`), each member's batches then
-    split over the `data` axis by the steps, trains what the steps' own gather trains."""
-    cfg = small_cfg(seeds=2, steps=12)
-    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, augment=True))
-    layout = parallel.build_layout(None, {"members": 2, "data": 2})
-    params = {}
-    for staged in (False, True):
-        monkeypatch.setattr(memory, "stages_batches", lambda *a, staged=staged, **k: staged)
-        result, params[staged] = trained(cfg, tiny_dataset, layout)
-        assert result.population.staged is staged
-    assert_trees_close(params[False], params[True], rtol=0, atol=0)
 
 
 class CompileWatch(Callback):
