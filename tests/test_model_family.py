@@ -244,6 +244,7 @@ def test_a_saved_config_with_every_old_field_reads_back():
         "padding",
         "conv_impl",
         "batch_norm",
+        "residual",
     }
 
 

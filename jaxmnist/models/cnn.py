@@ -19,6 +19,12 @@ is the MLP's: images and weights are cast to `dtype`, the logits come back float
 In training (`train=True`), with `dropout` set, the input of every dense layer (the
 flattened feature maps, then each hidden layer's activations) goes through dropout.
 
+With `residual`, a block whose convolution keeps its input's shape (as many channels in
+as out, "same" padding) adds its input to the convolution's output (after batch norm
+where there is one) before the bias and the activation: an identity shortcut, as in
+ResNets, so that the second convolution of each VGG stage learns a correction to the
+first's maps. Blocks that change the channels stay plain.
+
 With `batch_norm`, each convolution is followed by batch normalisation (before the
 activation): its bias becomes the normalisation's shift and each conv layer gains a
 `"scale"` (ones); the running statistics live in the params too, as `params["stats"] =
@@ -220,10 +226,16 @@ def apply(params: dict, images: jax.Array, cfg, key: jax.Array | None = None, tr
     pool_first = cfg.activation in MONOTONIC
     for i, (layer, pooled) in enumerate(zip(params["conv"], pools(cfg), strict=True)):
         w, b = layer["w"].astype(dtype), layer["b"].astype(dtype)
+        shortcut = x if cfg.residual else None
         x = conv.conv2d(x, w, impl, cfg.padding)
+        if shortcut is not None and shortcut.shape != x.shape:
+            shortcut = None  # the block changes the channels (or the size): no shortcut
         if cfg.batch_norm:  # statistics of the whole map, before pooling
             x, stats = _batch_norm(x, layer, params[STATS][i], train)
             new_stats.append(stats)
+        if shortcut is not None:  # after batch norm, before the bias and the activation
+            x = x + shortcut
+        if cfg.batch_norm:  # the normalisation's shift is the bias
             if not pooled:
                 x = activation(x)
             elif pool_first:
@@ -306,6 +318,14 @@ def validate(cfg) -> None:
                 f"model.conv_impl=onednn: oneDNN has no {cfg.dtype} convolution for this CPU; "
                 "model.conv_impl=auto uses im2col"
             )
+    if cfg.residual and not (
+        cfg.padding == "same" and any(a == b for a, b in itertools.pairwise(cfg.channels))
+    ):
+        raise ConfigError(
+            "model.residual: no conv block keeps its input's shape (two blocks in a row with "
+            f"the same channels, 'same' padding), got channels {cfg.channels} and "
+            f"{cfg.padding!r} padding"
+        )
     if any(h <= 0 for h in cfg.hidden):
         raise ConfigError(f"model.hidden: sizes must be positive, got {cfg.hidden}")
 
@@ -321,6 +341,7 @@ def describe(cfg) -> str:
         convs = [step for c, p in zip(convs, flags, strict=True) for step in (c, "pool")[: 1 + p]]
     text = f"{cfg.name} " + " → ".join(map(str, ["in", *convs, *cfg.hidden, "out"]))
     notes = ["valid padding"] * (cfg.padding == "valid") + ["batch norm"] * cfg.batch_norm
+    notes += ["residual"] * cfg.residual
     return ", ".join([text, *notes])
 
 

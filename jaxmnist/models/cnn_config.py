@@ -26,3 +26,4 @@ class CNNConfig(ModelConfig):
     padding: str = "same"  # "same" (zero padding, odd kernels) or "valid" (none)
     conv_impl: str = "auto"  # auto, xla, im2col, patches, onednn (see models/conv.py)
     batch_norm: bool = False  # batch normalisation after each convolution
+    residual: bool = False  # a block's input added to its convolution's output, where they agree
