@@ -480,10 +480,9 @@ def validate(cfg: Config, *, num_train_examples: int | None = None) -> None:
         raise ConfigError(f"memory_budget_mb must be positive, got {cfg.memory_budget_mb}")
     if t.progress_every < 0:
         raise ConfigError(f"progress_every must be >= 0, got {t.progress_every}")
-    if not 0 <= t.label_smoothing < 1:
-        raise ConfigError(f"train.label_smoothing must be in [0, 1), got {t.label_smoothing}")
-    if not 0 <= t.ema_decay < 1:
-        raise ConfigError(f"train.ema_decay must be in [0, 1), got {t.ema_decay}")
+    for name in ("label_smoothing", "ema_decay"):  # fractions: 0 is off, 1 would be nothing left
+        if not 0 <= getattr(t, name) < 1:
+            raise ConfigError(f"train.{name} must be in [0, 1), got {getattr(t, name)}")
     if not (math.isfinite(o.lr) and o.lr > 0):
         raise ConfigError(f"learning rate must be finite and positive, got {o.lr}")
     if not (math.isfinite(o.weight_decay) and o.weight_decay >= 0):

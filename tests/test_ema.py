@@ -5,7 +5,8 @@ After each step the average moves towards the new parameters (batch norm's stati
 included) with the decay `ema_decay_at` gives; it never changes what training computes.
 Evaluation after each epoch, the saved parameters (so `eval`, `predict`, `export` and
 `serve`) and the checkpoints use it; 0 keeps the state as it was before the field
-existed. Values outside [0, 1) are refused in one line.
+existed. Values outside [0, 1) are refused in one line, as for the other fraction of
+the training config, `train.label_smoothing` (both checked here).
 """
 
 import dataclasses
@@ -131,24 +132,30 @@ def test_a_run_is_evaluated_saved_and_resumed_with_its_average(tiny_data_dir, tm
     assert any(not np.array_equal(saved[n], plain[n]) for n in saved.files)
 
 
-def test_config_lists_the_field(capsys):
-    assert main(["config", "train.ema_decay=0.99"]) == 0
-    assert json.loads(capsys.readouterr().out)["train"]["ema_decay"] == 0.99
-    # A run saved before the field existed reads as no average.
+FRACTIONS = [("train.ema_decay", 0.99), ("train.label_smoothing", 0.1)]
+
+
+@pytest.mark.parametrize("key, value", FRACTIONS)
+def test_config_lists_the_field(capsys, key, value):
+    assert main(["config", f"{key}={value}"]) == 0
+    section, field = key.split(".")
+    assert json.loads(capsys.readouterr().out)[section][field] == value
+    # A run saved before the field existed reads as off (no average, no smoothing).
     old = config_lib.Config().to_dict()
-    del old["train"]["ema_decay"]
-    assert config_lib.from_dict(old).train.ema_decay == 0.0
+    del old[section][field]
+    assert getattr(config_lib.from_dict(old).train, field) == 0.0
 
 
+@pytest.mark.parametrize("key", [key for key, _ in FRACTIONS])
 @pytest.mark.parametrize("bad", ["-0.1", "1.0", "nan"])
-def test_a_bad_decay_is_one_line_and_exit_2(tiny_data_dir, tmp_path, capsys, bad):
+def test_a_bad_fraction_is_one_line_and_exit_2(tiny_data_dir, tmp_path, capsys, key, bad):
     run = tmp_path / "run"
     argv = [
         "train", "--dataset", "tiny", "--data-dir", str(tiny_data_dir), "--run-dir", str(run),
-        "--epochs", "1", *QUIET, f"train.ema_decay={bad}",
+        "--epochs", "1", *QUIET, f"{key}={bad}",
     ]  # fmt: skip
     assert main(argv) == 2
     captured = capsys.readouterr()
     err = captured.err.splitlines()
-    assert len(err) == 1 and "train.ema_decay must be in [0, 1)" in err[0], err
+    assert len(err) == 1 and f"{key} must be in [0, 1)" in err[0], err
     assert not captured.out and not run.exists()

@@ -2,11 +2,11 @@
 
 With a > 0 the step's loss is the cross-entropy against `optax.smooth_labels` targets
 (1 - a + a / C on the label, a / C elsewhere); with 0 the step is today's integer-label
-program, unchanged. Values outside [0, 1) are refused in one line.
+program, unchanged. Values outside [0, 1) are refused in one line (tests/test_ema.py
+checks both fractions of the training config).
 """
 
 import dataclasses
-import json
 
 import jax
 import numpy as np
@@ -14,9 +14,7 @@ import optax
 import pytest
 from test_seeds import small_cfg
 
-from jaxmnist import config as config_lib
 from jaxmnist import optim
-from jaxmnist.cli import main
 from jaxmnist.models import train_apply_uint8
 from jaxmnist.training.step import init_state, make_train_step
 
@@ -90,26 +88,3 @@ def test_no_smoothing_is_todays_integer_label_program(tiny_arrays):
     assert ours == reference
     smoothed = make_train_step(_smoothing(cfg, 0.1), optimizer)
     assert jax.jit(smoothed).lower(state, images, labels).as_text() != reference
-
-
-def test_config_lists_the_field(capsys):
-    assert main(["config", "train.label_smoothing=0.1"]) == 0
-    assert json.loads(capsys.readouterr().out)["train"]["label_smoothing"] == 0.1
-    # A run saved before the field existed reads as no smoothing.
-    old = config_lib.Config().to_dict()
-    del old["train"]["label_smoothing"]
-    assert config_lib.from_dict(old).train.label_smoothing == 0.0
-
-
-@pytest.mark.parametrize("bad", ["-0.1", "1.0", "nan"])
-def test_bad_label_smoothing_is_one_line_and_exit_2(tiny_data_dir, tmp_path, capsys, bad):
-    run = tmp_path / "run"
-    argv = [
-        "train", "--dataset", "tiny", "--data-dir", str(tiny_data_dir), "--run-dir", str(run),
-        "--epochs", "1", "--no-compile-cache", "--no-report", f"train.label_smoothing={bad}",
-    ]  # fmt: skip
-    assert main(argv) == 2
-    captured = capsys.readouterr()
-    err = captured.err.splitlines()
-    assert len(err) == 1 and "train.label_smoothing must be in [0, 1)" in err[0], err
-    assert not captured.out and not run.exists()

@@ -102,7 +102,7 @@ def make_train_step(cfg, optimizer) -> Callable:
         ema = state.ema
         if ema is not None:  # after the step, statistics included; it never steers training
             d = ema_decay_at(decay, state.step.astype(jnp.float32))
-            ema = jax.tree.map(lambda e, p: d * e + (1 - d) * p, ema, params)
+            ema = optax.incremental_update(params, ema, 1.0 - d)  # d * ema + (1 - d) * params
         correct = jnp.sum(jnp.argmax(logits, -1) == labels, dtype=jnp.int32)
         return TrainState(state.step + 1, params, opt_state, ema), (loss, correct)
 
