@@ -109,6 +109,11 @@ def test_a_communication_error_waits_for_the_verdict_only_in_a_child(monkeypatch
     assert waited == []  # not a lost peer: reported at once
     supervisor.wait_for_verdict(RuntimeError("gloo: Connection reset by peer"), 5)
     assert len(waited) == 20  # the heartbeat timeout and 15 s of slack, in steps of 0.5 s
+    # A peer killed while a checkpoint's asynchronous write ends never reaches its barrier.
+    waited.clear()
+    barrier = "Timed out while waiting for async_write_complete barrier."
+    supervisor.wait_for_verdict(RuntimeError(barrier), 5)
+    assert len(waited) == 20
 
 
 def test_the_childs_stderr_outlives_its_parent():

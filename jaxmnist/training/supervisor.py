@@ -40,8 +40,17 @@ _FATAL = b"JAX distributed service detected fatal errors"
 _HEARTBEAT_TASK = re.compile(rb"Task (\d+) heartbeat timeout")
 _UNHEALTHY = re.compile(rb"stopped sending heartbeats\):\s*\n([\d, ]+)")
 _COORDINATOR_GONE = b"Failed to send RPC to coordination service"
-# What a collective or the coordination client raises when the other side vanished.
-_COMMUNICATION = ("Connection reset by peer", "Connection closed by peer", "gloo", "UNAVAILABLE")
+# What a collective or the coordination client raises when the other side vanished: its
+# connection dropped, or it never reached a barrier every process waits at (Orbax's, as a
+# checkpoint's asynchronous write ends; JAX's own).
+_COMMUNICATION = (
+    "Connection reset by peer",
+    "Connection closed by peer",
+    "gloo",
+    "UNAVAILABLE",
+    "barrier",
+    "Barrier",
+)
 
 
 def is_child() -> bool:
