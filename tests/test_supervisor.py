@@ -114,6 +114,23 @@ def test_a_communication_error_waits_for_the_verdict_only_in_a_child(monkeypatch
     barrier = "Timed out while waiting for async_write_complete barrier."
     supervisor.wait_for_verdict(RuntimeError(barrier), 5)
     assert len(waited) == 20
+    # Our one-line checkpoint error keeps only the tail of the coordination service's
+    # message (as CI once printed it); the error it was raised while handling says why.
+    waited.clear()
+    service = (
+        "INTERNAL: Barrier failed because: task is set to ERROR: UNAVAILABLE: Task 1 "
+        "heartbeat timeout. [type.googleapis.com/tensorflow.CoordinationServiceError='']. "
+        "Barrier Id: ThreadSaveMultiHostValueHolder:set_value_start::2::0, Task: 1"
+    )
+    tail = "cannot write a checkpoint in run: ThreadSaveMultiHostValueHolder:set_value_start::2"
+    try:
+        try:
+            raise RuntimeError(service)
+        except RuntimeError:
+            raise OSError(tail) from None
+    except OSError as e:
+        supervisor.wait_for_verdict(e, 5)
+    assert len(waited) == 20
 
 
 def test_the_childs_stderr_outlives_its_parent():

@@ -196,12 +196,26 @@ def peer_lost(stderr: bytes, process_id: int | None) -> str | None:
     return "another process of the run stopped answering (killed, preempted or its host lost)"
 
 
+def looks_like_lost_peer(error: BaseException) -> bool:
+    """Whether `error`, or any error it was raised from or while handling, is what a
+    vanished peer causes. The whole chain is read: a one-line error of ours (a
+    checkpoint that could not be written) keeps only the tail of Orbax's message, and
+    the word that says "barrier" may be in the part it left out."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if any(s in str(error) for s in _COMMUNICATION):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
 def wait_for_verdict(error: BaseException, timeout_seconds: float) -> None:
     """In a supervised child, after `error`: when it looks like a lost peer, says nothing
     and waits for the coordination service to end this process (its message names the
     peer, and the parent reports it). Returns when the error was something else, or
     when no verdict came, so that the error is reported as usual."""
-    if not is_child() or not any(s in str(error) for s in _COMMUNICATION):
+    if not is_child() or not looks_like_lost_peer(error):
         return
     deadline = time.monotonic() + timeout_seconds + 15  # the heartbeat timeout, and slack
     while time.monotonic() < deadline:
