@@ -31,8 +31,16 @@ def test_the_lost_processes_are_named():
     assert supervisor.peer_lost(COORDINATOR, 1).startswith("process 0 (the coordinator) is gone")
     # Process 0 is never told that it is itself gone.
     assert not supervisor.peer_lost(COORDINATOR, 0).startswith("process 0")
-    fatal = HEARTBEAT.split(b"F1201")[1]  # the fatal line alone names nobody
+    fatal = b"F1201" + HEARTBEAT.split(b"F1201")[1]  # the fatal line alone names nobody
     assert supervisor.peer_lost(fatal, 0).startswith("another process of the run")
+    # ... except in a run of two processes, where the other one is the lost one.
+    assert supervisor.peer_lost(fatal, 0, 2).startswith("process 1 stopped answering")
+    assert supervisor.peer_lost(fatal, 1, 2).startswith("process 0 stopped answering")
+    assert supervisor.peer_lost(fatal, 0, 3).startswith("another process of the run")
+    # The barrier's and the task's own names for a task, when nothing else names one.
+    for named in (b"Barrier Id: save::0, Task: 2", b"/job:jax_worker/replica:0/task:2 left"):
+        assert supervisor.peer_lost(named + b"\n" + fatal, 0, 4).startswith("process 2 stopped")
+    assert supervisor.peer_lost(b"Task: 0\n" + fatal, 0, 2).startswith("another process")
 
 
 def test_an_end_that_is_not_a_lost_peer_is_not_called_one():

@@ -39,6 +39,8 @@ _LOG_LINE = re.compile(rb"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\] ")
 _FATAL = b"JAX distributed service detected fatal errors"
 _HEARTBEAT_TASK = re.compile(rb"Task (\d+) heartbeat timeout")
 _UNHEALTHY = re.compile(rb"stopped sending heartbeats\):\s*\n([\d, ]+)")
+# Other ways its messages name a task: "Barrier Id: X, Task: 1", "/job:jax_worker/replica:0/task:1".
+_TASK_NAMED = re.compile(rb"\bTask:? (\d+)\b|/task:(\d+)\b")
 _COORDINATOR_GONE = b"Failed to send RPC to coordination service"
 # What a collective or the coordination client raises when the other side vanished: its
 # connection dropped, or it never reached a barrier every process waits at (Orbax's, as a
@@ -98,7 +100,8 @@ def supervise(args, workdir) -> int:
         for s, handler in previous.items():
             signal.signal(s, handler)
     code = child.returncode
-    lost = peer_lost(relay.held, args.process_id) if code != 0 else None
+    processes = args.num_processes if args.coordinator is not None else None
+    lost = peer_lost(relay.held, args.process_id, processes) if code != 0 else None
     if lost is None:
         relay.flush()
         if code >= 0 or -code in (signal.SIGINT, signal.SIGTERM):
@@ -178,14 +181,19 @@ def _end_with_parent() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def peer_lost(stderr: bytes, process_id: int | None) -> str | None:
+def peer_lost(stderr: bytes, process_id: int | None, processes: int | None = None) -> str | None:
     """What the coordination service's fatal message says was lost, in words, or None
-    when the child did not end that way."""
+    when the child did not end that way. `processes`: how many the run has, where known;
+    of two, the lost one is the other when the messages name no task at all."""
     if _FATAL not in stderr:
         return None
     ids = {int(m) for m in _HEARTBEAT_TASK.findall(stderr)}
     for group in _UNHEALTHY.findall(stderr):
         ids.update(int(x) for x in re.split(rb"[,\s]+", group.strip()) if x)
+    if not ids:
+        ids = {int(a or b) for a, b in _TASK_NAMED.findall(stderr)}
+    if not ids and processes == 2 and process_id in (0, 1):
+        ids = {1 - process_id}
     ids.discard(process_id)
     if ids:
         *rest, last = map(str, sorted(ids))
