@@ -226,15 +226,15 @@ def apply(params: dict, images: jax.Array, cfg, key: jax.Array | None = None, tr
     pool_first = cfg.activation in MONOTONIC
     for i, (layer, pooled) in enumerate(zip(params["conv"], pools(cfg), strict=True)):
         w, b = layer["w"].astype(dtype), layer["b"].astype(dtype)
-        shortcut = x if cfg.residual else None
+        block_input = x
         x = conv.conv2d(x, w, impl, cfg.padding)
-        if shortcut is not None and shortcut.shape != x.shape:
-            shortcut = None  # the block changes the channels (or the size): no shortcut
         if cfg.batch_norm:  # statistics of the whole map, before pooling
             x, stats = _batch_norm(x, layer, params[STATS][i], train)
             new_stats.append(stats)
-        if shortcut is not None:  # after batch norm, before the bias and the activation
-            x = x + shortcut
+        # After batch norm, before the bias and the activation; a block that changes the
+        # channels (or the size) has no shortcut.
+        if cfg.residual and block_input.shape == x.shape:
+            x = x + block_input
         if cfg.batch_norm:  # the normalisation's shift is the bias
             if not pooled:
                 x = activation(x)
