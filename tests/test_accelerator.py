@@ -140,9 +140,14 @@ def test_the_next_epochs_plan_is_drawn_ahead_and_used(tiny_dataset, monkeypatch)
     monkeypatch.setattr(pop, "_draw_plans", lambda e: drawn.append(e) or real(e))
     pop._next_plans = None
     first = np.asarray(pop.plan_epoch(0)[0].indices)
+    ahead = pop._next_plans[1].result()  # drawn and copied to the mesh on a thread
     assert drawn == [0, 1]  # this epoch's, then the next one's, ahead
-    second = np.asarray(pop.plan_epoch(1)[0].indices)
-    assert drawn == [0, 1, 2]  # epoch 1's was taken as drawn ahead
+    assert ahead[0].indices.sharding == pop.layout.by_member  # already on the mesh
+    second = pop.plan_epoch(1)
+    assert second is ahead  # epoch 1's was taken as drawn ahead
+    pop._next_plans[1].result()
+    assert drawn == [0, 1, 2]
+    second = np.asarray(second[0].indices)
     assert not (first == second).all()
     pop.plan_epoch(0)  # out of turn (a resumed run): drawn afresh, the same plan
     np.testing.assert_array_equal(np.asarray(pop.plan_epoch(0)[0].indices), first)

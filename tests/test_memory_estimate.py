@@ -65,6 +65,10 @@ class Program:
     def as_text(self):
         return self.hlo
 
+    @property
+    def args_info(self):  # one argument of all its bytes: the plan's raw keys
+        return ((SimpleNamespace(shape=(self.s.argument_size_in_bytes,), dtype=np.uint8),), {})
+
 
 # Optimised HLO as XLA:CPU prints it: a YNNPACK fusion whose inner arrays (a 4 KB convert,
 # a 2 KB multiply) XLA does not assign, one more with a pred array (a byte each), and an

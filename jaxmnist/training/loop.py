@@ -39,6 +39,7 @@ from jaxmnist.errors import TrainingError
 from jaxmnist.models import count_params, get_model
 from jaxmnist.training import evaluate as evaluate_lib
 from jaxmnist.training import memory, pacing, parallel, validation
+from jaxmnist.training import population as population_lib
 from jaxmnist.training.hooks import (
     Callbacks,
     EpochEnd,
@@ -166,9 +167,12 @@ def setup_run(
         **layout.describe(),
     }
     info.update(get_model(cfg.model.name).run_facts(cfg.model))  # e.g. the CNN's conv_impl
+    host_plans = population_lib.plan_device(layout.mesh.devices.flat[0].platform) is not None
+    staged = memory.stages_batches(cfg, layout, len(members), split.images.shape, host_plans)
+    info["staged_batches"] = staged  # gathered where the plans are drawn (`population`)
     pop = Population(
         cfg, optimizer, members, (len(members),), input_shape, num_classes,
-        len(plan.epoch_steps), layout, ensemble=ensemble,
+        len(plan.epoch_steps), layout, ensemble=ensemble, staged=staged,
     )  # fmt: skip
     # Estimated from the compiled programs before any data or state is allocated: chunks
     # that fit, or one clear line. The programs compiled for it are the run's own.
@@ -179,6 +183,7 @@ def setup_run(
         pop = pop.in_chunks(chunks)
     states = pop.init_states()
     train_data = place_train_data(split.images, split.labels, layout)
+    pop.hold_plan_data(split.images, split.labels, train_data)
     sets = {"test": (dataset.test_images, dataset.test_labels, None)}
     if split.val_indices is not None:
         sets["val"] = (dataset.train_images, dataset.train_labels, split.val_indices)

@@ -10,8 +10,9 @@ device:
     shared      the training set and the padded evaluation sets, as they are placed
                 (replicated, or split over the `data` axis), and the generated code
     resident    per model, for the whole run: its state and the epoch's accumulators
-                (the `steps` program's output), the epoch's plan (the `plan` program's)
-                and its keys
+                (the `steps` program's output), the epoch's plan (the `plan` program's;
+                staged, with its batches; twice where plans are drawn on the host, whose
+                next epoch's is copied to the mesh while this one trains) and its keys
     transient   the program that is running: XLA's temporaries, plus whatever it outputs
                 beyond what it writes over its donated inputs, plus (on CPU) the largest
                 array a YNNPACK fusion makes inside itself; the largest over the chunk's
@@ -85,6 +86,9 @@ _ARRAY = re.compile(r"\s*%[\w.\-]+ = [a-z]+(\d*)\[([\d,]*)\]\S* ([\w\-]+)\(")
 _NOT_MADE = ("parameter", "constant", "bitcast", "broadcast")  # inputs, or views of them
 # Programs whose output is the resident state, plan or accumulators (counted as such).
 _KEPT_OUTPUTS = ("init", "plan", "metrics")
+# On a TPU a population stages its batches (`stages_batches`) when the staged epochs of
+# every model (this epoch's and the next's) take at most this part of the device's budget.
+STAGE_FRACTION = 0.25
 
 
 class MemoryEstimate(NamedTuple):
@@ -151,12 +155,13 @@ def chunk_memory(
         return s.temp_size_in_bytes + fusions[name] + (0 if kept else max(new_outputs, 0))
 
     plan = stats["plan"]
+    keys = programs["plan"].args_info[0][0]  # the plan's first argument: its raw keys
     resident = (
         stats["steps"].output_size_in_bytes  # the states and accumulators it steps
-        + plan.output_size_in_bytes
+        + plan.output_size_in_bytes * (2 if "plan" in host else 1)  # the next one's too
         # Every epoch's key (kept on the host, placed as its epoch starts: on a CPU, the
         # same memory) and the init key.
-        + plan.argument_size_in_bytes * (num_epochs + 1)
+        + math.prod(keys.shape) * np.dtype(keys.dtype).itemsize * (num_epochs + 1)
     )
     return ChunkMemory(
         models,
@@ -270,6 +275,23 @@ def device_budget(cfg) -> tuple[int | None, str]:
     if available is not None:
         return int(available * HOST_FRACTION), "70% of the available host memory"
     return None, "unknown"
+
+
+def stages_batches(
+    cfg, layout, num_models: int, train_shape: tuple[int, ...], host_plans: bool
+) -> bool:
+    """Whether a population of `num_models` on `layout` stages its batches
+    (`population.Population`) for a training set of `train_shape` (N, H, W): only where its
+    plans are drawn on the host (`host_plans`: a TPU, `population.plan_device`), whose CPU
+    then gathers them, and only when two epochs of uint8 images and int32 labels for each
+    of a device's models (this epoch's and the next's, on the mesh at once) take at most
+    `STAGE_FRACTION` of its budget (`device_budget`)."""
+    if not host_plans:
+        return False
+    budget, _ = device_budget(cfg)
+    models = -(-num_models // layout.members)
+    epoch = train_shape[0] * (math.prod(train_shape[1:]) + 4)
+    return budget is not None and 2 * models * epoch <= STAGE_FRACTION * budget
 
 
 def plan_chunks(

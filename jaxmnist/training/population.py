@@ -23,7 +23,13 @@ slowest program rather than for the sum of them.
 On a TPU, the plan is drawn on the host's CPU and copied to the mesh, the next
 epoch's while this one trains: a TPU compiles a sort of a training set's size
 for many seconds (most of a run's compile time), the host compiles and runs
-it in milliseconds, and the plan is the same on either (`shuffle`).
+it in milliseconds, and the plan is the same on either (`shuffle`). The next
+epoch's plan is drawn there and copied to the mesh on a thread of its own while this
+epoch trains. A population that stages its batches (`staged`, chosen by
+`memory.stages_batches`) draws each plan with every step's images gathered in order
+where the plan is drawn (`step.make_epoch_plan`): on a TPU, the host's CPU gathers them
+and the steps' program only indexes them, which keeps the gather, much of that
+program's compile there, out of it.
 
 A member's random keys do not depend on its company: seed s gives
 `init_key, shuffle_key = split(key(s))` and epoch keys `split(shuffle_key,
@@ -37,6 +43,7 @@ import dataclasses
 import functools
 import itertools
 import os
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import nullcontext
@@ -52,6 +59,7 @@ from jaxmnist.training.hooks import Evaluation
 from jaxmnist.training.step import (
     EpochMetrics,
     EpochPlan,
+    TrainData,
     empty_metrics,
     init_state,
     make_epoch_plan,
@@ -102,6 +110,20 @@ def plan_device(backend: str | None = None) -> jax.Device | None:
         return jax.local_devices(backend="cpu")[0]
     except RuntimeError:  # JAX_PLATFORMS without cpu
         return None
+
+
+def _in_background(fn, *args) -> Future:
+    """`fn(*args)` on a daemon thread of its own; its result (or error) in the Future."""
+    future: Future = Future()
+
+    def run():
+        try:
+            future.set_result(fn(*args))
+        except BaseException as e:  # noqa: BLE001 -- handed to whoever waits for it
+            future.set_exception(e)
+
+    threading.Thread(target=run, name="jaxmnist-next-plan", daemon=True).start()
+    return future
 
 
 def compile_workers(platform: str) -> int:
@@ -228,9 +250,12 @@ class Population:
         layout,
         *,
         ensemble: bool = False,
+        staged: bool = False,
     ):
         self.cfg, self.optimizer, self.members = cfg, optimizer, tuple(members)
         self.layout = layout
+        self.staged = staged  # plans hold their batches (module doc)
+        self.plan_data: TrainData | None = None  # what staged plans gather from (`hold_plan_data`)
         # Evaluate the ensemble of every member too, on the sets of `evaluate.ENSEMBLE_SETS`.
         self.ensemble = ensemble
         self.chunks = tuple(chunks)
@@ -260,7 +285,7 @@ class Population:
         self.compile_seconds = 0.0  # spent in `chunk_programs`, for the estimate or the run
         self.compile_times: dict = {}  # program name (size/name) -> its compile's seconds
         self.compile_workers = compile_workers(platform)
-        self._next_plans: tuple[int, list] | None = None
+        self._next_plans: tuple[int, Future] | None = None
 
     def __len__(self) -> int:
         return len(self.members)
@@ -325,10 +350,25 @@ class Population:
         other = Population(
             self.cfg, self.optimizer, self.members, chunks, self.input_shape,
             self.num_classes, self.num_epochs, self.layout, ensemble=self.ensemble,
+            staged=self.staged,
         )  # fmt: skip
+        other.plan_data = self.plan_data
         other.programs, other.compile_seconds = self.programs, self.compile_seconds
         other.compile_times = self.compile_times
         return other
+
+    def hold_plan_data(self, images: np.ndarray, labels: np.ndarray, placed: TrainData) -> None:
+        """Keeps the training set staged plans gather from: `placed` (the set on the mesh)
+        where plans are drawn on the mesh, else a copy of `images` and `labels` (host
+        arrays) on `plan_device`. Nothing where the population does not stage."""
+        if not self.staged:
+            return
+        if self.plan_device is None:
+            self.plan_data = placed
+            return
+        with jax.transfer_guard("allow"):
+            host = TrainData(images, labels.astype(np.int32))
+            self.plan_data = jax.device_put(host, self.plan_device)
 
     def chunk_programs(self, size: int, steps_per_epoch: int, train_data, eval_sets: dict) -> dict:
         """The compiled programs of a chunk of `size` members: "plan", "metrics", "steps",
@@ -356,22 +396,38 @@ class Population:
         states = shapes(init.eval_shape(raw_keys, hyper))
         host = self.plan_device
         plan = make_epoch_plan(
-            self.cfg, train_data.images.shape[0], S, host.platform if host else None
+            self.cfg, train_data.images.shape[0], S, host.platform if host else None, self.staged
         )
-        planned = self._lift(lambda raw_key: plan(_wrap(raw_key)), size, (0,), host is None)
+        on_host = jax.sharding.SingleDeviceSharding(host) if host else None
+        if self.staged:  # (keys, the training set where the plan is drawn)
+            planned = self._lift(lambda k, data: plan(_wrap(k), data), size, (0, None), not host)
+            plan_args = (
+                (train_data,)
+                if host is None
+                else (
+                    jax.tree.map(
+                        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=on_host),
+                        train_data,
+                    ),
+                )
+            )
+        else:
+            planned = self._lift(lambda k: plan(_wrap(k)), size, (0,), host is None)
+            plan_args = ()
         if host is None:
-            planned = jax.jit(planned, in_shardings=by_member, out_shardings=by_member)
+            data_in = (lay.replicated,) if self.staged else ()
+            planned = jax.jit(planned, in_shardings=(by_member, *data_in), out_shardings=by_member)
             plan_keys = raw_keys
         else:  # drawn on the host, placed on the mesh as `by_member` (`plan_epoch`)
             planned = jax.jit(planned)
-            plan_keys = jax.ShapeDtypeStruct(
-                (size, 2), np.uint32, sharding=jax.sharding.SingleDeviceSharding(host)
-            )
+            plan_keys = jax.ShapeDtypeStruct((size, 2), np.uint32, sharding=on_host)
         fresh = jax.jit(
             lambda: jax.tree.map(lambda x: jnp.broadcast_to(x, (size, *x.shape)), empty_metrics(S)),
             out_shardings=by_member,
         )
-        train_steps = make_train_steps(self.cfg, self.optimizer, shard_batch=lay.shard_batch)
+        train_steps = make_train_steps(
+            self.cfg, self.optimizer, shard_batch=lay.shard_batch, staged=self.staged
+        )
         stepped = jax.jit(
             self._lift(train_steps, size, (0, 0, 0, None, None, None)),
             donate_argnums=(0, 1),
@@ -379,7 +435,7 @@ class Population:
             out_shardings=(by_member, by_member),
         )
         bounds = jax.ShapeDtypeStruct((), np.int32, sharding=lay.replicated)
-        plan_shapes = shapes(planned.eval_shape(plan_keys))
+        plan_shapes = shapes(planned.eval_shape(plan_keys, *plan_args))
         metric_shapes = shapes(fresh.eval_shape())
         with Compiles(self.compile_workers) as compiles:  # the slowest first
             compiles.add(
@@ -387,7 +443,7 @@ class Population:
                 stepped.lower(states, metric_shapes, plan_shapes, train_data, bounds, bounds),
             )
             compiles.add("init", init.lower(raw_keys, hyper))
-            compiles.add("plan", planned.lower(plan_keys))
+            compiles.add("plan", planned.lower(plan_keys, *plan_args))
             compiles.add("metrics", fresh.lower())
             compiles.add("rate", self._rate_fn().lower(states))
             for name, data in eval_sets.items():
@@ -461,20 +517,35 @@ class Population:
         self.compile_seconds += time.perf_counter() - start
 
     def plan_epoch(self, epoch_index: int) -> list[EpochPlan]:
-        """Every chunk's plan for epoch `epoch_index` (0-based), on the mesh; where plans
-        are drawn on the host (`plan_device`), the next epoch's is started there too."""
+        """Every chunk's plan for epoch `epoch_index` (0-based), on the mesh (staged: with
+        its batches). Where plans are drawn on the host (`plan_device`), the next epoch's
+        is drawn there and copied to the mesh on a thread while this one trains."""
         lay = self.layout
         if self.plan_device is None:
             with jax.transfer_guard_host_to_device("allow"):  # the epoch's keys, as it starts
                 keys = [
                     lay.put(self.epoch_keys[s, epoch_index], lay.by_member) for s in self.slices
                 ]
-            return [self.plan_fns[size](k) for size, k in zip(self.chunks, keys, strict=True)]
-        ahead = self._next_plans
-        drawn = ahead[1] if ahead and ahead[0] == epoch_index else self._draw_plans(epoch_index)
-        self._next_plans = None
-        if epoch_index + 1 < self.num_epochs:  # dispatched: the host draws it as this one trains
-            self._next_plans = (epoch_index + 1, self._draw_plans(epoch_index + 1))
+            return [self._plan(size, k) for size, k in zip(self.chunks, keys, strict=True)]
+        ahead, self._next_plans = self._next_plans, None
+        if ahead and ahead[0] == epoch_index:
+            plans = ahead[1].result()
+        else:  # the first epoch, or out of turn (a resumed run): drawn now
+            plans = self._host_plans(epoch_index)
+        if epoch_index + 1 < self.num_epochs:
+            self._next_plans = (epoch_index + 1, _in_background(self._host_plans, epoch_index + 1))
+        return plans
+
+    def _plan(self, size: int, keys) -> EpochPlan:
+        if self.staged:
+            return self.plan_fns[size](keys, self.plan_data)
+        return self.plan_fns[size](keys)
+
+    def _host_plans(self, epoch_index: int) -> list[EpochPlan]:
+        """Every chunk's plan for epoch `epoch_index`, drawn on `plan_device` and copied
+        to the mesh."""
+        lay = self.layout
+        drawn = self._draw_plans(epoch_index)
         with jax.transfer_guard("allow"):  # the host's plan, copied to the mesh
             return [
                 jax.tree.map(lambda x: lay.put(np.asarray(x), lay.by_member), plan)
@@ -488,7 +559,7 @@ class Population:
                 jax.device_put(self.epoch_keys[s, epoch_index], self.plan_device)
                 for s in self.slices
             ]
-            return [self.plan_fns[size](k) for size, k in zip(self.chunks, keys, strict=True)]
+            return [self._plan(size, k) for size, k in zip(self.chunks, keys, strict=True)]
 
     def new_metrics(self) -> list[EpochMetrics]:
         """Every chunk's empty epoch accumulators (member axis first)."""

@@ -12,7 +12,10 @@ augmentation and dropout); `train_steps(state, metrics, plan, data, start, stop)
 of about a second of a long one, with the same result either way;
 `make_train_epoch` composes both into the one-call epoch the tutorials compile.
 Images stay uint8 `(N, H, W)` on the device and are scaled to [0, 1] inside the
-step (`models.train_apply_uint8`). Whoever runs the epoch on a mesh passes
+step (`models.train_apply_uint8`). A step gathers its batch from the training set
+(`make_batch`), or, where the plan was drawn staged, takes it from the plan, which then
+holds every step's images in order (gathered where the plan was drawn: on a TPU, the
+host's CPU); either way the batch is the same. Whoever runs the epoch on a mesh passes
 `shard_batch`, which constrains each gathered batch to be split over the mesh's
 `data` axis; the compiler then inserts the gradient all-reduce itself.
 """
@@ -119,26 +122,35 @@ def epoch_indices(
 
 
 class EpochPlan(NamedTuple):
-    """What an epoch's steps read, drawn once from the epoch's key."""
+    """What an epoch's steps read, drawn once from the epoch's key; staged, every step's
+    batch too (`make_epoch_plan`)."""
 
     indices: jax.Array  # int32 (num_steps, batch): the examples of each step's batch
     keys: jax.Array | None  # uint32 (num_steps, 2): raw keys of augmentation and dropout
+    images: jax.Array | None = None  # uint8 (num_steps, batch, H, W): staged, as gathered
+    labels: jax.Array | None = None  # int32 (num_steps, batch): their labels
 
 
 def make_epoch_plan(
-    cfg, num_examples: int, num_steps: int, platform: str | None = None
+    cfg, num_examples: int, num_steps: int, platform: str | None = None, staged: bool = False
 ) -> Callable:
     """Returns `plan(key) -> EpochPlan` for epochs of `num_steps` (a full epoch's count:
     a shorter last epoch runs the first steps of the same plan); `platform`: where the
-    plan is drawn, by default JAX's default backend. The plan is the same on any."""
+    plan is drawn, by default JAX's default backend. The plan is the same on any.
+    `staged`: `plan(key, data) -> EpochPlan` with every step's images and labels gathered
+    from `data` (`step.TrainData`), before augmentation, for `make_train_steps(staged=True)`."""
 
-    def plan(key) -> EpochPlan:
+    def plan(key, data=None) -> EpochPlan:
         idx = epoch_indices(key, num_examples, cfg.train.batch_size, num_steps, platform)
-        if not (cfg.data.augment or cfg.model.dropout):
-            return EpochPlan(idx, None)
-        # Each step its own key; the permutation keeps `key` itself, as without augmentation.
-        keys = jax.random.split(jax.random.fold_in(key, 1), num_steps)
-        return EpochPlan(idx, jax.random.key_data(keys))
+        keys = None
+        if cfg.data.augment or cfg.model.dropout:
+            # Each step its own key; the permutation keeps `key` itself, as without augmentation.
+            keys = jax.random.key_data(jax.random.split(jax.random.fold_in(key, 1), num_steps))
+        if not staged:
+            return EpochPlan(idx, keys)
+        n, *shape = data.images.shape
+        images = data.images.reshape(n, -1)[idx.reshape(-1)].reshape(*idx.shape, *shape)
+        return EpochPlan(idx, keys, images, data.labels[idx])
 
     return plan
 
@@ -148,8 +160,38 @@ def empty_metrics(num_steps: int) -> EpochMetrics:
     return EpochMetrics(jnp.zeros((num_steps,), jnp.float32), jnp.zeros((), jnp.int32))
 
 
+def make_batch(
+    cfg, shard_batch: Callable[[jax.Array], jax.Array] | None = None, staged: bool = False
+) -> Callable:
+    """Returns `batch(plan, data, i) -> (images uint8 (B, H, W), labels int32 (B,))`:
+    step `i`'s examples of `data` as `plan` orders them (`staged`: as the plan holds
+    them), augmented with the step's key where `data.augment` is on. `shard_batch(x)` is
+    applied to each (see `make_train_steps`)."""
+    shard = shard_batch or (lambda x: x)
+    augmenting = cfg.data.augment
+
+    def batch(plan: EpochPlan, data, i):
+        if staged:
+            images, labels = shard(plan.images[i]), shard(plan.labels[i])
+        else:
+            # Batches are gathered as rows of the flattened images: a TPU lays (N, H, W)
+            # uint8 out with N innermost, where picking examples is a strided gather.
+            n, *shape = data.images.shape
+            batch_idx = shard(plan.indices[i])
+            images = shard(data.images.reshape(n, -1)[batch_idx].reshape(-1, *shape))
+            labels = shard(data.labels[batch_idx])
+        if augmenting:  # each step its own key: each image its own move
+            images = shard(augment(jax.random.wrap_key_data(plan.keys[i]), images, cfg.data))
+        return images, labels
+
+    return batch
+
+
 def make_train_steps(
-    cfg, optimizer, shard_batch: Callable[[jax.Array], jax.Array] | None = None
+    cfg,
+    optimizer,
+    shard_batch: Callable[[jax.Array], jax.Array] | None = None,
+    staged: bool = False,
 ) -> Callable:
     """Returns the pure `train_steps(state, metrics, plan, data, start, stop) ->
     (state, metrics)`: steps `start, ..., stop - 1` of an epoch's `plan`.
@@ -161,28 +203,23 @@ def make_train_steps(
     right answers adds to `metrics.correct`, so the parts of an epoch give exactly
     what the whole would: the same step runs in the same order either way.
     `shard_batch(x)` is applied to each gathered batch (images and labels), e.g. a
-    sharding constraint; identity when None.
+    sharding constraint; identity when None. `staged`: the plan holds the batches
+    (`make_epoch_plan`), and `data` is not read.
     """
     step = make_train_step(cfg, optimizer)
-    shard = shard_batch or (lambda x: x)
-    augmenting, dropping = cfg.data.augment, cfg.model.dropout > 0
+    batch = make_batch(cfg, shard_batch, staged)
+    dropping = cfg.model.dropout > 0
 
     def train_steps(state: TrainState, metrics: EpochMetrics, plan: EpochPlan, data, start, stop):
-        # Batches are gathered as rows of the flattened images: a TPU lays (N, H, W) uint8
-        # out with N innermost, where picking examples is a strided gather.
-        n, *shape = data.images.shape
-        rows = data.images.reshape(n, -1)
-
         def body(i, carry):
             state, metrics = carry
-            batch_idx = shard(plan.indices[i])
-            images = shard(rows[batch_idx].reshape(-1, *shape))
-            key = jax.random.wrap_key_data(plan.keys[i]) if plan.keys is not None else None
-            if augmenting:  # each step its own key: each image its own move
-                images = shard(augment(key, images, cfg.data))
+            images, labels = batch(plan, data, i)
             # Dropout draws from its own stream of the step's key, apart from augmentation's.
-            drop_key = jax.random.fold_in(key, DROPOUT_STREAM) if dropping else None
-            labels = shard(data.labels[batch_idx])
+            drop_key = (
+                jax.random.fold_in(jax.random.wrap_key_data(plan.keys[i]), DROPOUT_STREAM)
+                if dropping
+                else None
+            )
             state, (loss, correct) = step(state, images, labels, drop_key)
             return state, EpochMetrics(metrics.loss.at[i].set(loss), metrics.correct + correct)
 

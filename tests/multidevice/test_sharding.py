@@ -25,7 +25,7 @@ from jaxmnist.cli import main
 from jaxmnist.models import model_config
 from jaxmnist.runs import checkpoint
 from jaxmnist.timing import compile_count
-from jaxmnist.training import parallel
+from jaxmnist.training import memory, parallel, population
 from jaxmnist.training.hooks import Callback
 from jaxmnist.training.loop import train_population
 from jaxmnist.training.population import seed_members
@@ -100,6 +100,24 @@ def test_seed_parallel_and_mixed_mesh_equal_one_device(tiny_dataset):
     mixed, p24 = trained(cfg, tiny_dataset, parallel.build_layout(None, {"members": 2, "data": 4}))
     assert mixed.info["mesh"] == {"members": 2, "data": 4}
     assert_trees_close(p1, p24, rtol=1e-5, atol=1e-4)
+
+
+def test_staged_batches_drawn_on_the_host_train_the_same_models_on_a_mixed_mesh(
+    tiny_dataset, monkeypatch
+):
+    """Each epoch's batches gathered by the host's CPU as it draws the plan (as on a TPU),
+    then split over the `data` axis by the steps, train what the steps' own gather does."""
+    cfg = small_cfg(seeds=2, steps=12)
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, augment=True))
+    layout = parallel.build_layout(None, {"members": 2, "data": 2})
+    host = jax.local_devices(backend="cpu")[0]
+    monkeypatch.setattr(population, "plan_device", lambda backend=None: host)
+    params = {}
+    for staged in (False, True):
+        monkeypatch.setattr(memory, "stages_batches", lambda *a, staged=staged, **k: staged)
+        result, params[staged] = trained(cfg, tiny_dataset, layout)
+        assert result.population.staged is staged
+    assert_trees_close(params[False], params[True], rtol=0, atol=0)
 
 
 class CompileWatch(Callback):
