@@ -155,6 +155,22 @@ def test_the_next_epochs_plan_is_drawn_ahead_and_used(tiny_dataset, monkeypatch)
     assert pop._next_plans is None  # the last epoch draws none ahead
 
 
+@pytest.mark.parametrize("on", [True, False])
+def test_initial_states_are_made_where_plans_are_drawn(tiny_dataset, monkeypatch, on):
+    """On the host's CPU where plans are drawn there (as on a TPU), then placed on the
+    mesh; on the mesh otherwise. Either way the same states (the host and mesh runs'
+    parameters are compared bit for bit above)."""
+    cfg = tpu101(epochs=1, seeds=2)
+    host_plans(monkeypatch, on)
+    result = train_population(cfg, population.seed_members(cfg), tiny_dataset)
+    pop = result.population
+    made_on = pop.programs[2]["init"].input_shardings[0][0]
+    assert isinstance(made_on, jax.sharding.SingleDeviceSharding) == on
+    assert made_on.device_set == ({pop.plan_device} if on else set(pop.layout.mesh.devices.flat))
+    state = pop.init_states()[0]
+    assert all(x.sharding == pop.layout.by_member for x in jax.tree.leaves(state))
+
+
 def test_plans_go_to_the_host_only_on_a_tpu():
     assert population.plan_device("cpu") is None
     assert population.plan_device("gpu") is None

@@ -340,7 +340,7 @@ def estimate_for(cfg, pop, steps_per_epoch: int, dataset, sizes: tuple[int, ...]
     train, evals = abstract_data(cfg, dataset, pop.layout)
     num_epochs = pop.num_epochs
     compiled = [pop.chunk_programs(size, steps_per_epoch, train, evals) for size in sizes]
-    host = ("plan",) if pop.plan_device is not None else ()
+    host = ("plan", "init") if pop.plan_device is not None else ()
     measured = [
         chunk_memory(programs, size // per, num_epochs, host)
         for programs, size in zip(compiled, sizes, strict=True)

@@ -29,7 +29,8 @@ epoch trains. A population that stages its batches (`staged`, chosen by
 `memory.stages_batches`) draws each plan with every step's images gathered in order
 where the plan is drawn (`step.make_epoch_plan`): on a TPU, the host's CPU gathers them
 and the steps' program only indexes them, which keeps the gather, much of that
-program's compile there, out of it.
+program's compile there, out of it. The initial states are made there too (their
+program, random draws, compiles in seconds on a TPU) and copied to the mesh.
 
 A member's random keys do not depend on its company: seed s gives
 `init_key, shuffle_key = split(key(s))` and epoch keys `split(shuffle_key,
@@ -271,7 +272,7 @@ class Population:
         with jax.default_device(self.plan_device) if self.plan_device else nullcontext():
             init, self.epoch_keys = population_keys([m.seed for m in self.members], num_epochs)
         self.num_epochs = num_epochs
-        self.init_keys = [layout.put(init[s], layout.by_member) for s in self.slices]
+        self.init_keys = [init[s] for s in self.slices]  # placed where init runs
         self.plan_fns: dict = {}  # chunk size -> compiled plan_epoch
         self.metrics_fns: dict = {}  # chunk size -> compiled new_metrics
         self.steps_fns: dict = {}  # chunk size -> compiled train_steps
@@ -306,14 +307,14 @@ class Population:
         axis_name = "members" if self.layout.members > 1 and on_mesh else None
         return jax.vmap(fn, in_axes=in_axes, spmd_axis_name=axis_name)
 
-    def _init_fn(self, size: int):
+    def _init_fn(self, size: int, on_mesh: bool = True):
         def init_one(raw_key):
             return init_state(
                 _wrap(raw_key), self.cfg, self.optimizer, self.input_shape, self.num_classes
             )
 
         def init(raw_keys, hyper):
-            state = self._lift(init_one, size, (0,))(raw_keys)
+            state = self._lift(init_one, size, (0,), on_mesh)(raw_keys)
             return state._replace(opt_state=optim.set_hyperparams(state.opt_state, **hyper))
 
         return init
@@ -329,20 +330,27 @@ class Population:
         )
 
     def init_states(self) -> list:
-        """One state per chunk, member axis first, each member's hyperparameters set."""
-        by_member = self.layout.by_member
+        """One state per chunk, member axis first, each member's hyperparameters set;
+        made where plans are drawn (on a TPU, the host's CPU: module doc) and placed on
+        the mesh."""
+        lay, host = self.layout, self.plan_device
         states = []
         for s, keys in zip(self.slices, self.init_keys, strict=True):
             size = s.stop - s.start
             hyper = {
-                h: self.layout.put(
-                    np.array([getattr(m, h) for m in self.members[s]], np.float32), by_member
-                )
+                h: np.array([getattr(m, h) for m in self.members[s]], np.float32)
                 for h in HYPERPARAMS
             }
             compiled = self.programs.get(size, {}).get("init")  # from `chunk_programs`
-            init = compiled or jax.jit(self._init_fn(size), out_shardings=by_member)
-            states.append(init(keys, hyper))
+            if host is None:
+                init = compiled or jax.jit(self._init_fn(size), out_shardings=lay.by_member)
+                args = jax.tree.map(lambda x: lay.put(x, lay.by_member), (keys, hyper))
+                states.append(init(*args))
+                continue
+            init = compiled or jax.jit(self._init_fn(size, on_mesh=False))
+            with jax.transfer_guard("allow"):  # made on the host, copied to the mesh
+                made = init(*jax.device_put((keys, hyper), host))
+                states.append(jax.tree.map(lambda x: lay.put(np.asarray(x), lay.by_member), made))
         return states
 
     def in_chunks(self, chunks) -> Population:
@@ -388,13 +396,21 @@ class Population:
                 lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=by_member), tree
             )
 
+        host = self.plan_device
         raw_keys = jax.ShapeDtypeStruct((size, 2), np.uint32, sharding=by_member)
         hyper = {
             h: jax.ShapeDtypeStruct((size,), np.float32, sharding=by_member) for h in HYPERPARAMS
         }
-        init = jax.jit(self._init_fn(size), out_shardings=by_member)
-        states = shapes(init.eval_shape(raw_keys, hyper))
-        host = self.plan_device
+        if host is None:
+            init = jax.jit(self._init_fn(size), out_shardings=by_member)
+            init_args = (raw_keys, hyper)
+        else:  # made on the host, placed on the mesh (`init_states`)
+            init = jax.jit(self._init_fn(size, on_mesh=False))
+            on_cpu = jax.sharding.SingleDeviceSharding(host)
+            init_args = jax.tree.map(
+                lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=on_cpu), (raw_keys, hyper)
+            )
+        states = shapes(init.eval_shape(*init_args))
         plan = make_epoch_plan(
             self.cfg, train_data.images.shape[0], S, host.platform if host else None, self.staged
         )
@@ -442,7 +458,7 @@ class Population:
                 "steps",
                 stepped.lower(states, metric_shapes, plan_shapes, train_data, bounds, bounds),
             )
-            compiles.add("init", init.lower(raw_keys, hyper))
+            compiles.add("init", init.lower(*init_args))
             compiles.add("plan", planned.lower(plan_keys, *plan_args))
             compiles.add("metrics", fresh.lower())
             compiles.add("rate", self._rate_fn().lower(states))
