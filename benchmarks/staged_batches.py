@@ -1,8 +1,9 @@
 """Staged batches (gathered by the host as it draws each plan, on a TPU) against the
-steps' own gather, side by side on one machine: whole `jaxmnist train` runs of each
-preset with every cache off, the population's choice
-(`memory.stages_batches`) forced off for `inline`; each run's compile (all its programs,
-and each program's), steady epoch and test accuracy, from its summary.json.
+steps' own gather, side by side on one machine: whole `jaxmnist train` runs with every
+cache off, the population's choice (`memory.stages_batches`) forced off for `inline`;
+each run's compile (all its programs, and each program's), steady epoch and test
+accuracy, from its run directory. On a CPU both runs gather in the steps (a CPU never
+stages), so the pair only shows the spread there.
 
     JAXMNIST_DATA_DIR=../shared/datasets python benchmarks/staged_batches.py \
         --runs "--preset tpu101" "--preset record train.epochs=3"
@@ -20,24 +21,27 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchlib.results import default_out, save_benchmark
+from benchlib.launch import jaxmnist_command, require_data_dir
+from benchlib.results import SMOKE_HELP, default_out, save_benchmark
 
-CHILD = """
+# Prepended to the child's launcher: its first argument says whether staging is forced off.
+PATCH = """\
 import sys
 from jaxmnist.training import memory
-if sys.argv[1] == "inline":
-    memory.stages_batches = lambda *a, **k: False
-from jaxmnist.cli import main
-main(["train", *sys.argv[2:]])
+if sys.argv.pop(1) == "inline":
+    memory.stages_batches = lambda *args, **kwargs: False
 """
+RUN = "from jaxmnist.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+FLAGS = ["--quiet", "--no-report", "--no-checkpoint", "--no-compile-cache"]
 
 
-def one_run(mode: str, args: list[str]) -> dict:
+def one_run(mode: str, args: list[str], smoke: bool) -> dict:
     with tempfile.TemporaryDirectory() as work:
         run = Path(work) / "run"
-        flags = ["--quiet", "--no-report", "--no-checkpoint", "--no-compile-cache"]
-        argv = [sys.executable, "-c", CHILD, mode, *args, *flags, "--run-dir", str(run)]
-        subprocess.run(argv, check=True, timeout=600)
+        launch, tiny = jaxmnist_command(smoke, Path(work))
+        code = PATCH + (launch[2] if smoke else RUN)
+        argv = [sys.executable, "-c", code, mode, *launch[3:], "train", *args, *tiny, *FLAGS]
+        subprocess.run([*argv, "--run-dir", str(run)], check=True, timeout=600)
         s = json.loads((run / "summary.json").read_text())
         env = json.loads((run / "environment.json").read_text())
         epochs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -45,23 +49,26 @@ def one_run(mode: str, args: list[str]) -> dict:
         "staged": env.get("staged_batches"),
         "compile_seconds": s["compile_seconds"],
         "compile_programs": s["compile_programs"],
-        "steady_epoch_seconds": s["steady_epoch_seconds"],
+        "steady_epoch_seconds": s.get("steady_epoch_seconds"),
         "epoch_seconds": [e["epoch_seconds"] for e in epochs],
         "test_accuracy": s["test_accuracy"],
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--runs", nargs="+", default=["--preset tpu101"])
-    p.add_argument("--out", type=Path)
-    args = p.parse_args()
+    p.add_argument("--runs", nargs="+", default=["--preset tpu101"], help="each run's arguments")
+    p.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    p.add_argument("--out", type=Path, help="default benchmarks/results/staged_batches/")
+    args = p.parse_args(argv)
+    require_data_dir(args.smoke)
+    runs = ["--preset tpu101 train.epochs=2 train.batch_size=2"] if args.smoke else args.runs
     load = os.getloadavg()
     pairs = {
-        run: {mode: one_run(mode, run.split()) for mode in ("staged", "inline")}
-        for run in args.runs
+        run: {mode: one_run(mode, run.split(), args.smoke) for mode in ("staged", "inline")}
+        for run in runs
     }
-    out = args.out or default_out("staged_batches.json")
+    out = args.out or default_out("staged_batches.json", args.smoke)
     print(save_benchmark(out, {"pairs": pairs}, load))
 
 

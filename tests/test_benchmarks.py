@@ -43,6 +43,7 @@ SMOKE = {
     "run_overhead": ([], {"runs", "median", "goal_report_seconds", "goal_peak_mb"}),
     "seeds_vs_single": ([], {"wall_ratio", "seeds_test_accuracy", "environment", "provenance"}),
     "serve_load": ([], {"completed", "errors", "latency_ms", "provenance"}),
+    "staged_batches": ([], {"pairs", "environment", "provenance"}),
     "startup": ([], {"invocations", "slowest_median_seconds", "stack_imports", "environment"}),
     "stop_latency": ([], {"cases", "target_seconds", "environment", "provenance"}),
     "tpu_time_to_result": (

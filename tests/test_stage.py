@@ -106,14 +106,14 @@ def test_the_estimate_keeps_the_staged_epochs_for_every_model(
 
 
 def _layout(members: int = 1):
-    mesh = types.SimpleNamespace(devices=np.array([types.SimpleNamespace(platform="tpu")]))
-    return types.SimpleNamespace(mesh=mesh, members=members)
+    return types.SimpleNamespace(members=members)
 
 
 @pytest.mark.parametrize(
     "host, budget_mb, models, members, stages",
     [
         (False, 10**6, 1, 1, False),  # plans drawn on the mesh: never, however much memory
+        (True, None, 1, 1, False),  # a budget not known: never
         (True, 100, 1, 1, False),  # one model's two epochs, 90 MB > a quarter of 100 MB
         (True, 1000, 2, 1, True),  # 180 MB <= 250 MB
         (True, 1000, 4, 1, False),  # 361 MB > 250 MB
@@ -123,6 +123,17 @@ def _layout(members: int = 1):
 def test_a_population_stages_where_plans_are_drawn_on_the_host_and_epochs_are_small(
     host, budget_mb, models, members, stages
 ):
-    cfg = dataclasses.replace(small_cfg(), memory_budget_mb=budget_mb)
+    budget = None if budget_mb is None else budget_mb * memory.MB
     mnist = (60000, 28, 28)  # an epoch of it: 60,000 x (784 + 4) bytes, 45 MB (2**20)
-    assert memory.stages_batches(cfg, _layout(members), models, mnist, host) is stages
+    assert memory.stages_batches(budget, _layout(members), models, mnist, host) is stages
+
+
+def test_a_population_is_told_to_stage_before_it_compiles(tiny_dataset):
+    pop = _population(small_cfg(), tiny_dataset, staged=False)
+    pop.stage_batches()
+    assert pop.staged
+    steps = config_lib.plan_steps(small_cfg().train, len(tiny_dataset.train_labels))
+    train, evals = memory.abstract_data(small_cfg(), tiny_dataset, pop.layout)
+    pop.chunk_programs(1, steps.steps_per_epoch, train, evals)
+    with pytest.raises(RuntimeError, match="compiled already"):
+        pop.stage_batches()

@@ -441,7 +441,9 @@ def staged_batches(r: dict) -> Rows:
                     ),
                 )
             )
-    staged = r["time_to_result_staged"]
+    staged = r.get("time_to_result_staged")  # the first record's (a TPU program's staging)
+    if staged is None:
+        return rows
     before = staged["without_staging_compile_seconds"]
     text = ", ".join(
         f"{p} {sec(s)}" + (f" (unstaged, an earlier call: {sec(before[p])})" if p in before else "")

@@ -165,10 +165,10 @@ BENCHMARKS = {
         REMOVED.format("4b115f5", "shuffle"),
     ),
     "staged_batches": Benchmark(
-        "Each epoch's batches gathered and augmented by a program of their own, against the "
-        "steps' own gather: whole runs' compile and steady epoch (tried, not kept).",
+        "Each epoch's batches gathered before its steps (by the host as it draws the plan; "
+        "the first record: by a TPU program, not kept), against the steps' own gather: "
+        "whole runs' compile and steady epoch.",
         model.staged_batches,
-        REMOVED.format("ee20843", "staged_batches"),
     ),
     "startup": Benchmark(
         "The command line's start-up, and importing the computing stack.", run.startup

@@ -69,6 +69,7 @@ GROUPS = (
         "Compile and start-up",
         "What a user waits for before the first step.",
         "compile_time",
+        "staged_batches",
         "startup",
         "data_loading",
     ),
@@ -100,7 +101,6 @@ GROUPS = (
         "pacing_overhead",
         "search_pruning",
         "shuffle",
-        "staged_batches",
     ),
 )
 

@@ -36,7 +36,6 @@ from jaxmnist.models import count_params
 from jaxmnist.search.space import Param, trial_config
 from jaxmnist.search.sweep import Point, SweepReporter, format_value, get_field, group_points
 from jaxmnist.training import memory
-from jaxmnist.training import population as population_lib
 from jaxmnist.training.hooks import Callback, EpochEnd
 from jaxmnist.training.loop import train_population
 from jaxmnist.training.parallel import layout_for
@@ -103,16 +102,12 @@ def batch_size(base: config_lib.Config, params: list[Param], dataset, cap: int) 
         len(dataset.spec.class_names),
         len(plan.epoch_steps),
         layout,
-        staged=memory.stages_batches(  # as each trial's run decides it (`loop.setup_run`)
-            cfg,
-            layout,
-            seeds,
-            (len(dataset.train_labels) - cfg.data.validation, *dataset.train_images.shape[1:]),
-            population_lib.plan_device(layout.mesh.devices.flat[0].platform) is not None,
-        ),
     )
-    est = memory.estimate_for(cfg, pop, plan.steps_per_epoch, dataset, (seeds,))
     budget, source = memory.device_budget(cfg)
+    epoch = (plan.steps_per_epoch * cfg.train.batch_size, *dataset.train_images.shape[1:])
+    if memory.stages_batches(budget, layout, seeds, epoch, pop.plan_device is not None):
+        pop.stage_batches()  # as each trial's run decides it (`memory.chunks_for`)
+    est = memory.estimate_for(cfg, pop, plan.steps_per_epoch, dataset, (seeds,))
     if budget is None:
         return cap, {"batch": cap, "memory_budget_source": source}
     per_model = max(est.resident_per_model + est.transient_per_model, 1)

@@ -39,7 +39,6 @@ from jaxmnist.errors import TrainingError
 from jaxmnist.models import count_params, get_model
 from jaxmnist.training import evaluate as evaluate_lib
 from jaxmnist.training import memory, pacing, parallel, validation
-from jaxmnist.training import population as population_lib
 from jaxmnist.training.hooks import (
     Callbacks,
     EpochEnd,
@@ -167,16 +166,14 @@ def setup_run(
         **layout.describe(),
     }
     info.update(get_model(cfg.model.name).run_facts(cfg.model))  # e.g. the CNN's conv_impl
-    host_plans = population_lib.plan_device(layout.mesh.devices.flat[0].platform) is not None
-    staged = memory.stages_batches(cfg, layout, len(members), split.images.shape, host_plans)
-    info["staged_batches"] = staged  # gathered where the plans are drawn (`population`)
     pop = Population(
         cfg, optimizer, members, (len(members),), input_shape, num_classes,
-        len(plan.epoch_steps), layout, ensemble=ensemble, staged=staged,
+        len(plan.epoch_steps), layout, ensemble=ensemble,
     )  # fmt: skip
     # Estimated from the compiled programs before any data or state is allocated: chunks
     # that fit, or one clear line. The programs compiled for it are the run's own.
     chunks, about = memory.chunks_for(cfg, pop, plan.steps_per_epoch, dataset)
+    info["staged_batches"] = pop.staged  # gathered where the plans are drawn (`population`)
     if len(members) > 1:
         info.update(models=len(members), seeds=sorted({m.seed for m in members}), **about)
     if chunks != pop.chunks:

@@ -278,20 +278,20 @@ def device_budget(cfg) -> tuple[int | None, str]:
 
 
 def stages_batches(
-    cfg, layout, num_models: int, train_shape: tuple[int, ...], host_plans: bool
+    budget: int | None, layout, num_models: int, train_shape: tuple[int, ...], host_plans: bool
 ) -> bool:
     """Whether a population of `num_models` on `layout` stages its batches
-    (`population.Population`) for a training set of `train_shape` (N, H, W): only where its
-    plans are drawn on the host (`host_plans`: a TPU, `population.plan_device`), whose CPU
-    then gathers them, and only when two epochs of uint8 images and int32 labels for each
-    of a device's models (this epoch's and the next's, on the mesh at once) take at most
-    `STAGE_FRACTION` of its budget (`device_budget`)."""
-    if not host_plans:
+    (`population.Population.stage_batches`) for epochs of `train_shape` (examples, H, W):
+    only where its plans are drawn on the host (`host_plans`: a TPU,
+    `population.plan_device`), whose CPU then gathers them, and only when two epochs of
+    uint8 images and int32 labels for each of a device's models (this epoch's and the
+    next's, on the mesh at once) take at most `STAGE_FRACTION` of `budget` (bytes, from
+    `device_budget`; None: unknown, never)."""
+    if not host_plans or budget is None:
         return False
-    budget, _ = device_budget(cfg)
     models = -(-num_models // layout.members)
     epoch = train_shape[0] * (math.prod(train_shape[1:]) + 4)
-    return budget is not None and 2 * models * epoch <= STAGE_FRACTION * budget
+    return 2 * models * epoch <= STAGE_FRACTION * budget
 
 
 def plan_chunks(
@@ -369,12 +369,16 @@ def chunks_for(cfg, pop, steps_per_epoch: int, dataset) -> tuple[tuple[int, ...]
     The models are spread over the mesh's `members` axis, so each device holds
     `len(pop) / members` of them and chunks are whole multiples of `members`. Every
     run is estimated, one model too: a model that cannot fit is refused here, before
-    anything is placed. The programs compiled for the estimate stay in `pop`.
+    anything is placed. The programs compiled for the estimate stay in `pop`, which is
+    told to stage its batches first where `stages_batches` says so.
     """
     per = pop.layout.members
     n = len(pop) // per
-    est = estimate_for(cfg, pop, steps_per_epoch, dataset, (len(pop),))
     budget, source = device_budget(cfg)
+    epoch = (steps_per_epoch * cfg.train.batch_size, *dataset.train_images.shape[1:])
+    if stages_batches(budget, pop.layout, len(pop), epoch, pop.plan_device is not None):
+        pop.stage_batches()
+    est = estimate_for(cfg, pop, steps_per_epoch, dataset, (len(pop),))
     if budget is not None and n > 1 and est.total(n, n) > budget:  # one per device too
         est = estimate_for(cfg, pop, steps_per_epoch, dataset, (len(pop), per))
     per_device = plan_chunks(n, est, budget, source)

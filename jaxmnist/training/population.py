@@ -365,6 +365,13 @@ class Population:
         other.compile_times = self.compile_times
         return other
 
+    def stage_batches(self) -> None:
+        """From now on each plan carries its batches (module doc); only before any of the
+        population's programs is compiled (`memory.chunks_for` decides)."""
+        if self.programs:
+            raise RuntimeError("stage_batches: the population's programs are compiled already")
+        self.staged = True
+
     def hold_plan_data(self, images: np.ndarray, labels: np.ndarray, placed: TrainData) -> None:
         """Keeps the training set staged plans gather from: `placed` (the set on the mesh)
         where plans are drawn on the mesh, else a copy of `images` and `labels` (host
