@@ -124,7 +124,7 @@ def test_without_a_validation_split_there_is_no_val_ensemble(tiny_dataset):
     result = train_population(cfg, population.seed_members(cfg), tiny_dataset)
     assert "ensemble_test_accuracy" in result.records[-1]
     assert not any(k.startswith("ensemble_val") for k in result.records[-1])
-    assert set(result.population.finish_fns) == {"test"}
+    assert set(result.population.ensemble_log_probs) == {"test"}
 
 
 def test_tensorboard_and_the_accuracy_plot_show_the_val_ensemble(val_run, tmp_path):

@@ -17,6 +17,7 @@ from jaxmnist.report.rundata import load_run
 from jaxmnist.runs import resume
 from jaxmnist.train import train_and_evaluate
 from jaxmnist.training import evaluate as evaluate_lib
+from jaxmnist.training import parallel
 from jaxmnist.training.hooks import Callback
 from jaxmnist.training.loop import place_train_data, setup_run
 from jaxmnist.training.population import seed_members
@@ -118,7 +119,8 @@ def test_estimate_shapes_match_the_placed_subset(tiny_dataset, tiny_data_dir):
     cfg = tiny_cfg(eval_train_examples=100)
     _, evals = memory.abstract_data(cfg, tiny_dataset, parallel.build_layout(1))
     run = setup_run(cfg, seed_members(cfg), tiny_dataset)
-    for a, b in zip(evals["train"], run.eval_sets["train"].arrays, strict=True):
+    placed = run.eval_sets["train"].blocks
+    for a, b in zip(jax.tree.leaves(evals["train"]), jax.tree.leaves(placed), strict=True):
         assert (a.shape, a.dtype) == (b.shape, b.dtype)
     assert run.eval_sets["train"].count == 100
 
@@ -173,6 +175,46 @@ def test_unpadded_training_set_evaluation_shares_the_training_data(tiny_dataset)
     assert placed.arrays.images.shape == (10, 64, 28, 28)
     host = np.asarray(placed.arrays.images)
     assert np.shares_memory(host, images) and np.shares_memory(host, np.asarray(train.images))
+    # As a run places it: 5 blocks of 2 x 64, each a view of the training data.
+    layout = parallel.build_layout(1)
+    blocks = evaluate_lib.place_eval_blocks(images, tiny_dataset.train_labels, (64, 2), layout)
+    assert len(blocks.blocks) == 5 and blocks.count == 640
+    for i, block in enumerate(blocks.blocks):
+        assert block.images.shape == (2, 64, 28, 28)
+        host = np.asarray(block.images)
+        assert np.shares_memory(host, images[i * 128 : (i + 1) * 128])
+
+
+@pytest.mark.parametrize(
+    ("counts", "batch", "expected"),
+    [
+        ((150, 640), 64, (64, 3)),  # the smallest set fills 3 batches
+        ((150, 640, 100), 64, (64, 2)),
+        ((37, 20), 64, (37, 1)),  # batches capped at the largest set
+        ((20, 37), 8, (8, 3)),
+        ((10000, 60000), 2000, (2000, 5)),
+    ],
+)
+def test_every_set_is_cut_into_blocks_of_one_shape(counts, batch, expected):
+    assert evaluate_lib.block_shape(counts, batch) == expected
+    assert evaluate_lib.block_shape(counts, batch, multiple=4)[0] % 4 == 0
+
+
+def test_blocks_hold_every_real_example_once_in_order_and_mask_the_padding(tiny_dataset):
+    images, labels = tiny_dataset.train_images, tiny_dataset.train_labels
+    for indices in (None, np.arange(0, 640, 7)):
+        n = 640 if indices is None else len(indices)
+        blocks = evaluate_lib.eval_blocks(images, labels, 64, 3, indices)
+        assert all(b.images.shape == (3, 64, 28, 28) for b in blocks)
+        assert len(blocks) == -(-n // 192)
+        mask = np.concatenate([b.mask for b in blocks]).reshape(-1)
+        got = np.concatenate([b.images for b in blocks]).reshape(-1, 28, 28)
+        got_labels = np.concatenate([b.labels for b in blocks]).reshape(-1)
+        assert mask[:n].all() and not mask[n:].any()
+        want = slice(None) if indices is None else indices
+        np.testing.assert_array_equal(got[:n], images[want])
+        np.testing.assert_array_equal(got_labels[:n], labels[want])
+        assert not got[n:].any()
 
 
 def test_terminal_and_eval_say_train_subset(train_argv, tiny_data_dir, tmp_path, capsys):

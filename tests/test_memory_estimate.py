@@ -135,7 +135,7 @@ def test_chunk_memory_reads_every_program():
         "metrics": Program(stats(temp=1, out=3, code=1)),
         "steps": Program(stats(temp=100, out=30, alias=30, arg=500, code=1)),  # donated
         "rate": Program(stats(out=4, code=1)),
-        "eval/test": Program(stats(temp=120, out=7, arg=50, code=1)),
+        "eval": Program(stats(temp=120, out=7, arg=50, code=1)),
     }
     m = memory.chunk_memory({k: v for k, v in programs.items()}, models=2, num_epochs=3)
     assert m == memory.ChunkMemory(2, 30 + 40 + 8 * 4, 127, 5)
@@ -143,7 +143,7 @@ def test_chunk_memory_reads_every_program():
     assert memory.chunk_memory(programs, 2, 3).transient == 200
     programs["steps"].s.alias_size_in_bytes = 0  # outputs not written over donated inputs
     assert memory.chunk_memory(programs, 2, 3).transient == 230
-    programs["eval/test"].hlo = HLO  # its YNNPACK fusions' arrays, beside its temporaries
+    programs["eval"].hlo = HLO  # its YNNPACK fusions' arrays, beside its temporaries
     assert memory.chunk_memory(programs, 2, 3).transient == 120 + 7 + 32 * 32 * 4
 
 
@@ -285,12 +285,15 @@ def test_abstract_data_matches_what_the_run_places(tiny_dataset):
     layout = parallel.build_layout(1)
     train, evals = memory.abstract_data(cfg, tiny_dataset, layout)
     assert train.images.shape == tiny_dataset.train_images.shape
-    for name, (x, y) in {
+    sets = {
         "test": (tiny_dataset.test_images, tiny_dataset.test_labels),
         "train": (tiny_dataset.train_images, tiny_dataset.train_labels),
-    }.items():
-        placed = evaluate.pad_eval_data(x, y, 64)
-        for a, b in zip(evals[name], placed, strict=True):
+    }
+    shape = evaluate.block_shape([len(y) for _, y in sets.values()], 64)
+    for name, (x, y) in sets.items():
+        placed = evaluate.eval_blocks(x, y, *shape)
+        assert len(evals[name]) == len(placed), name
+        for a, b in zip(jax.tree.leaves(evals[name]), jax.tree.leaves(placed), strict=True):
             assert (a.shape, a.dtype) == (b.shape, b.dtype), name
 
 
@@ -301,6 +304,7 @@ def test_the_run_uses_the_programs_the_estimate_compiled(tiny_dataset):
     pop = result.population
     assert set(pop.programs) == {2}  # compiled once, for the estimate
     assert pop.steps_fns[2] is pop.programs[2]["steps"]
-    assert pop.eval_fns[2, "test"] is pop.programs[2]["eval/test"]
+    # one evaluation program, every set's
+    assert pop.eval_fns[2, "test"] is pop.eval_fns[2, "train"] is pop.programs[2]["eval"]
     assert result.compile_seconds >= pop.compile_seconds > 0
     assert isinstance(pop.programs[2]["steps"], jax.stages.Compiled)

@@ -134,6 +134,6 @@ def test_a_population_is_told_to_stage_before_it_compiles(tiny_dataset):
     assert pop.staged
     steps = config_lib.plan_steps(small_cfg().train, len(tiny_dataset.train_labels))
     train, evals = memory.abstract_data(small_cfg(), tiny_dataset, pop.layout)
-    pop.chunk_programs(1, steps.steps_per_epoch, train, evals)
+    pop.chunk_programs(1, steps.steps_per_epoch, train, evals["test"][0])
     with pytest.raises(RuntimeError, match="compiled already"):
         pop.stage_batches()

@@ -3,7 +3,10 @@
 The evaluation set is padded to a whole number of batches once, when it is placed
 on the device, with a mask marking the real examples; padded rows add nothing to
 the loss sum, the correct count or the confusion matrix. One compiled call
-evaluates the whole set with `lax.map` over its batches.
+evaluates the whole set with `lax.map` over its batches. A training run evaluates
+several sets (test, validation, training) with one compiled program: each set is
+placed as blocks of one shape, the same number of batches of the same size
+(`block_shape`, `place_eval_blocks`), and the program runs once per block.
 
 The host arrays handed to the device are 64-byte aligned (`data.formats.ALIGNMENT`),
 so that on a CPU `jax.device_put` uses them in place instead of copying them; a set
@@ -49,6 +52,14 @@ class PlacedEval(NamedTuple):
     count: int
 
 
+class PlacedBlocks(NamedTuple):
+    """An evaluation set on the device(s) as blocks of one shape (`place_eval_blocks`),
+    and how many of its rows are real."""
+
+    blocks: tuple[EvalData, ...]
+    count: int
+
+
 class EvalSums(NamedTuple):
     """What one evaluation adds up over a set's real examples (device arrays)."""
 
@@ -70,22 +81,25 @@ def pad_eval_data(
     batch_size: int,
     multiple: int = 1,
     indices: np.ndarray | None = None,
+    rows: int | None = None,
 ) -> EvalData:
     """Pads to whole batches and reshapes to (num_batches, batch, ...).
 
     The batch is `batch_size` capped at the set size, then rounded up to a
     multiple of `multiple` (the devices a batch is split over); padded rows are
     masked out, so every real example counts exactly once. `indices` (int, (n,)):
-    evaluate only those rows of `images` and `labels`, in that order.
+    evaluate only those rows of `images` and `labels`, in that order. `rows`: pad to
+    that many rows instead, in batches of exactly `batch_size` (`eval_blocks`).
 
     Every array returned is read-only and 64-byte aligned. Images that need neither
     padding nor selection are a view of `images` (aligned as loaded, else one aligned
     copy); otherwise they are gathered straight into one aligned buffer.
     """
     n = len(labels) if indices is None else len(indices)
-    batch_size = -(-min(batch_size, n) // multiple) * multiple
-    num_batches = -(-n // batch_size)
-    rows = num_batches * batch_size
+    if rows is None:
+        batch_size = -(-min(batch_size, n) // multiple) * multiple
+        rows = -(-n // batch_size) * batch_size
+    num_batches = rows // batch_size
     if rows == n and indices is None:
         padded = formats.aligned(images)
     else:
@@ -105,6 +119,36 @@ def pad_eval_data(
     for x in out:
         x.flags.writeable = False
     return out
+
+
+def block_shape(counts, batch_size: int, multiple: int = 1) -> tuple[int, int]:
+    """(batch, batches per block) of the blocks sets of `counts` examples are evaluated in
+    with one program (`place_eval_blocks`): batches of `batch_size`, capped at the largest
+    set and rounded up to a multiple of `multiple` (the devices a batch is split over),
+    and as many of them per block as the smallest set fills. Every set then pads to a
+    whole number of blocks: the larger ones by less than a block."""
+    counts = list(counts)
+    batch = -(-min(batch_size, max(counts)) // multiple) * multiple
+    return batch, min(-(-n // batch) for n in counts)
+
+
+def eval_blocks(
+    images: np.ndarray,
+    labels: np.ndarray,
+    batch: int,
+    block_batches: int,
+    indices: np.ndarray | None = None,
+) -> tuple[EvalData, ...]:
+    """The set as blocks of `block_batches` batches of `batch` rows (`block_shape`), padded
+    and masked as `pad_eval_data` pads: views of one padded set, so that images needing
+    neither padding nor selection stay a view of `images`."""
+    n = len(labels) if indices is None else len(indices)
+    rows = batch * block_batches
+    whole = pad_eval_data(images, labels, batch, rows=-(-n // rows) * rows, indices=indices)
+    return tuple(
+        EvalData(*(x[i : i + block_batches] for x in whole))
+        for i in range(0, len(whole.labels), block_batches)
+    )
 
 
 def _aligned_zeros(shape: tuple, dtype) -> np.ndarray:
@@ -170,6 +214,21 @@ def place_eval_data(
     data = pad_eval_data(images, labels, batch_size, layout.data, indices)
     placed = EvalData(*(layout.put(x, layout.eval_batches) for x in data))
     return PlacedEval(placed, count)
+
+
+def place_eval_blocks(
+    images: np.ndarray,
+    labels: np.ndarray,
+    shape: tuple[int, int],
+    layout,
+    indices: np.ndarray | None = None,
+) -> PlacedBlocks:
+    """The set's `eval_blocks` of `shape` (batch, batches per block: `block_shape`), each
+    placed with its batches split over the `data` axis of a `parallel.Layout`."""
+    count = len(labels) if indices is None else len(indices)
+    blocks = eval_blocks(images, labels, *shape, indices=indices)
+    placed = tuple(EvalData(*(layout.put(x, layout.eval_batches) for x in b)) for b in blocks)
+    return PlacedBlocks(placed, count)
 
 
 def make_evaluate(model_cfg, num_classes: int, log_probs: bool = False) -> Callable:

@@ -129,7 +129,7 @@ class Setup(NamedTuple):
     population: Population
     states: list
     train_data: TrainData
-    eval_sets: dict  # name -> evaluate.PlacedEval
+    eval_sets: dict  # name -> evaluate.PlacedBlocks, every block of one shape
     info: dict
 
 
@@ -189,8 +189,10 @@ def setup_run(
         sets["train"] = (split.images, split.labels, subset)
     info.update(evaluate_lib.train_eval_facts(cfg.train, n_train))
     info.update(validation.validation_facts(cfg.data.validation))
+    counts = {name: len(y if i is None else i) for name, (_, y, i) in sets.items()}
+    shape = evaluate_lib.block_shape(counts.values(), cfg.train.eval_batch_size, layout.data)
     eval_sets = {
-        name: evaluate_lib.place_eval_data(x, y, cfg.train.eval_batch_size, layout, subset)
+        name: evaluate_lib.place_eval_blocks(x, y, shape, layout, subset)
         for name, (x, y, subset) in sets.items()
     }
     return Setup(cfg, plan, pop, states, train_data, eval_sets, info)

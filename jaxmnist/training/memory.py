@@ -45,7 +45,7 @@ import jax
 import numpy as np
 
 from jaxmnist.errors import ConfigError
-from jaxmnist.training.evaluate import EvalData, train_eval_facts
+from jaxmnist.training.evaluate import EvalData, block_shape, train_eval_facts
 from jaxmnist.training.step import TrainData
 
 MB = 2**20
@@ -203,10 +203,10 @@ def _placed_bytes(tree) -> int:
     )
 
 
-def abstract_data(cfg, dataset, layout) -> tuple[TrainData, dict[str, EvalData]]:
+def abstract_data(cfg, dataset, layout) -> tuple[TrainData, dict[str, tuple[EvalData, ...]]]:
     """The training data and evaluation sets as the run will place them, as shapes with
-    their shardings: (TrainData, name -> EvalData), padded as `evaluate.pad_eval_data`
-    pads them."""
+    their shardings: (TrainData, name -> its blocks, EvalData each), cut and padded as
+    `evaluate.place_eval_blocks` cuts them."""
 
     def like(shape, dtype, sharding):
         return jax.ShapeDtypeStruct(tuple(shape), np.dtype(dtype), sharding=sharding)
@@ -217,23 +217,20 @@ def abstract_data(cfg, dataset, layout) -> tuple[TrainData, dict[str, EvalData]]
         like(images.shape, images.dtype, layout.replicated),
         like((len(images),), np.int32, layout.replicated),
     )
-    sets = {"test": dataset.test_images}
-    if cfg.train.eval_train:  # all of it, or a subset (whose first rows stand for its shape)
-        sets["train"] = images[: train_eval_facts(cfg.train, len(images))["train_eval_examples"]]
-    if cfg.data.validation:  # its shape alone: a broadcast allocates nothing
-        shape = (cfg.data.validation, *images.shape[1:])
-        sets["val"] = np.broadcast_to(np.zeros((), images.dtype), shape)
-    evals = {}
-    for name, x in sets.items():
-        n, multiple = len(x), layout.data
-        batch = -(-min(cfg.train.eval_batch_size, n) // multiple) * multiple
-        shape = (-(-n // batch), batch)
-        evals[name] = EvalData(
-            like((*shape, *x.shape[1:]), x.dtype, layout.eval_batches),
-            like(shape, np.int32, layout.eval_batches),
-            like(shape, np.bool_, layout.eval_batches),
-        )
-    return train, evals
+    counts = {"test": len(dataset.test_images)}
+    if cfg.train.eval_train:  # all of it, or a subset
+        counts["train"] = train_eval_facts(cfg.train, len(images))["train_eval_examples"]
+    if cfg.data.validation:
+        counts["val"] = cfg.data.validation
+    batch, per_block = block_shape(counts.values(), cfg.train.eval_batch_size, layout.data)
+    shape = (per_block, batch)
+    block = EvalData(
+        like((*shape, *images.shape[1:]), images.dtype, layout.eval_batches),
+        like(shape, np.int32, layout.eval_batches),
+        like(shape, np.bool_, layout.eval_batches),
+    )
+    rows = batch * per_block
+    return train, {name: (block,) * -(-n // rows) for name, n in counts.items()}
 
 
 def _host_available_bytes() -> int | None:
@@ -339,7 +336,8 @@ def estimate_for(cfg, pop, steps_per_epoch: int, dataset, sizes: tuple[int, ...]
     per = pop.layout.members
     train, evals = abstract_data(cfg, dataset, pop.layout)
     num_epochs = pop.num_epochs
-    compiled = [pop.chunk_programs(size, steps_per_epoch, train, evals) for size in sizes]
+    block = next(iter(evals.values()))[0]  # every set's blocks share its shape
+    compiled = [pop.chunk_programs(size, steps_per_epoch, train, block) for size in sizes]
     host = ("plan", "init") if pop.plan_device is not None else ()
     measured = [
         chunk_memory(programs, size // per, num_epochs, host)

@@ -228,6 +228,16 @@ class EpochTotals(NamedTuple):
     learning_rates: np.ndarray | None  # float64 (N,): the last update's; None: not tracked
 
 
+def _added(parts: list) -> evaluate_lib.EvalSums:
+    """The sum of `EvalSums` on the host (one per block), in float64 and int64."""
+    return evaluate_lib.EvalSums(
+        *(
+            np.sum([np.asarray(x, wide) for x in field], axis=0)
+            for field, wide in zip(zip(*parts), (np.float64, np.int64, np.int64), strict=True)
+        )
+    )
+
+
 def _wrap(raw):
     return jax.random.wrap_key_data(raw)
 
@@ -277,10 +287,13 @@ class Population:
         self.metrics_fns: dict = {}  # chunk size -> compiled new_metrics
         self.steps_fns: dict = {}  # chunk size -> compiled train_steps
         self.rate_fns: dict = {}  # chunk size -> compiled learning rates
-        self.eval_fns: dict = {}  # (chunk size, set name) -> compiled evaluation
-        self.finish_fns: dict = {}  # set name -> compiled ensemble of every chunk on it
-        # set name -> the ensemble's log-probabilities float32 (batches, batch, C) on it after
-        # the last evaluation, left on the device (the run's saved predictions read the test set's)
+        # (chunk size, set name) -> compiled evaluation of a block: one program per chunk
+        # size, whichever the set (`evaluate.place_eval_blocks`)
+        self.eval_fns: dict = {}
+        self.finish_fn = None  # the compiled ensemble of every chunk, on a block
+        # set name -> the ensemble's log-probabilities float32 (batches, batch, C), one array
+        # per block, after the last evaluation, left on the device (the run's saved
+        # predictions read the test set's)
         self.ensemble_log_probs: dict = {}
         self.programs: dict = {}  # chunk size -> its compiled programs (`chunk_programs`)
         self.compile_seconds = 0.0  # spent in `chunk_programs`, for the estimate or the run
@@ -385,13 +398,14 @@ class Population:
             host = TrainData(images, labels.astype(np.int32))
             self.plan_data = jax.device_put(host, self.plan_device)
 
-    def chunk_programs(self, size: int, steps_per_epoch: int, train_data, eval_sets: dict) -> dict:
+    def chunk_programs(self, size: int, steps_per_epoch: int, train_data, eval_block) -> dict:
         """The compiled programs of a chunk of `size` members: "plan", "metrics", "steps",
-        "rate" and "eval/NAME" for each of `eval_sets` (name -> EvalData). Lowered from
-        shapes alone (`train_data` and `eval_sets` may be `jax.ShapeDtypeStruct`s with their
-        shardings), so nothing is allocated: `memory` reads their sizes before anything is
-        placed, and `compile` then uses the same programs. Kept per size (a population
-        has one epoch length and one dataset)."""
+        "rate" and "eval", the evaluation of one block of every eval set (`eval_block`, an
+        EvalData: `evaluate.place_eval_blocks`). Lowered from shapes alone (`train_data`
+        and `eval_block` may be `jax.ShapeDtypeStruct`s with their shardings), so nothing
+        is allocated: `memory` reads their sizes before anything is placed, and `compile`
+        then uses the same programs. Kept per size (a population has one epoch length and
+        one dataset)."""
         if size in self.programs:
             return self.programs[size]
         start = time.perf_counter()
@@ -469,10 +483,7 @@ class Population:
             compiles.add("plan", planned.lower(plan_keys, *plan_args))
             compiles.add("metrics", fresh.lower())
             compiles.add("rate", self._rate_fn().lower(states))
-            for name, data in eval_sets.items():
-                compiles.add(
-                    f"eval/{name}", self._eval_fn(size, name).lower(model_params(states), data)
-                )
+            compiles.add("eval", self._eval_fn(size).lower(model_params(states), eval_block))
             programs, seconds = compiles.results()
         self.compile_times.update(
             {
@@ -484,59 +495,54 @@ class Population:
         self.compile_seconds += time.perf_counter() - start
         return programs
 
-    def _eval_fn(self, size: int, name: str):
-        """The evaluation of a chunk of `size` members on eval set `name`: their `EvalSums`
-        (member axis first), and on the sets where the ensemble is evaluated, in the same
-        pass, the chunk's `log_sums` for it (`evaluate.with_ensemble`)."""
+    def _eval_fn(self, size: int):
+        """The evaluation of a chunk of `size` members on a block of an eval set: their
+        `EvalSums` (member axis first), and with `ensemble`, in the same pass, the chunk's
+        `log_sums` for the ensemble (`evaluate.with_ensemble`)."""
         lay = self.layout
-        together = self.ensemble and name in evaluate_lib.ENSEMBLE_SETS
-        evaluate = evaluate_lib.make_evaluate(self.cfg.model, self.num_classes, together)
+        evaluate = evaluate_lib.make_evaluate(self.cfg.model, self.num_classes, self.ensemble)
         fn = self._lift(evaluate, size, (0, None))
         out = lay.replicated
-        if together:
+        if self.ensemble:
             fn, out = evaluate_lib.with_ensemble(fn), (out, lay.eval_batches)
         return jax.jit(fn, in_shardings=(lay.by_member, lay.eval_batches), out_shardings=out)
 
     def compile(self, steps_per_epoch: int, train_data, eval_sets: dict):
         """Compiles (or takes from `chunk_programs`) the epoch's programs and evaluation for
-        every chunk size ahead of time; `eval_sets` maps a name to its PlacedEval. Every
-        epoch, a shorter last one too, uses the plan of a full epoch of `steps_per_epoch`.
-        With `ensemble`, also the program that makes the ensemble of every chunk."""
-        arrays = {name: data.arrays for name, data in eval_sets.items()}
+        every chunk size ahead of time; `eval_sets` maps a name to its PlacedBlocks, whose
+        blocks share one shape. Every epoch, a shorter last one too, uses the plan of a
+        full epoch of `steps_per_epoch`. With `ensemble`, also the program that makes the
+        ensemble of every chunk."""
+        block = next(iter(eval_sets.values())).blocks[0]
         for size in dict.fromkeys(self.chunks):
-            programs = self.chunk_programs(size, steps_per_epoch, train_data, arrays)
+            programs = self.chunk_programs(size, steps_per_epoch, train_data, block)
             self.plan_fns[size] = programs["plan"]
             self.metrics_fns[size] = programs["metrics"]
             self.steps_fns[size] = programs["steps"]
             self.rate_fns[size] = programs["rate"]
             for name in eval_sets:
-                self.eval_fns[size, name] = programs[f"eval/{name}"]
-        if self.ensemble:
-            self._compile_finish(arrays)
+                self.eval_fns[size, name] = programs["eval"]
+        if self.ensemble and any(n in evaluate_lib.ENSEMBLE_SETS for n in eval_sets):
+            self._compile_finish(block)
 
-    def _compile_finish(self, arrays: dict) -> None:
-        """Compiles, for each eval set of `evaluate.ENSEMBLE_SETS` among `arrays` (name ->
-        EvalData), the program that adds every chunk's `log_sums` and makes the ensemble's
-        `EvalSums` (`finish_fns`)."""
+    def _compile_finish(self, block) -> None:
+        """Compiles the program that adds every chunk's `log_sums` on a block of an eval set
+        (EvalData) and makes the ensemble's `EvalSums` there (`finish_fn`)."""
         start = time.perf_counter()
         members, classes, lay = len(self.members), self.num_classes, self.layout
 
         def finish(chunk_sums, data):
             return evaluate_lib.ensemble_of_chunks(chunk_sums, members, data, classes)
 
-        done = jax.jit(finish, out_shardings=lay.replicated)
-        lowered = {}
-        for name in evaluate_lib.ENSEMBLE_SETS:
-            if name in arrays:
-                labels = arrays[name].labels
-                part = jax.ShapeDtypeStruct(
-                    (*labels.shape, classes), jnp.float32, sharding=lay.eval_batches
-                )
-                parts = [part] * len(self.chunks)
-                lowered[name] = done.lower(parts, arrays[name])
-        compiled, seconds = compile_all(lowered, self.compile_workers)
-        self.finish_fns.update(compiled)
-        self.compile_times.update({f"ensemble/{n}": t for n, t in seconds.items()})
+        part = jax.ShapeDtypeStruct(
+            (*block.labels.shape, classes), jnp.float32, sharding=lay.eval_batches
+        )
+        lowered = jax.jit(finish, out_shardings=lay.replicated).lower(
+            [part] * len(self.chunks), block
+        )
+        compiled, seconds = compile_all({"ensemble": lowered}, self.compile_workers)
+        self.finish_fn = compiled["ensemble"]
+        self.compile_times.update(seconds)
         self.compile_seconds += time.perf_counter() - start
 
     def plan_epoch(self, epoch_index: int) -> list[EpochPlan]:
@@ -609,30 +615,43 @@ class Population:
         return EpochTotals(losses, correct, self.learning_rates(states))
 
     def evaluate(
-        self, states, name: str, data: evaluate_lib.PlacedEval, watch=None
+        self, states, name: str, data: evaluate_lib.PlacedBlocks, watch=None
     ) -> tuple[Evaluation, evaluate_lib.EvalResult | None]:
-        """Exact evaluation of every member on the set compiled as `name`, and on the
-        sets of `evaluate.ENSEMBLE_SETS`, with `ensemble`, that of the ensemble of every
-        member, its chunks together (the mean of their softmax probabilities), else None.
-        One pass over the set gives both: each chunk's program returns its members' sums
-        and the logs of their summed probabilities, and one more adds the chunks'.
-        `watch(ready)`, where given, is called once those programs are dispatched, with a
-        function that says whether they are done (`hostmem.GrowthCheck.watch`)."""
+        """Exact evaluation of every member on eval set `name`, and on the sets of
+        `evaluate.ENSEMBLE_SETS`, with `ensemble`, that of the ensemble of every member,
+        its chunks together (the mean of their softmax probabilities), else None. One pass
+        over the set's blocks gives both: on each block, each chunk's program returns its
+        members' sums and the logs of their summed probabilities, and one more adds the
+        chunks'; the blocks' sums add on the host. `watch(ready)`, where given, is called
+        once those programs are dispatched, with a function that says whether they are
+        done (`hostmem.GrowthCheck.watch`)."""
         outs = [
-            self.eval_fns[size, name](model_params(s), data.arrays)
-            for size, s in zip(self.chunks, states, strict=True)
+            [
+                self.eval_fns[size, name](model_params(s), block)
+                for size, s in zip(self.chunks, states, strict=True)
+            ]
+            for block in data.blocks
         ]
         if watch is not None:
             leaves = jax.tree.leaves(outs)
             watch(lambda: all(x.is_ready() for x in leaves))
-        finish = self.finish_fns.get(name)
         together = None
-        if finish is not None:
-            outs, log_sums = zip(*outs)
-            together, self.ensemble_log_probs[name] = finish(list(log_sums), data.arrays)
-            together = jax.device_get(together)
-        parts = jax.device_get(outs)
-        sums = evaluate_lib.EvalSums(*(np.concatenate(field) for field in zip(*parts)))
+        if self.ensemble:  # each program returned (sums, log_sums)
+            outs, log_sums = (
+                [[o[0] for o in block] for block in outs],
+                [[o[1] for o in block] for block in outs],
+            )
+        if self.ensemble and name in evaluate_lib.ENSEMBLE_SETS:
+            done = [self.finish_fn(list(s), b) for s, b in zip(log_sums, data.blocks, strict=True)]
+            self.ensemble_log_probs[name] = [log_p for _, log_p in done]
+            together = _added(jax.device_get([sums for sums, _ in done]))
+        # every block's sums per member, the chunks' members in order, added over blocks
+        sums = _added(
+            [
+                evaluate_lib.EvalSums(*(np.concatenate(field) for field in zip(*block)))
+                for block in jax.device_get(outs)
+            ]
+        )
         count = data.count
         members = Evaluation(
             sums.loss_sum.astype(np.float64) / count,
