@@ -105,11 +105,17 @@ def test_plans_drawn_on_the_host_train_exactly_as_plans_drawn_on_the_mesh(
         *(np.asarray(r.population.plan_epoch(2)[0].indices) for r in runs.values())
     )
     mesh, host = (params_of(r) for r in runs.values())
+    losses = [[r["train_loss"] for r in run.records] for run in runs.values()]
+    if jax.default_backend() == "cpu":  # one machine draws and trains: bit for bit
+        for name in mesh:
+            np.testing.assert_array_equal(mesh[name], host[name], err_msg=name)
+        assert losses[0] == losses[1]
+        return
+    # Where plans are drawn on the host, the initial states are made there too: the same
+    # random bits (threefry), turned into floats by the host's arithmetic, not the chip's.
     for name in mesh:
-        np.testing.assert_array_equal(mesh[name], host[name], err_msg=name)
-    assert [r["train_loss"] for r in runs[False].records] == [
-        r["train_loss"] for r in runs[True].records
-    ]
+        np.testing.assert_allclose(mesh[name], host[name], rtol=TOLERANCE, atol=1e-5, err_msg=name)
+    np.testing.assert_allclose(*losses, rtol=TOLERANCE)
 
 
 def test_the_hosts_plan_is_the_devices_own_permutation(tiny_dataset, monkeypatch):

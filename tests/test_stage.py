@@ -115,12 +115,13 @@ def _layout(members: int = 1):
         (False, 10**6, 1, 1, False),  # plans drawn on the mesh: never, however much memory
         (True, None, 1, 1, False),  # a budget not known: never
         (True, 100, 1, 1, False),  # one model's two epochs, 90 MB > a quarter of 100 MB
-        (True, 1000, 2, 1, True),  # 180 MB <= 250 MB
-        (True, 1000, 4, 1, False),  # 361 MB > 250 MB
-        (True, 1000, 4, 2, True),  # 2 on each device: 180 MB
+        (True, 1000, 1, 1, True),  # 90 MB <= 250 MB
+        (True, 1000, 1, 2, True),
+        (True, 1000, 2, 1, False),  # two models: the host's gathers outrun their steps
+        (True, 1000, 4, 4, False),  # one on each device: the host still gathers for 4
     ],
 )
-def test_a_population_stages_where_plans_are_drawn_on_the_host_and_epochs_are_small(
+def test_a_population_of_one_model_stages_where_plans_are_drawn_on_the_host(
     host, budget_mb, models, members, stages
 ):
     budget = None if budget_mb is None else budget_mb * memory.MB

@@ -86,8 +86,8 @@ _ARRAY = re.compile(r"\s*%[\w.\-]+ = [a-z]+(\d*)\[([\d,]*)\]\S* ([\w\-]+)\(")
 _NOT_MADE = ("parameter", "constant", "bitcast", "broadcast")  # inputs, or views of them
 # Programs whose output is the resident state, plan or accumulators (counted as such).
 _KEPT_OUTPUTS = ("init", "plan", "metrics")
-# On a TPU a population stages its batches (`stages_batches`) when the staged epochs of
-# every model (this epoch's and the next's) take at most this part of the device's budget.
+# On a TPU a population of one model stages its batches (`stages_batches`) when its staged
+# epochs (this epoch's and the next's) take at most this part of the device's budget.
 STAGE_FRACTION = 0.25
 
 
@@ -280,11 +280,13 @@ def stages_batches(
     """Whether a population of `num_models` on `layout` stages its batches
     (`population.Population.stage_batches`) for epochs of `train_shape` (examples, H, W):
     only where its plans are drawn on the host (`host_plans`: a TPU,
-    `population.plan_device`), whose CPU then gathers them, and only when two epochs of
-    uint8 images and int32 labels for each of a device's models (this epoch's and the
-    next's, on the mesh at once) take at most `STAGE_FRACTION` of `budget` (bytes, from
+    `population.plan_device`), whose CPU then gathers them; only for one model, since the
+    host gathers and copies every model's epoch while the last one trains, and several
+    models' epochs outran their training on a TPU (docs/tpu-gpu.md, "Staged batches");
+    and only when two epochs of uint8 images and int32 labels (this epoch's and the next's,
+    on the mesh at once) take at most `STAGE_FRACTION` of `budget` (bytes, from
     `device_budget`; None: unknown, never)."""
-    if not host_plans or budget is None:
+    if not host_plans or budget is None or num_models != 1:
         return False
     models = -(-num_models // layout.members)
     epoch = train_shape[0] * (math.prod(train_shape[1:]) + 4)
