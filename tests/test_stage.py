@@ -11,7 +11,6 @@ budget.
 """
 
 import dataclasses
-import types
 
 import jax
 import numpy as np
@@ -105,28 +104,23 @@ def test_the_estimate_keeps_the_staged_epochs_for_every_model(
     assert extra == pytest.approx(expected, rel=1e-4)  # and a few bytes of its outputs list
 
 
-def _layout(members: int = 1):
-    return types.SimpleNamespace(members=members)
-
-
 @pytest.mark.parametrize(
-    "host, budget_mb, models, members, stages",
+    "host, budget_mb, models, stages",
     [
-        (False, 10**6, 1, 1, False),  # plans drawn on the mesh: never, however much memory
-        (True, None, 1, 1, False),  # a budget not known: never
-        (True, 100, 1, 1, False),  # one model's two epochs, 90 MB > a quarter of 100 MB
-        (True, 1000, 1, 1, True),  # 90 MB <= 250 MB
-        (True, 1000, 1, 2, True),
-        (True, 1000, 2, 1, False),  # two models: the host's gathers outrun their steps
-        (True, 1000, 4, 4, False),  # one on each device: the host still gathers for 4
+        (False, 10**6, 1, False),  # plans drawn on the mesh: never, however much memory
+        (True, None, 1, False),  # a budget not known: never
+        (True, 100, 1, False),  # one model's two epochs, 90 MB > a quarter of 100 MB
+        (True, 1000, 1, True),  # 90 MB <= 250 MB
+        (True, 1000, 2, False),  # two models: the host's gathers outrun their steps
+        (True, 1000, 4, False),  # one on each of 4 devices: the host still gathers for 4
     ],
 )
 def test_a_population_of_one_model_stages_where_plans_are_drawn_on_the_host(
-    host, budget_mb, models, members, stages
+    host, budget_mb, models, stages
 ):
     budget = None if budget_mb is None else budget_mb * memory.MB
     mnist = (60000, 28, 28)  # an epoch of it: 60,000 x (784 + 4) bytes, 45 MB (2**20)
-    assert memory.stages_batches(budget, _layout(members), models, mnist, host) is stages
+    assert memory.stages_batches(budget, models, mnist, host) is stages
 
 
 def test_a_population_is_told_to_stage_before_it_compiles(tiny_dataset):

@@ -104,9 +104,8 @@ def batch_size(base: config_lib.Config, params: list[Param], dataset, cap: int) 
         layout,
     )
     budget, source = memory.device_budget(cfg)
-    epoch = (plan.steps_per_epoch * cfg.train.batch_size, *dataset.train_images.shape[1:])
-    if memory.stages_batches(budget, layout, seeds, epoch, pop.plan_device is not None):
-        pop.stage_batches()  # as each trial's run decides it (`memory.chunks_for`)
+    # as each trial's run decides it (`memory.chunks_for`)
+    memory.choose_staging(cfg, pop, plan.steps_per_epoch, dataset, budget)
     est = memory.estimate_for(cfg, pop, plan.steps_per_epoch, dataset, (seeds,))
     if budget is None:
         return cap, {"batch": cap, "memory_budget_source": source}

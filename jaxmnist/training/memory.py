@@ -275,9 +275,9 @@ def device_budget(cfg) -> tuple[int | None, str]:
 
 
 def stages_batches(
-    budget: int | None, layout, num_models: int, train_shape: tuple[int, ...], host_plans: bool
+    budget: int | None, num_models: int, train_shape: tuple[int, ...], host_plans: bool
 ) -> bool:
-    """Whether a population of `num_models` on `layout` stages its batches
+    """Whether a population of `num_models` stages its batches
     (`population.Population.stage_batches`) for epochs of `train_shape` (examples, H, W):
     only where its plans are drawn on the host (`host_plans`: a TPU,
     `population.plan_device`), whose CPU then gathers them; only for one model, since the
@@ -288,9 +288,16 @@ def stages_batches(
     `device_budget`; None: unknown, never)."""
     if not host_plans or budget is None or num_models != 1:
         return False
-    models = -(-num_models // layout.members)
     epoch = train_shape[0] * (math.prod(train_shape[1:]) + 4)
-    return 2 * models * epoch <= STAGE_FRACTION * budget
+    return 2 * epoch <= STAGE_FRACTION * budget
+
+
+def choose_staging(cfg, pop, steps_per_epoch: int, dataset, budget: int | None) -> None:
+    """Tells `pop` (a `Population`, before its programs compile) to stage its batches
+    where `stages_batches` says so, for epochs of `steps_per_epoch` of `dataset`."""
+    epoch = (steps_per_epoch * cfg.train.batch_size, *dataset.train_images.shape[1:])
+    if stages_batches(budget, len(pop), epoch, pop.plan_device is not None):
+        pop.stage_batches()
 
 
 def plan_chunks(
@@ -375,9 +382,7 @@ def chunks_for(cfg, pop, steps_per_epoch: int, dataset) -> tuple[tuple[int, ...]
     per = pop.layout.members
     n = len(pop) // per
     budget, source = device_budget(cfg)
-    epoch = (steps_per_epoch * cfg.train.batch_size, *dataset.train_images.shape[1:])
-    if stages_batches(budget, pop.layout, len(pop), epoch, pop.plan_device is not None):
-        pop.stage_batches()
+    choose_staging(cfg, pop, steps_per_epoch, dataset, budget)
     est = estimate_for(cfg, pop, steps_per_epoch, dataset, (len(pop),))
     if budget is not None and n > 1 and est.total(n, n) > budget:  # one per device too
         est = estimate_for(cfg, pop, steps_per_epoch, dataset, (len(pop), per))

@@ -412,52 +412,38 @@ class Population:
         lay, S = self.layout, steps_per_epoch
         by_member = lay.by_member
 
-        def shapes(tree):
+        def shapes(tree, sharding=by_member):
             return jax.tree.map(
-                lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=by_member), tree
+                lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree
             )
 
         host = self.plan_device
-        raw_keys = jax.ShapeDtypeStruct((size, 2), np.uint32, sharding=by_member)
+        # Where the initial states and the plans are made: on the host's CPU (module doc),
+        # placed on the mesh as `by_member` (`init_states`, `plan_epoch`), or on the mesh.
+        on_host = jax.sharding.SingleDeviceSharding(host) if host else by_member
+        raw_keys = jax.ShapeDtypeStruct((size, 2), np.uint32, sharding=on_host)
         hyper = {
-            h: jax.ShapeDtypeStruct((size,), np.float32, sharding=by_member) for h in HYPERPARAMS
+            h: jax.ShapeDtypeStruct((size,), np.float32, sharding=on_host) for h in HYPERPARAMS
         }
         if host is None:
             init = jax.jit(self._init_fn(size), out_shardings=by_member)
-            init_args = (raw_keys, hyper)
-        else:  # made on the host, placed on the mesh (`init_states`)
+        else:
             init = jax.jit(self._init_fn(size, on_mesh=False))
-            on_cpu = jax.sharding.SingleDeviceSharding(host)
-            init_args = jax.tree.map(
-                lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=on_cpu), (raw_keys, hyper)
-            )
-        states = shapes(init.eval_shape(*init_args))
+        states = shapes(init.eval_shape(raw_keys, hyper))
         plan = make_epoch_plan(
             self.cfg, train_data.images.shape[0], S, host.platform if host else None, self.staged
         )
-        on_host = jax.sharding.SingleDeviceSharding(host) if host else None
         if self.staged:  # (keys, the training set where the plan is drawn)
             planned = self._lift(lambda k, data: plan(_wrap(k), data), size, (0, None), not host)
-            plan_args = (
-                (train_data,)
-                if host is None
-                else (
-                    jax.tree.map(
-                        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=on_host),
-                        train_data,
-                    ),
-                )
-            )
+            plan_args = (train_data,) if host is None else (shapes(train_data, on_host),)
         else:
             planned = self._lift(lambda k: plan(_wrap(k)), size, (0,), host is None)
             plan_args = ()
         if host is None:
             data_in = (lay.replicated,) if self.staged else ()
             planned = jax.jit(planned, in_shardings=(by_member, *data_in), out_shardings=by_member)
-            plan_keys = raw_keys
-        else:  # drawn on the host, placed on the mesh as `by_member` (`plan_epoch`)
+        else:
             planned = jax.jit(planned)
-            plan_keys = jax.ShapeDtypeStruct((size, 2), np.uint32, sharding=on_host)
         fresh = jax.jit(
             lambda: jax.tree.map(lambda x: jnp.broadcast_to(x, (size, *x.shape)), empty_metrics(S)),
             out_shardings=by_member,
@@ -472,15 +458,15 @@ class Population:
             out_shardings=(by_member, by_member),
         )
         bounds = jax.ShapeDtypeStruct((), np.int32, sharding=lay.replicated)
-        plan_shapes = shapes(planned.eval_shape(plan_keys, *plan_args))
+        plan_shapes = shapes(planned.eval_shape(raw_keys, *plan_args))
         metric_shapes = shapes(fresh.eval_shape())
         with Compiles(self.compile_workers) as compiles:  # the slowest first
             compiles.add(
                 "steps",
                 stepped.lower(states, metric_shapes, plan_shapes, train_data, bounds, bounds),
             )
-            compiles.add("init", init.lower(*init_args))
-            compiles.add("plan", planned.lower(plan_keys, *plan_args))
+            compiles.add("init", init.lower(raw_keys, hyper))
+            compiles.add("plan", planned.lower(raw_keys, *plan_args))
             compiles.add("metrics", fresh.lower())
             compiles.add("rate", self._rate_fn().lower(states))
             compiles.add("eval", self._eval_fn(size).lower(model_params(states), eval_block))
