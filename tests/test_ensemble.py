@@ -246,6 +246,30 @@ def test_chunks_of_a_population_make_one_ensemble(tiny_dataset, tiny_arrays, mon
     assert direct.loss not in chunked.records[-1]["test_loss_per_seed"]
 
 
+@pytest.mark.parametrize("chunks", [(3,), (2, 1)])
+def test_the_ensemble_compiles_beside_the_chunks_programs(tiny_dataset, monkeypatch, chunks):
+    """The program that finishes the ensemble is compiled with the first chunk's programs,
+    at once (on an accelerator, each on a thread of its own), not after them: once a run,
+    for as many chunks as it trains."""
+    batches: list[tuple[population.Compiles, list[str]]] = []
+    add = population.Compiles.add
+
+    def recorded(self, name, lowered):
+        if not batches or batches[-1][0] is not self:
+            batches.append((self, []))
+        batches[-1][1].append(name)
+        return add(self, name, lowered)
+
+    monkeypatch.setattr(population.Compiles, "add", recorded)
+    monkeypatch.setattr(memory, "chunks_for", lambda *a, **k: (chunks, {"chunks": list(chunks)}))
+    cfg = small_cfg(seeds=SEEDS, epochs=1)
+    result = train_population(cfg, population.seed_members(cfg), tiny_dataset)
+    assert result.population.chunks == chunks and result.ensemble is not None
+    assert [n for _, names in batches for n in names].count("ensemble") == 1
+    assert {"steps", "eval", "ensemble"} <= set(batches[0][1])
+    assert result.population.finish_chunks == len(chunks)
+
+
 @pytest.mark.slow
 def test_eval_repeats_the_val_ensemble_training_measured(module_data_dir, tmp_path, capsys):
     run = tmp_path / "run"

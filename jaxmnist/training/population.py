@@ -291,6 +291,7 @@ class Population:
         # size, whichever the set (`evaluate.place_eval_blocks`)
         self.eval_fns: dict = {}
         self.finish_fn = None  # the compiled ensemble of every chunk, on a block
+        self.finish_chunks = 0  # how many chunks' sums `finish_fn` takes
         # set name -> the ensemble's log-probabilities float32 (batches, batch, C), one array
         # per block, after the last evaluation, left on the device (the run's saved
         # predictions read the test set's)
@@ -375,6 +376,7 @@ class Population:
         )  # fmt: skip
         other.plan_data = self.plan_data
         other.programs, other.compile_seconds = self.programs, self.compile_seconds
+        other.finish_fn, other.finish_chunks = self.finish_fn, self.finish_chunks
         other.compile_times = self.compile_times
         return other
 
@@ -470,7 +472,13 @@ class Population:
             compiles.add("metrics", fresh.lower())
             compiles.add("rate", self._rate_fn().lower(states))
             compiles.add("eval", self._eval_fn(size).lower(model_params(states), eval_block))
+            finishing = self.ensemble and self.finish_chunks != len(self.chunks)
+            if finishing:  # beside the others, not after them (`compile`)
+                compiles.add("ensemble", self._finish_program(eval_block))
             programs, seconds = compiles.results()
+        if finishing:
+            self.finish_fn, self.finish_chunks = programs.pop("ensemble"), len(self.chunks)
+            self.compile_times["ensemble"] = seconds.pop("ensemble")
         self.compile_times.update(
             {
                 f"{name}" if size == len(self) else f"{name} ({size})": t
@@ -498,7 +506,8 @@ class Population:
         every chunk size ahead of time; `eval_sets` maps a name to its PlacedBlocks, whose
         blocks share one shape. Every epoch, a shorter last one too, uses the plan of a
         full epoch of `steps_per_epoch`. With `ensemble`, also the program that makes the
-        ensemble of every chunk."""
+        ensemble of every chunk, unless `chunk_programs` compiled it beside the chunk's
+        programs for as many chunks."""
         block = next(iter(eval_sets.values())).blocks[0]
         for size in dict.fromkeys(self.chunks):
             programs = self.chunk_programs(size, steps_per_epoch, train_data, block)
@@ -508,13 +517,16 @@ class Population:
             self.rate_fns[size] = programs["rate"]
             for name in eval_sets:
                 self.eval_fns[size, name] = programs["eval"]
-        if self.ensemble and any(n in evaluate_lib.ENSEMBLE_SETS for n in eval_sets):
+        if (
+            self.ensemble
+            and any(n in evaluate_lib.ENSEMBLE_SETS for n in eval_sets)
+            and self.finish_chunks != len(self.chunks)
+        ):
             self._compile_finish(block)
 
-    def _compile_finish(self, block) -> None:
-        """Compiles the program that adds every chunk's `log_sums` on a block of an eval set
-        (EvalData) and makes the ensemble's `EvalSums` there (`finish_fn`)."""
-        start = time.perf_counter()
+    def _finish_program(self, block):
+        """The program that adds every chunk's `log_sums` on a block of an eval set
+        (EvalData, or its shapes) and makes the ensemble's `EvalSums` there, lowered."""
         members, classes, lay = len(self.members), self.num_classes, self.layout
 
         def finish(chunk_sums, data):
@@ -523,11 +535,13 @@ class Population:
         part = jax.ShapeDtypeStruct(
             (*block.labels.shape, classes), jnp.float32, sharding=lay.eval_batches
         )
-        lowered = jax.jit(finish, out_shardings=lay.replicated).lower(
-            [part] * len(self.chunks), block
-        )
-        compiled, seconds = compile_all({"ensemble": lowered}, self.compile_workers)
-        self.finish_fn = compiled["ensemble"]
+        return jax.jit(finish, out_shardings=lay.replicated).lower([part] * len(self.chunks), block)
+
+    def _compile_finish(self, block) -> None:
+        """Compiles `_finish_program` for the population's chunks (`finish_fn`)."""
+        start = time.perf_counter()
+        compiled, seconds = compile_all({"ensemble": self._finish_program(block)})
+        self.finish_fn, self.finish_chunks = compiled["ensemble"], len(self.chunks)
         self.compile_times.update(seconds)
         self.compile_seconds += time.perf_counter() - start
 
