@@ -42,11 +42,15 @@ QUIET = ("--quiet", "--no-report")
 
 @pytest.fixture(scope="session")
 def cli(tmp_path_factory, tiny_arrays, tiny_spec):
-    """(start(argv) -> Popen, run(argv) -> CompletedProcess, train_argv(run_dir, *extra))."""
+    """(start(argv) -> Popen, run(argv) -> CompletedProcess, train_argv(run_dir, *extra)).
+    The processes of every test process (pytest-xdist's workers) share one cache folder."""
     root = tmp_path_factory.mktemp("preemption")
     data = root / "data"
     synthetic.write_idx_folder(data / tiny_spec.folder, tiny_arrays, tiny_spec)
-    env = {**os.environ, "XDG_CACHE_HOME": str(root / "cache")}
+    session = tmp_path_factory.getbasetemp()
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        session = session.parent  # the session's own folder, above each worker's
+    env = {**os.environ, "XDG_CACHE_HOME": str(session / "preemption-cache")}
 
     def start(argv, stderr=subprocess.PIPE):
         return subprocess.Popen(
@@ -305,12 +309,16 @@ def test_a_run_killed_before_its_first_checkpoint_starts_over(cli, alone, tmp_pa
 
 @pytest.fixture(scope="session")
 def finished(cli, tmp_path_factory):
-    """A finished 3-epoch run, with checkpoints at steps 20, 40 and 60 (copy it to change it)."""
-    path = tmp_path_factory.mktemp("finished") / "run"
-    result = cli[1](cli[2](path, "--epochs", "3"))
-    assert result.returncode == 0, result.stderr
-    assert checkpoint.checkpoint_steps(path) == [20, 40, 60]
-    return path
+    """A finished 3-epoch run, with checkpoints at steps 20, 40 and 60, trained once in the
+    session (`made_once`; copy it to change it)."""
+
+    def train(folder):
+        result = cli[1](cli[2](folder / "run", "--epochs", "3"))
+        assert result.returncode == 0, result.stderr
+
+    for folder in made_once(tmp_path_factory, "finished", train):
+        assert checkpoint.checkpoint_steps(folder / "run") == [20, 40, 60]
+        yield folder / "run"
 
 
 def snapshot(path: Path) -> dict:

@@ -8,6 +8,11 @@ regression there is a crash rather than an exception (the handlers once corrupte
 heap, through oneDNN's thread-local scratchpad, for kernels from about 15 up), and a
 crash would kill the test process and hide which check did it. The parent reports the
 child's signal, or the cases whose numbers disagree, as one failure per section.
+
+The grid's reference is the convolution's definition summed in float64 NumPy (`numpy_conv`),
+which compiles nothing: XLA's convolutions of the grid's ~95 shapes, forward and both
+gradients, took most of the check's time to compile. A test below holds that reference
+to `lax.conv_general_dilated` on shapes of each kind.
 """
 
 import json
@@ -58,6 +63,26 @@ def reference(x, w, padding="same"):
     return lax.conv_general_dilated(
         x, w, (1, 1), padding.upper(), dimension_numbers=("NHWC", "HWIO", "NHWC")
     )
+
+
+def numpy_conv(x, w, g, padding):
+    """(y, dx, dw) of `reference` in float64 NumPy: y = x ⋆ w (a cross-correlation, "same"
+    padding (k - 1) / 2 on each side), and the gradients of <y, g> in x and w, summed over
+    the kernel's k² offsets."""
+    x, w, g = (np.asarray(a, np.float64) for a in (x, w, g))
+    k, pad = w.shape[0], (w.shape[0] - 1) // 2 if padding == "same" else 0
+    xp = np.pad(x, ((0, 0), (pad, pad), (pad, pad), (0, 0)))
+    (b, ho, wo, o), c = g.shape, x.shape[3]
+    g2 = g.reshape(b * ho * wo, o)  # a row per output pixel: an offset is a matrix product
+    y, dxp, dw = np.zeros(g2.shape), np.zeros(xp.shape), np.zeros(w.shape)
+    for u in range(k):
+        for v in range(k):
+            window = xp[:, u : u + ho, v : v + wo, :].reshape(b * ho * wo, c)
+            y += window @ w[u, v]
+            dw[u, v] = window.T @ g2
+            dxp[:, u : u + ho, v : v + wo, :] += (g2 @ w[u, v].T).reshape(b, ho, wo, c)
+    dx = dxp[:, pad : pad + x.shape[1], pad : pad + x.shape[2], :]
+    return y.reshape(g.shape), dx, dw
 
 
 def _error(got, want) -> float:
@@ -117,14 +142,14 @@ def _all_value_and_grads(fn, cases):
 
 
 def check_grid() -> list[str]:
-    """Forward and both gradients of every case in GRID."""
+    """Forward and both gradients of every case in GRID, against `numpy_conv`."""
     rng = np.random.default_rng(0)
     operands = [_operands(rng, case) for case in GRID]
     # No bfloat16 kernels for this CPU: those cases are left out (test_conv checks).
     kept = [(c, o) for c, o in zip(GRID, operands, strict=True) if onednn.supports(c[7])]
     cases, operands = [c for c, _ in kept], [o for _, o in kept]
     got = _all_value_and_grads(onednn.conv_onednn, cases)(operands)
-    want = _all_value_and_grads(reference, cases)(operands)
+    want = [numpy_conv(*o, case[6]) for case, o in zip(cases, operands, strict=True)]
     failures = []
     for case, a, b in zip(cases, got, want, strict=True):
         failures += _mismatches(str(case), a, b, case[7])
@@ -270,6 +295,23 @@ def test_onednn_matches_lax_in_a_child_process(section):
     assert done.returncode == 0 and lines, done.stderr[-2000:]
     failures = json.loads(lines[-1])
     assert failures == [], "\n".join(failures)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        (2, 7, 9, 3, 8, 5, "same", "float32"),
+        (2, 9, 8, 3, 4, 4, "valid", "float32"),  # an even kernel
+        (1, 5, 5, 1, 1, 5, "valid", "float32"),  # 1x1 output
+        (0, 7, 7, 3, 8, 5, "same", "float32"),  # an empty batch
+        (2, 6, 6, 3, 4, 3, "same", "bfloat16"),
+    ],
+    ids=str,
+)
+def test_the_grids_numpy_reference_is_lax_convolution(case):
+    operands = _operands(np.random.default_rng(3), case)
+    want = _value_and_grads(reference, case[6])(*operands)
+    assert _mismatches(str(case), numpy_conv(*operands, case[6]), want, case[7]) == []
 
 
 @pytest.mark.parametrize(
