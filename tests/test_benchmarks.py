@@ -31,6 +31,7 @@ SCRIPTS = sorted(p.stem for p in BENCHMARKS.glob("*.py"))
 
 # --smoke: extra arguments, and the keys its JSON must hold (None: it prints JSON instead).
 SMOKE = {
+    "aot_compile": ([], {"presets", "target", "environment", "provenance"}),
     "checkpoint_overhead": ([], {"median_epoch_wall_seconds", "checkpoint_overhead"}),
     "cnn_presets": ([], {"presets", "environment", "provenance"}),
     "cnn_vs_pytorch": ([], {"results", "peaks_flops_per_second", "environment", "provenance"}),
@@ -58,6 +59,14 @@ NEEDS_ONEDNN: set[str] = set()
 NEEDS_EXTRA = {"serve_load": "uvicorn"}  # the serve extra
 # What a smoke record must say beyond its keys.
 SMOKE_CHECKS = {
+    # Every program of the run, each compiled on its own, for this machine's CPU.
+    "aot_compile": lambda r: (
+        r["target"] == "cpu"
+        and all(
+            {"steps", "init", "plan", "eval"} <= set(p["compile_programs"])
+            for p in r["presets"].values()
+        )
+    ),
     "serve_load": lambda r: r["completed"] == 20 and r["errors"] == 0,
     # Each program's compile, of the preset with its override (two members).
     "compile_time": lambda r: (
@@ -341,6 +350,23 @@ def test_pytorch_comparison_says_in_one_line_that_torch_is_missing(on_path, monk
         "torch float32: PyTorch is not installed "
         "(pip install -e '.[bench]', a CPU build of torch first)"
     )
+
+
+def test_aot_compile_says_in_one_line_that_libtpu_is_missing(on_path, monkeypatch):
+    """Without JAX's TPU plugin nothing can compile for a TPU: one line, before anything
+    in the environment changes."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "libtpu" else real(name, *a)
+    )
+    monkeypatch.setenv("JAXMNIST_DATA_DIR", "unused")
+    before = dict(os.environ)
+    with pytest.raises(SystemExit) as e:
+        load("aot_compile").main(["--presets", "tpu101"])
+    assert str(e.value) == (
+        "aot_compile.py: needs libtpu beside JAX (pip install 'jax[tpu]'), or --smoke"
+    )
+    assert dict(os.environ) == before
 
 
 @pytest.mark.slow

@@ -29,6 +29,19 @@ def compile_time(r: dict) -> Rows:
     return rows
 
 
+def aot_compile(r: dict) -> Rows:
+    rows = []
+    for text, p in r["presets"].items():
+        slowest = _slowest(p["compile_programs"])
+        rows.append(
+            (
+                f"`{text.replace(':', '`, `')}`, compiled for a {r['target']} by the host's CPU",
+                f"{sec(p['compile_seconds_sum'])} in all, one program at a time{slowest}",
+            )
+        )
+    return rows
+
+
 def _slowest(programs: dict | None) -> str:
     """ ", the slowest program X s" of a run's programs (name -> seconds), if given."""
     if not programs:

@@ -70,6 +70,11 @@ BENCHMARKS = {
         "interleaved.",
         model.cnn_vs_pytorch,
     ),
+    "aot_compile": Benchmark(
+        "Each preset's programs compiled for a TPU on a machine without one (libtpu's "
+        "described topology), one at a time.",
+        run.aot_compile,
+    ),
     "compile_time": Benchmark(
         "Each preset's compile with every cache off: a user's first run.", run.compile_time
     ),

@@ -69,6 +69,7 @@ GROUPS = (
         "Compile and start-up",
         "What a user waits for before the first step.",
         "compile_time",
+        "aot_compile",
         "staged_batches",
         "startup",
         "data_loading",
