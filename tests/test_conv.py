@@ -87,6 +87,39 @@ def test_auto_is_xla_on_accelerators_and_the_fastest_at_hand_on_cpu():
     assert set(conv.CHOICES) == {"auto", "xla", "im2col", "patches", "onednn"}
 
 
+def test_auto_is_patches_for_a_one_channel_input_on_a_tpu_only():
+    """A grayscale first layer on a TPU: patches and one matmul (`conv.resolve`); every
+    other input there, every input elsewhere, and every forced choice as before."""
+    assert conv.resolve("auto", "tpu", in_channels=1) == "patches"
+    assert conv.resolve("auto", "tpu", in_channels=3) == "xla"
+    assert conv.resolve("auto", "gpu", in_channels=1) == "xla"
+    assert conv.resolve("xla", "tpu", in_channels=1) == "xla"
+    fastest = "onednn" if onednn.available() else "im2col"
+    assert conv.resolve("auto", "cpu", in_channels=1) == fastest
+
+
+@pytest.mark.parametrize("channels", [1, 3])
+def test_a_cnn_on_a_tpu_convolves_a_grayscale_first_layer_as_patches(monkeypatch, channels):
+    """Each layer's formulation as the network is traced on a TPU (JAX's backend answered
+    as a TPU's): patches for the first layer of one-channel images only; and
+    environment.json says so."""
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    used = []
+    for name, fn in list(conv.CONV_IMPLS.items()):
+        monkeypatch.setitem(conv.CONV_IMPLS, name, lambda *a, n=name, f=fn: used.append(n) or f(*a))
+    cfg = config.get_preset("speedrun").model
+    shape = (28, 28) if channels == 1 else (28, 28, channels)
+    params = cnn.init(jax.random.key(0), cfg, shape, 10)
+    jax.eval_shape(lambda p, x: cnn.apply(p, x, cfg), params, jnp.zeros((2, *shape)))
+    first = "patches" if channels == 1 else "xla"
+    assert used == [first, "xla"]
+    facts = cnn.run_facts(cfg, shape)
+    assert facts == {
+        "conv_impl": "xla",
+        **({"conv_impl_first_layer": "patches"} if channels == 1 else {}),
+    }
+
+
 def test_auto_falls_back_to_plain_xla_without_onednn(monkeypatch):
     monkeypatch.setattr(onednn, "available", lambda: False)
     assert conv.resolve("auto", "cpu") == conv.CPU_FASTEST_XLA == "im2col"

@@ -20,8 +20,8 @@ A family provides its config and a few pure functions, gathered in a `Model`:
   name ("mlp in → 256 → out"), for the report (which adds activation and dtype);
 - `portable(model_cfg) -> model_cfg`: the formulation `export` traces, one that every
   backend can run (the CNN swaps a oneDNN convolution for XLA's); identity by default;
-- `run_facts(model_cfg) -> dict`: facts environment.json records when a run starts (the
-  CNN's resolved convolution); none by default;
+- `run_facts(model_cfg, input_shape=None) -> dict`: facts environment.json records when a
+  run starts on images of `input_shape` (the CNN's resolved convolutions); none by default;
 - `first_kernel`: the params.npz key (`rundir.save_params`) of the first layer's image
   kernels, (k, k, C_in, C_out), which the report draws; None when the family has none.
 
@@ -64,7 +64,7 @@ def _same(model_cfg):
     return model_cfg
 
 
-def _no_facts(model_cfg) -> dict:
+def _no_facts(model_cfg, input_shape=None) -> dict:
     return {}
 
 
@@ -76,7 +76,7 @@ class Model(NamedTuple):
     config: type  # the family's config dataclass, derived from family.ModelConfig
     describe: Callable  # (model_cfg) -> str, e.g. "mlp in → 256 → out"
     portable: Callable = _same  # (model_cfg) -> the model_cfg export traces
-    run_facts: Callable = _no_facts  # (model_cfg) -> dict recorded in environment.json
+    run_facts: Callable = _no_facts  # (model_cfg, input_shape) -> dict for environment.json
     first_kernel: str | None = None  # params.npz key of the first layer's image kernels
 
 

@@ -227,7 +227,8 @@ def apply(params: dict, images: jax.Array, cfg, key: jax.Array | None = None, tr
     for i, (layer, pooled) in enumerate(zip(params["conv"], pools(cfg), strict=True)):
         w, b = layer["w"].astype(dtype), layer["b"].astype(dtype)
         block_input = x
-        x = conv.conv2d(x, w, impl, cfg.padding)
+        formulation = conv.resolve(cfg.conv_impl, dtype=dtype, in_channels=x.shape[-1])
+        x = conv.conv2d(x, w, formulation, cfg.padding)
         if cfg.batch_norm:  # statistics of the whole map, before pooling
             x, stats = _batch_norm(x, layer, params[STATS][i], train)
             new_stats.append(stats)
@@ -351,10 +352,18 @@ def portable(cfg):
     return dataclasses.replace(cfg, conv_impl=conv.portable(cfg.conv_impl))
 
 
-def run_facts(cfg) -> dict:
+def run_facts(cfg, input_shape: tuple[int, ...] | None = None) -> dict:
     """What environment.json records of a CNN run: the convolution's formulation, as `auto`
-    (or the user) chose it on this backend."""
-    return {"conv_impl": conv.resolve(cfg.conv_impl, dtype=cfg.dtype)}
+    (or the user) chose it on this backend, and the first layer's where it differs for
+    images of `input_shape` ((H, W) or (H, W, C); `conv.resolve`)."""
+    impl = conv.resolve(cfg.conv_impl, dtype=cfg.dtype)
+    facts = {"conv_impl": impl}
+    if input_shape is not None:
+        channels = input_shape[2] if len(input_shape) == 3 else 1
+        first = conv.resolve(cfg.conv_impl, dtype=cfg.dtype, in_channels=channels)
+        if first != impl:
+            facts["conv_impl_first_layer"] = first
+    return facts
 
 
 MODEL = Model(

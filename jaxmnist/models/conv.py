@@ -154,12 +154,22 @@ CPU_FASTEST, CPU_FASTEST_XLA = "onednn", "im2col"
 PORTABLE = ("xla", "im2col", "patches")
 
 
-def resolve(impl: str, backend: str | None = None, dtype="float32") -> str:
+def resolve(
+    impl: str, backend: str | None = None, dtype="float32", in_channels: int | None = None
+) -> str:
     """The formulation `impl` stands for on `backend` (default: JAX's default backend),
-    for convolutions in `dtype`."""
+    for convolutions in `dtype` of inputs with `in_channels` channels (None: any).
+
+    On a TPU `auto` is XLA's native convolution, except for an input of one channel (a
+    grayscale image's first layer): inside a single model's training steps with augmented
+    batches, that one compiled for far longer than the rest of the program together, and
+    as patches and one matmul (`conv_patches`) it compiles like any other layer
+    (`benchmarks/aot_compile.py`, docs/tpu-gpu.md)."""
     if impl != "auto":
         return impl
     backend = backend or jax.default_backend()
+    if backend == "tpu" and in_channels == 1:
+        return "patches"
     if backend != "cpu":
         return "xla"
     if jax.device_count() == 1:

@@ -165,7 +165,7 @@ def setup_run(
         "device": str(layout.mesh.devices.flat[0]),
         **layout.describe(),
     }
-    info.update(get_model(cfg.model.name).run_facts(cfg.model))  # e.g. the CNN's conv_impl
+    info.update(get_model(cfg.model.name).run_facts(cfg.model, input_shape))  # conv_impl
     pop = Population(
         cfg, optimizer, members, (len(members),), input_shape, num_classes,
         len(plan.epoch_steps), layout, ensemble=ensemble,
