@@ -39,6 +39,7 @@ import sys
 import tempfile
 import time
 from contextlib import contextmanager
+from importlib import metadata
 from pathlib import Path
 
 from benchlib.launch import require_data_dir
@@ -48,13 +49,13 @@ PRESETS = "tpu101,codelab,cnn,speedrun,speedrun8,record,fashion_record"
 TOPOLOGY = "v5e:1x1"
 
 
-def parse_preset(text: str) -> tuple[str, list[str], dict[str, str]]:
-    """`NAME[8][:KEY=VALUE...]` -> (preset, its `train.seeds` override if any, overrides)."""
+def parse_preset(text: str) -> tuple[str, dict[str, str]]:
+    """`NAME[8][:KEY=VALUE...]` -> (preset, overrides; `train.seeds=8` among them for NAME8)."""
     name, *pairs = text.split(":")
     overrides = dict(pair.split("=", 1) for pair in pairs)
     if name.endswith("8"):
         name, overrides = name[:-1], {"train.seeds": "8", **overrides}
-    return name, pairs, overrides
+    return name, overrides
 
 
 def describe_tpu(topology: str):
@@ -101,7 +102,7 @@ def compile_preset(device, text: str, backend: str | None, data_dir: str | None)
     from jaxmnist.training import memory, parallel
     from jaxmnist.training.population import Population, seed_members
 
-    name, _, overrides = parse_preset(text)
+    name, overrides = parse_preset(text)
     cfg = config_lib.apply_overrides(config_lib.get_preset(name), overrides)
     if data_dir is not None:
         cfg = config_lib.apply_overrides(cfg, {"data.data_dir": data_dir})
@@ -177,25 +178,16 @@ def main(argv=None):
                 top = ", ".join(f"{k} {v:.2f}" for k, v in list(r["compile_programs"].items())[:3])
                 print(f"  {text:<28} {r['lower_and_compile_seconds']:7.2f} s  ({top})", flush=True)
         finally:
-            registry.DATASETS.pop("tiny", None) if args.smoke else None
+            if args.smoke:
+                registry.DATASETS.pop("tiny", None)
     figures = {
         "smoke": args.smoke,
         "target": target,
-        "libtpu": _version("libtpu"),
-        "jax": jax.__version__,
+        "libtpu": None if args.smoke else metadata.version("libtpu"),  # jax's: environment
         "presets": results,
     }
     out = args.out or default_out("aot_compile", args.smoke)
     print(save_benchmark(out, figures, load_before))
-
-
-def _version(package: str) -> str | None:
-    from importlib import metadata
-
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 if __name__ == "__main__":
