@@ -174,6 +174,7 @@ def setup_run(
     # that fit, or one clear line. The programs compiled for it are the run's own.
     chunks, about = memory.chunks_for(cfg, pop, plan.steps_per_epoch, dataset)
     info["staged_batches"] = pop.staged  # gathered where the plans are drawn (`population`)
+    info["augmented_ahead"] = pop.augment_ahead  # in a program of their own (`population`)
     if len(members) > 1:
         info.update(models=len(members), seeds=sorted({m.seed for m in members}), **about)
     if chunks != pop.chunks:
@@ -308,7 +309,7 @@ class _Loop:
         t0 = time.perf_counter()
         # Waited for here: the epoch's time, but not its first call's, which the pacer
         # takes as the speed of a step (a population's shuffles can take seconds).
-        plans = jax.block_until_ready(pop.plan_epoch(epoch - 1))
+        plans = jax.block_until_ready(pop.plan_epoch(epoch - 1, (done, num_steps)))
         waited = time.perf_counter() - t0
         clock[0] += waited
         clock[1] += waited

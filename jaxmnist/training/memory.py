@@ -12,7 +12,8 @@ device:
     resident    per model, for the whole run: its state and the epoch's accumulators
                 (the `steps` program's output), the epoch's plan (the `plan` program's;
                 staged, with its batches; twice where plans are drawn on the host, whose
-                next epoch's is copied to the mesh while this one trains) and its keys
+                next epoch's is copied to the mesh while this one trains), its batches
+                augmented ahead (the `augment` program's, where there is one) and its keys
     transient   the program that is running: XLA's temporaries, plus whatever it outputs
                 beyond what it writes over its donated inputs, plus (on CPU) the largest
                 array a YNNPACK fusion makes inside itself; the largest over the chunk's
@@ -85,7 +86,7 @@ _COMPUTATION = re.compile(r"^(%[\w.\-]+) \(.*?\) -> .*? \{\n(.*?)\n\}", re.DOTAL
 _ARRAY = re.compile(r"\s*%[\w.\-]+ = [a-z]+(\d*)\[([\d,]*)\]\S* ([\w\-]+)\(")
 _NOT_MADE = ("parameter", "constant", "bitcast", "broadcast")  # inputs, or views of them
 # Programs whose output is the resident state, plan or accumulators (counted as such).
-_KEPT_OUTPUTS = ("init", "plan", "metrics")
+_KEPT_OUTPUTS = ("init", "plan", "metrics", "augment")
 # On a TPU a population of one model stages its batches (`stages_batches`) when its staged
 # epochs (this epoch's and the next's) take at most this part of the device's budget.
 STAGE_FRACTION = 0.25
@@ -159,6 +160,8 @@ def chunk_memory(
     resident = (
         stats["steps"].output_size_in_bytes  # the states and accumulators it steps
         + plan.output_size_in_bytes * (2 if "plan" in host else 1)  # the next one's too
+        # The epoch's batches, augmented ahead (`population.augments_ahead`).
+        + (stats["augment"].output_size_in_bytes if "augment" in stats else 0)
         # Every epoch's key (kept on the host, placed as its epoch starts: on a CPU, the
         # same memory) and the init key.
         + math.prod(keys.shape) * np.dtype(keys.dtype).itemsize * (num_epochs + 1)

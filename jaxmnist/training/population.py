@@ -32,6 +32,15 @@ and the steps' program only indexes them, which keeps the gather, much of that
 program's compile there, out of it. The initial states are made there too (their
 program, random draws, compiles in seconds on a TPU) and copied to the mesh.
 
+On a TPU, too, a population of several models that augments its data augments each
+epoch's batches ahead
+(`augment_ahead`, chosen by `augments_ahead`): as an epoch starts, a program of its own
+makes every step's batch, gathered and augmented (`step.make_augmented_batches`: the same
+batches), and the steps' program only indexes them. The augmentation is a
+large part of the steps' compile there (the slowest program, which a run waits for), and
+its own program compiles beside it; the augmented epoch is held on the mesh while it
+trains (uint8: a fraction of a model's activations).
+
 A member's random keys do not depend on its company: seed s gives
 `init_key, shuffle_key = split(key(s))` and epoch keys `split(shuffle_key,
 epochs)`, exactly as a single run does, so a seed trained in a group follows
@@ -63,6 +72,7 @@ from jaxmnist.training.step import (
     TrainData,
     empty_metrics,
     init_state,
+    make_augmented_batches,
     make_epoch_plan,
     make_train_steps,
     model_params,
@@ -125,6 +135,14 @@ def _in_background(fn, *args) -> Future:
 
     threading.Thread(target=run, name="jaxmnist-next-plan", daemon=True).start()
     return future
+
+
+def augments_ahead(cfg, platform: str, models: int) -> bool:
+    """Whether a population of `models` of `cfg` on `platform` augments each epoch's
+    batches ahead, in a program of their own (module doc): on a TPU, where the data are
+    augmented, for several models (one model's steps compiled no sooner without the
+    augmentation there, and its epochs were slower: docs/tpu-gpu.md)."""
+    return platform == "tpu" and cfg.data.augment and models > 1
 
 
 def compile_workers(platform: str) -> int:
@@ -262,11 +280,21 @@ class Population:
         *,
         ensemble: bool = False,
         staged: bool = False,
+        augment_ahead: bool | None = None,
     ):
         self.cfg, self.optimizer, self.members = cfg, optimizer, tuple(members)
         self.layout = layout
+        platform = layout.mesh.devices.flat[0].platform
         self.staged = staged  # plans hold their batches (module doc)
         self.plan_data: TrainData | None = None  # what staged plans gather from (`hold_plan_data`)
+        # Each epoch's batches augmented ahead, in a program of their own (module doc; None:
+        # `augments_ahead`), from the training set on the mesh (`hold_plan_data`).
+        self.augment_ahead = (
+            augments_ahead(cfg, platform, len(self.members))
+            if augment_ahead is None
+            else augment_ahead
+        )
+        self.augment_data: TrainData | None = None
         # Evaluate the ensemble of every member too, on the sets of `evaluate.ENSEMBLE_SETS`.
         self.ensemble = ensemble
         self.chunks = tuple(chunks)
@@ -277,7 +305,6 @@ class Population:
         # plans, drawn there ahead: (epoch index, one per chunk). The keys are drawn there
         # too: the same bits (threefry is integer arithmetic), without the mesh compiling
         # their programs.
-        platform = layout.mesh.devices.flat[0].platform
         self.plan_device = plan_device(platform)
         with jax.default_device(self.plan_device) if self.plan_device else nullcontext():
             init, self.epoch_keys = population_keys([m.seed for m in self.members], num_epochs)
@@ -286,6 +313,7 @@ class Population:
         self.plan_fns: dict = {}  # chunk size -> compiled plan_epoch
         self.metrics_fns: dict = {}  # chunk size -> compiled new_metrics
         self.steps_fns: dict = {}  # chunk size -> compiled train_steps
+        self.augment_fns: dict = {}  # chunk size -> compiled augmented plan (`augment_ahead`)
         self.rate_fns: dict = {}  # chunk size -> compiled learning rates
         # (chunk size, set name) -> compiled evaluation of a block: one program per chunk
         # size, whichever the set (`evaluate.place_eval_blocks`)
@@ -372,9 +400,9 @@ class Population:
         other = Population(
             self.cfg, self.optimizer, self.members, chunks, self.input_shape,
             self.num_classes, self.num_epochs, self.layout, ensemble=self.ensemble,
-            staged=self.staged,
+            staged=self.staged, augment_ahead=self.augment_ahead,
         )  # fmt: skip
-        other.plan_data = self.plan_data
+        other.plan_data, other.augment_data = self.plan_data, self.augment_data
         other.programs, other.compile_seconds = self.programs, self.compile_seconds
         other.finish_fn, other.finish_chunks = self.finish_fn, self.finish_chunks
         other.compile_times = self.compile_times
@@ -390,7 +418,10 @@ class Population:
     def hold_plan_data(self, images: np.ndarray, labels: np.ndarray, placed: TrainData) -> None:
         """Keeps the training set staged plans gather from: `placed` (the set on the mesh)
         where plans are drawn on the mesh, else a copy of `images` and `labels` (host
-        arrays) on `plan_device`. Nothing where the population does not stage."""
+        arrays) on `plan_device`; and `placed`, which batches augmented ahead are gathered
+        from (`augment_ahead`). Nothing where the population does neither."""
+        if self.augment_ahead:
+            self.augment_data = placed
         if not self.staged:
             return
         if self.plan_device is None:
@@ -450,23 +481,49 @@ class Population:
             lambda: jax.tree.map(lambda x: jnp.broadcast_to(x, (size, *x.shape)), empty_metrics(S)),
             out_shardings=by_member,
         )
+        ahead = self.augment_ahead
         train_steps = make_train_steps(
-            self.cfg, self.optimizer, shard_batch=lay.shard_batch, staged=self.staged
+            self.cfg,
+            self.optimizer,
+            shard_batch=lay.shard_batch,
+            staged=self.staged or ahead,
+            augmented=ahead,
         )
+        steps_plan = self._ahead_shardings() if ahead else by_member  # a plan, or its prefix
         stepped = jax.jit(
             self._lift(train_steps, size, (0, 0, 0, None, None, None)),
             donate_argnums=(0, 1),
-            in_shardings=(by_member,) * 3 + (lay.replicated,) * 3,
+            in_shardings=(by_member, by_member, steps_plan) + (lay.replicated,) * 3,
             out_shardings=(by_member, by_member),
         )
         bounds = jax.ShapeDtypeStruct((), np.int32, sharding=lay.replicated)
         plan_shapes = shapes(planned.eval_shape(raw_keys, *plan_args))
+        steps_plan_shapes = plan_shapes
+        if ahead:  # the steps read the plan the augmentation's program makes of it
+            batches = (steps_plan.images, steps_plan.labels)
+            augment = jax.jit(
+                self._lift(
+                    make_augmented_batches(self.cfg, lay.shard_batch, self.staged),
+                    size,
+                    (0, None, None, None),
+                ),
+                in_shardings=(by_member,) + (lay.replicated,) * 3,
+                out_shardings=batches,
+            )
+            made = augment.eval_shape(plan_shapes, train_data, bounds, bounds)
+            images, labels = (
+                jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+                for x, sharding in zip(made, batches, strict=True)
+            )
+            steps_plan_shapes = plan_shapes._replace(images=images, labels=labels)
         metric_shapes = shapes(fresh.eval_shape())
         with Compiles(self.compile_workers) as compiles:  # the slowest first
             compiles.add(
                 "steps",
-                stepped.lower(states, metric_shapes, plan_shapes, train_data, bounds, bounds),
+                stepped.lower(states, metric_shapes, steps_plan_shapes, train_data, bounds, bounds),
             )
+            if ahead:
+                compiles.add("augment", augment.lower(plan_shapes, train_data, bounds, bounds))
             compiles.add("init", init.lower(raw_keys, hyper))
             compiles.add("plan", planned.lower(raw_keys, *plan_args))
             compiles.add("metrics", fresh.lower())
@@ -514,6 +571,8 @@ class Population:
             self.plan_fns[size] = programs["plan"]
             self.metrics_fns[size] = programs["metrics"]
             self.steps_fns[size] = programs["steps"]
+            if self.augment_ahead:
+                self.augment_fns[size] = programs["augment"]
             self.rate_fns[size] = programs["rate"]
             for name in eval_sets:
                 self.eval_fns[size, name] = programs["eval"]
@@ -545,10 +604,34 @@ class Population:
         self.compile_times.update(seconds)
         self.compile_seconds += time.perf_counter() - start
 
-    def plan_epoch(self, epoch_index: int) -> list[EpochPlan]:
+    def _ahead_shardings(self) -> EpochPlan:
+        """Where a plan augmented ahead lies: each step's batch split over the mesh's
+        `data` axis, as the steps split it (`parallel.Layout.shard_batch`)."""
+        lay = self.layout
+        batches = lay.sharding("members", None, "data")
+        return EpochPlan(lay.by_member, lay.by_member, batches, batches)
+
+    def plan_epoch(self, epoch_index: int, steps: tuple[int, int] | None = None) -> list:
         """Every chunk's plan for epoch `epoch_index` (0-based), on the mesh (staged: with
         its batches). Where plans are drawn on the host (`plan_device`), the next epoch's
-        is drawn there and copied to the mesh on a thread while this one trains."""
+        is drawn there and copied to the mesh on a thread while this one trains. With
+        `augment_ahead`, each plan is then staged with the batches of `steps` (start,
+        stop), the steps that will run (default: all), augmented (module doc)."""
+        plans = self._plans(epoch_index)
+        if not self.augment_ahead:
+            return plans
+        lay = self.layout
+        start, stop = steps or (0, plans[0].indices.shape[1])
+        with jax.transfer_guard_host_to_device("allow"):  # the two bounds
+            a, b = (lay.put(np.int32(x), lay.replicated) for x in (start, stop))
+        augmented = []
+        for size, plan in zip(self.chunks, plans, strict=True):
+            images, labels = self.augment_fns[size](plan, self.augment_data, a, b)
+            augmented.append(plan._replace(images=images, labels=labels))
+        return augmented
+
+    def _plans(self, epoch_index: int) -> list[EpochPlan]:
+        """Every chunk's plan for epoch `epoch_index`, as drawn, on the mesh (`plan_epoch`)."""
         lay = self.layout
         if self.plan_device is None:
             with jax.transfer_guard_host_to_device("allow"):  # the epoch's keys, as it starts

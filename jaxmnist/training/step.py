@@ -15,7 +15,9 @@ Images stay uint8 `(N, H, W)` on the device and are scaled to [0, 1] inside the
 step (`models.train_apply_uint8`). A step gathers its batch from the training set
 (`make_batch`), or, where the plan was drawn staged, takes it from the plan, which then
 holds every step's images in order (gathered where the plan was drawn: on a TPU, the
-host's CPU); either way the batch is the same. Whoever runs the epoch on a mesh passes
+host's CPU); either way the batch is the same. A plan may also be staged with its batches
+augmented already, by a program of their own (`make_augmented_batches`), again the
+same batches. Whoever runs the epoch on a mesh passes
 `shard_batch`, which constrains each gathered batch to be split over the mesh's
 `data` axis; the compiler then inserts the gradient all-reduce itself.
 """
@@ -161,14 +163,18 @@ def empty_metrics(num_steps: int) -> EpochMetrics:
 
 
 def make_batch(
-    cfg, shard_batch: Callable[[jax.Array], jax.Array] | None = None, staged: bool = False
+    cfg,
+    shard_batch: Callable[[jax.Array], jax.Array] | None = None,
+    staged: bool = False,
+    augmented: bool = False,
 ) -> Callable:
     """Returns `batch(plan, data, i) -> (images uint8 (B, H, W), labels int32 (B,))`:
     step `i`'s examples of `data` as `plan` orders them (`staged`: as the plan holds
-    them), augmented with the step's key where `data.augment` is on. `shard_batch(x)` is
-    applied to each (see `make_train_steps`)."""
+    them), augmented with the step's key where `data.augment` is on (`augmented`: the
+    plan's images are already: `make_augmented_batches`). `shard_batch(x)` is applied to
+    each (see `make_train_steps`)."""
     shard = shard_batch or (lambda x: x)
-    augmenting = cfg.data.augment
+    augmenting = cfg.data.augment and not augmented
 
     def batch(plan: EpochPlan, data, i):
         if staged:
@@ -187,11 +193,42 @@ def make_batch(
     return batch
 
 
+def make_augmented_batches(
+    cfg, shard_batch: Callable[[jax.Array], jax.Array] | None = None, staged: bool = False
+) -> Callable:
+    """Returns the pure `augmented(plan, data, start, stop) -> (images uint8 (num_steps,
+    batch, H, W), labels int32 (num_steps, batch))`: the batches of `plan`'s steps
+    `start .. stop - 1` as the steps would make them (`make_batch`: gathered from `data`,
+    or as a `staged` plan holds them, and augmented with each step's key), one step after
+    another in a loop; the other steps' are zero. A plan staged with them
+    (`plan._replace(images=images, labels=labels)`) is read by `make_train_steps(...,
+    staged=True, augmented=True)`, whose program then holds no augmentation (`population`
+    says why): the same batches, made in a program of their own."""
+    batch = make_batch(cfg, shard_batch, staged)
+
+    def augmented(plan: EpochPlan, data, start, stop):
+        num_steps, size = plan.indices.shape
+        shape = plan.images.shape[2:] if staged else data.images.shape[1:]
+        held = (
+            jnp.zeros((num_steps, size, *shape), jnp.uint8),
+            jnp.zeros((num_steps, size), jnp.int32),
+        )
+
+        def body(i, held):
+            images, labels = batch(plan, data, i)
+            return held[0].at[i].set(images), held[1].at[i].set(labels)
+
+        return jax.lax.fori_loop(start, stop, body, held)
+
+    return augmented
+
+
 def make_train_steps(
     cfg,
     optimizer,
     shard_batch: Callable[[jax.Array], jax.Array] | None = None,
     staged: bool = False,
+    augmented: bool = False,
 ) -> Callable:
     """Returns the pure `train_steps(state, metrics, plan, data, start, stop) ->
     (state, metrics)`: steps `start, ..., stop - 1` of an epoch's `plan`.
@@ -204,10 +241,11 @@ def make_train_steps(
     what the whole would: the same step runs in the same order either way.
     `shard_batch(x)` is applied to each gathered batch (images and labels), e.g. a
     sharding constraint; identity when None. `staged`: the plan holds the batches
-    (`make_epoch_plan`), and `data` is not read.
+    (`make_epoch_plan`), and `data` is not read; `augmented`: augmented already
+    (`make_augmented_batches`), so the steps do not augment them again.
     """
     step = make_train_step(cfg, optimizer)
-    batch = make_batch(cfg, shard_batch, staged)
+    batch = make_batch(cfg, shard_batch, staged, augmented)
     dropping = cfg.model.dropout > 0
 
     def train_steps(state: TrainState, metrics: EpochMetrics, plan: EpochPlan, data, start, stop):
