@@ -26,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from jaxmnist import config as config_lib
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 README = ROOT / "README.md"
@@ -216,11 +218,22 @@ def _preset_in(preset: str, name: str = "presets"):
 
 
 def _whole_run_of(preset: str):
-    """Does a record of the record presets hold a whole run of `preset` (not the first
-    steps of one, `record.py --steps`)?"""
-    return lambda record: (
-        not record.get("presets", {}).get(preset, {"partial": True}).get("partial")
-    )
+    """Does a record of the record presets hold a whole run of `preset` as it is (not the
+    first steps of one, `record.py --steps`, nor a variant: `--set KEY=VALUE` overrides,
+    in `overrides` or, in a record older than that field, in its command, that make
+    another config than the preset's today)?"""
+
+    def measures(record: dict) -> bool:
+        run = record.get("presets", {}).get(preset, {"partial": True})
+        return not run.get("partial") and not _variant(preset, run)
+
+    return measures
+
+
+def _variant(preset: str, run: dict) -> bool:
+    pairs = run.get("overrides") or [t for t in run.get("command", "").split() if "=" in t]
+    base = config_lib.get_preset(preset)
+    return config_lib.apply_overrides(base, dict(p.split("=", 1) for p in pairs)) != base
 
 
 # What each preset reached: the benchmark whose records hold it, whether a record holds

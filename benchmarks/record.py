@@ -105,6 +105,7 @@ def run_preset(preset: str, work: Path, smoke: bool, steps=None, overrides=()) -
     environment = json.loads((run_dir / "environment.json").read_text())
     common = {
         "command": "jaxmnist " + " ".join(args[:-2]),
+        "overrides": list(overrides),  # `--set`: a variant of the preset, not the preset
         "wall_seconds": wall,
         "compile_seconds": s["compile_seconds"],
         "train_seconds": s["train_seconds"],

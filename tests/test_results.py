@@ -111,6 +111,22 @@ def test_a_newer_record_replaces_the_figure(goals, results, tmp_path, monkeypatc
     )
 
 
+def test_a_variant_of_a_record_preset_is_not_the_presets_figure(goals):
+    measures = goals._whole_run_of("record")
+    epochs = goals.config_lib.get_preset("record").train.epochs
+    as_is = {"command": "jaxmnist train --preset record --quiet", "overrides": []}
+    assert measures({"presets": {"record": as_is}})
+    # overrides that give the preset's own values (a run the preset was later set to)
+    same = {"command": f"jaxmnist train --preset record --quiet train.epochs={epochs}"}
+    assert measures({"presets": {"record": same}})
+    smoothed = {**as_is, "overrides": ["train.label_smoothing=0.1"]}
+    assert not measures({"presets": {"record": smoothed}})
+    older = {"command": f"jaxmnist train --preset record --quiet train.epochs={epochs + 1}"}
+    assert not measures({"presets": {"record": older}})
+    assert not measures({"presets": {"record": {**as_is, "partial": True}}})
+    assert not measures({"presets": {}})
+
+
 def test_the_tpu_pages_time_to_result_is_the_newest_full_records(goals):
     table = goals.time_to_result_table()
     goal = next(g for g in goals.GOALS if g.benchmark == "tpu/time_to_result")
