@@ -84,8 +84,7 @@ def test_batches_augmented_ahead_train_the_same_models(
             assert a[key] == b[key]
 
 
-@pytest.mark.parametrize("warps", [False, True])
-@pytest.mark.parametrize("staged", [False, True])
+@pytest.mark.parametrize(("staged", "warps"), [(False, True), (True, False)])
 def test_an_augmented_plan_holds_the_batches_of_its_steps_and_nothing_else(
     tiny_dataset, staged, warps
 ):
@@ -144,7 +143,7 @@ def _programs(cfg, dataset, ahead: bool):
 
 
 def test_the_estimate_keeps_the_augmented_epoch_for_every_model(tiny_dataset):
-    cfg = _augmented_cnn(small_cfg(seeds=2))
+    cfg = _translated_mlp(small_cfg(seeds=2))
     plan, inline = _programs(cfg, tiny_dataset, ahead=False)
     _, ahead = _programs(cfg, tiny_dataset, ahead=True)
     kept = memory.chunk_memory(ahead, 2).resident - memory.chunk_memory(inline, 2).resident
