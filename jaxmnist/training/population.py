@@ -33,13 +33,12 @@ program's compile there, out of it. The initial states are made there too (their
 program, random draws, compiles in seconds on a TPU) and copied to the mesh.
 
 On a TPU, too, a population of several models that augments its data augments each
-epoch's batches ahead
-(`augment_ahead`, chosen by `augments_ahead`): as an epoch starts, a program of its own
-makes every step's batch, gathered and augmented (`step.make_augmented_batches`: the same
-batches), and the steps' program only indexes them. The augmentation is a
-large part of the steps' compile there (the slowest program, which a run waits for), and
-its own program compiles beside it; the augmented epoch is held on the mesh while it
-trains (uint8: a fraction of a model's activations).
+epoch's batches ahead (`augment_ahead`, chosen by `augments_ahead`): as an epoch starts,
+a program of its own makes every step's batch, gathered and augmented
+(`step.make_augmented_batches`: the same batches), and the steps' program only indexes
+them. The augmentation is a large part of the steps' compile there (the slowest program,
+which a run waits for), and its own program compiles beside it; the augmented epoch is
+held on the mesh while it trains (uint8: a fraction of a model's activations).
 
 A member's random keys do not depend on its company: seed s gives
 `init_key, shuffle_key = split(key(s))` and epoch keys `split(shuffle_key,

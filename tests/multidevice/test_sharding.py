@@ -120,6 +120,26 @@ def test_staged_batches_drawn_on_the_host_train_the_same_models_on_a_mixed_mesh(
     assert_trees_close(params[False], params[True], rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("mesh", [{"members": 2, "data": 2}, {"members": 1, "data": 4}])
+def test_batches_augmented_ahead_train_the_same_models_on_a_mesh(tiny_dataset, monkeypatch, mesh):
+    """Each epoch's batches augmented by a program of their own as it starts (as several
+    models' are on a TPU), held split over the `data` axis, train what the steps'
+    own augmentation does."""
+    cfg = small_cfg(seeds=2, steps=12)
+    data = dataclasses.replace(cfg.data, augment=True, max_shift=2, flip=True)
+    cfg = dataclasses.replace(cfg, data=data)
+    layout = parallel.build_layout(None, mesh)
+    params = {}
+    for ahead in (False, True):
+        monkeypatch.setattr(population, "augments_ahead", lambda *a, ahead=ahead: ahead)
+        result, params[ahead] = trained(cfg, tiny_dataset, layout)
+        assert result.info["augmented_ahead"] is ahead and result.info["mesh"] == mesh
+        if ahead:  # each step's batch split over the data axis, as the steps split it
+            images = result.population.augment_fns[2].output_shardings[0]
+            assert images.spec == jax.sharding.PartitionSpec("members", None, "data")
+    assert_trees_close(params[False], params[True], rtol=0, atol=0)
+
+
 class CompileWatch(Callback):
     """Counts JAX compiles from the end of compilation to the end of the last epoch."""
 
