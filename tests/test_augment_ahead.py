@@ -19,13 +19,13 @@ import numpy as np
 import pytest
 from test_accelerator import host_plans
 from test_seeds import small_cfg
+from test_stage import population_on_one_device
 
 from jaxmnist import config as config_lib
-from jaxmnist import optim
 from jaxmnist.models import CNNConfig
-from jaxmnist.training import memory, parallel, population, step
+from jaxmnist.training import memory, population, step
 from jaxmnist.training.loop import train_population
-from jaxmnist.training.population import Population, seed_members
+from jaxmnist.training.population import seed_members
 
 
 def _augmented_cnn(cfg, warps: bool = False):
@@ -126,17 +126,7 @@ def test_several_models_augment_ahead_on_a_tpu_where_their_data_are_augmented():
 
 def _programs(cfg, dataset, ahead: bool):
     plan = config_lib.plan_steps(cfg.train, len(dataset.train_labels))
-    pop = Population(
-        cfg,
-        optim.make_optimizer(cfg.optimizer, plan.total_steps),
-        seed_members(cfg),
-        (cfg.train.seeds,),
-        dataset.train_images.shape[1:],
-        10,
-        len(plan.epoch_steps),
-        parallel.build_layout(1),
-        augment_ahead=ahead,
-    )
+    pop = population_on_one_device(cfg, dataset, augment_ahead=ahead)
     train, evals = memory.abstract_data(cfg, dataset, pop.layout)
     block = next(iter(evals.values()))[0]
     return plan, pop.chunk_programs(len(pop), plan.steps_per_epoch, train, block)

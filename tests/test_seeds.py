@@ -348,8 +348,8 @@ def test_an_epochs_plan_is_not_timed_as_its_first_steps(tiny_dataset, paced_by_s
     n = jnp.asarray(int(100 * 2.5 * pacing.SLOW_SECONDS / (time.perf_counter() - start)))
     planned = population.Population.plan_epoch
 
-    def slow_plan(self, epoch_index, steps=None):  # dispatched: drawn after this returns
-        plans = planned(self, epoch_index, steps)
+    def slow_plan(self, epoch_index, steps=None, data=None):  # drawn after this returns
+        plans = planned(self, epoch_index, steps, data)
         return [p._replace(indices=delayed(p.indices, m, n)) for p in plans]
 
     monkeypatch.setattr(population.Population, "plan_epoch", slow_plan)

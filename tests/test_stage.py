@@ -64,7 +64,8 @@ def test_staged_batches_train_the_same_models(
             assert a[key] == b[key]
 
 
-def _population(cfg, dataset, staged: bool) -> Population:
+def population_on_one_device(cfg, dataset, **options) -> Population:
+    """A population of `cfg`'s seeds on one device (`options`: `Population`'s keywords)."""
     plan = config_lib.plan_steps(cfg.train, len(dataset.train_labels))
     return Population(
         cfg,
@@ -75,7 +76,7 @@ def _population(cfg, dataset, staged: bool) -> Population:
         10,
         len(plan.epoch_steps),
         parallel.build_layout(1),
-        staged=staged,
+        **options,
     )
 
 
@@ -91,7 +92,11 @@ def test_the_estimate_keeps_the_staged_epochs_for_every_model(
     steps = config_lib.plan_steps(cfg.train, len(tiny_dataset.train_labels)).steps_per_epoch
     ests = {
         staged: memory.estimate_for(
-            cfg, _population(cfg, tiny_dataset, staged), steps, tiny_dataset, (2,)
+            cfg,
+            population_on_one_device(cfg, tiny_dataset, staged=staged),
+            steps,
+            tiny_dataset,
+            (2,),
         )
         for staged in (False, True)
     }
@@ -124,7 +129,7 @@ def test_a_population_of_one_model_stages_where_plans_are_drawn_on_the_host(
 
 
 def test_a_population_is_told_to_stage_before_it_compiles(tiny_dataset):
-    pop = _population(small_cfg(), tiny_dataset, staged=False)
+    pop = population_on_one_device(small_cfg(), tiny_dataset, staged=False)
     pop.stage_batches()
     assert pop.staged
     steps = config_lib.plan_steps(small_cfg().train, len(tiny_dataset.train_labels))

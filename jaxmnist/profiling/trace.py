@@ -81,7 +81,7 @@ def capture(
     after as many untraced (`MIN_STEPS` when `num_steps` is None: then as many are traced
     as `call_steps` chooses from the untraced steps' speed)."""
     out_dir = Path(out_dir)
-    plans = population.plan_epoch(0)
+    plans = population.plan_epoch(0, data=data)
 
     def run(states, metrics, ranges):
         for start, stop in ranges:

@@ -309,7 +309,8 @@ class _Loop:
         t0 = time.perf_counter()
         # Waited for here: the epoch's time, but not its first call's, which the pacer
         # takes as the speed of a step (a population's shuffles can take seconds).
-        plans = jax.block_until_ready(pop.plan_epoch(epoch - 1, (done, num_steps)))
+        plans = pop.plan_epoch(epoch - 1, (done, num_steps), self.setup.train_data)
+        plans = jax.block_until_ready(plans)
         waited = time.perf_counter() - t0
         clock[0] += waited
         clock[1] += waited

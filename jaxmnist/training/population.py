@@ -287,13 +287,12 @@ class Population:
         self.staged = staged  # plans hold their batches (module doc)
         self.plan_data: TrainData | None = None  # what staged plans gather from (`hold_plan_data`)
         # Each epoch's batches augmented ahead, in a program of their own (module doc; None:
-        # `augments_ahead`), from the training set on the mesh (`hold_plan_data`).
+        # `augments_ahead`).
         self.augment_ahead = (
             augments_ahead(cfg, platform, len(self.members))
             if augment_ahead is None
             else augment_ahead
         )
-        self.augment_data: TrainData | None = None
         # Evaluate the ensemble of every member too, on the sets of `evaluate.ENSEMBLE_SETS`.
         self.ensemble = ensemble
         self.chunks = tuple(chunks)
@@ -401,7 +400,7 @@ class Population:
             self.num_classes, self.num_epochs, self.layout, ensemble=self.ensemble,
             staged=self.staged, augment_ahead=self.augment_ahead,
         )  # fmt: skip
-        other.plan_data, other.augment_data = self.plan_data, self.augment_data
+        other.plan_data = self.plan_data
         other.programs, other.compile_seconds = self.programs, self.compile_seconds
         other.finish_fn, other.finish_chunks = self.finish_fn, self.finish_chunks
         other.compile_times = self.compile_times
@@ -417,10 +416,7 @@ class Population:
     def hold_plan_data(self, images: np.ndarray, labels: np.ndarray, placed: TrainData) -> None:
         """Keeps the training set staged plans gather from: `placed` (the set on the mesh)
         where plans are drawn on the mesh, else a copy of `images` and `labels` (host
-        arrays) on `plan_device`; and `placed`, which batches augmented ahead are gathered
-        from (`augment_ahead`). Nothing where the population does neither."""
-        if self.augment_ahead:
-            self.augment_data = placed
+        arrays) on `plan_device`. Nothing where the population does not stage."""
         if not self.staged:
             return
         if self.plan_device is None:
@@ -610,12 +606,13 @@ class Population:
         batches = lay.sharding("members", None, "data")
         return EpochPlan(lay.by_member, lay.by_member, batches, batches)
 
-    def plan_epoch(self, epoch_index: int, steps: tuple[int, int] | None = None) -> list:
+    def plan_epoch(self, epoch_index: int, steps: tuple[int, int] | None = None, data=None) -> list:
         """Every chunk's plan for epoch `epoch_index` (0-based), on the mesh (staged: with
         its batches). Where plans are drawn on the host (`plan_device`), the next epoch's
         is drawn there and copied to the mesh on a thread while this one trains. With
         `augment_ahead`, each plan is then staged with the batches of `steps` (start,
-        stop), the steps that will run (default: all), augmented (module doc)."""
+        stop), the steps that will run (default: all), gathered from `data` (the
+        training set on the mesh, as `train_steps` takes it) and augmented (module doc)."""
         plans = self._plans(epoch_index)
         if not self.augment_ahead:
             return plans
@@ -625,7 +622,7 @@ class Population:
             a, b = (lay.put(np.int32(x), lay.replicated) for x in (start, stop))
         augmented = []
         for size, plan in zip(self.chunks, plans, strict=True):
-            images, labels = self.augment_fns[size](plan, self.augment_data, a, b)
+            images, labels = self.augment_fns[size](plan, data, a, b)
             augmented.append(plan._replace(images=images, labels=labels))
         return augmented
 
