@@ -14,14 +14,10 @@ Writes a dated record under benchmarks/results/staged_batches/ (`--out` to choos
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
-from benchlib.launch import jaxmnist_command, require_data_dir
+from benchlib.launch import patched_train, require_data_dir
 from benchlib.results import SMOKE_HELP, default_out, save_benchmark
 
 # Prepended to the child's launcher: its first argument says whether staging is forced off.
@@ -31,28 +27,11 @@ from jaxmnist.training import memory
 if sys.argv.pop(1) == "inline":
     memory.stages_batches = lambda *args, **kwargs: False
 """
-RUN = "from jaxmnist.cli import main\nsys.exit(main(sys.argv[1:]))\n"
-FLAGS = ["--quiet", "--no-report", "--no-checkpoint", "--no-compile-cache"]
 
 
 def one_run(mode: str, args: list[str], smoke: bool) -> dict:
-    with tempfile.TemporaryDirectory() as work:
-        run = Path(work) / "run"
-        launch, tiny = jaxmnist_command(smoke, Path(work))
-        code = PATCH + (launch[2] if smoke else RUN)
-        argv = [sys.executable, "-c", code, mode, *launch[3:], "train", *args, *tiny, *FLAGS]
-        subprocess.run([*argv, "--run-dir", str(run)], check=True, timeout=600)
-        s = json.loads((run / "summary.json").read_text())
-        env = json.loads((run / "environment.json").read_text())
-        epochs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return {
-        "staged": env.get("staged_batches"),
-        "compile_seconds": s["compile_seconds"],
-        "compile_programs": s["compile_programs"],
-        "steady_epoch_seconds": s.get("steady_epoch_seconds"),
-        "epoch_seconds": [e["epoch_seconds"] for e in epochs],
-        "test_accuracy": s["test_accuracy"],
-    }
+    figures, environment = patched_train(PATCH, mode, args, smoke)
+    return {"staged": environment.get("staged_batches"), **figures}
 
 
 def main(argv: list[str] | None = None) -> None:

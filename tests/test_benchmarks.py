@@ -39,6 +39,7 @@ SMOKE = {
     "data_loading": ([], {"loads", "median", "environment"}),
     "devices_scaling": ([], {"scaling", "tpu101_test_accuracy", "environment"}),
     "epoch_vs_tutorial": ([], {"epoch_seconds", "epoch_ratio", "peak_fraction"}),
+    "first_conv": (["--arms", "auto,banded"], {"arms", "environment", "provenance"}),
     "eval_overhead": (["--seeds", "2", "--rounds", "1"], {"cases", "side_by_side"}),
     "host_memory": ([], {"seeds_2", "steps", "environment", "provenance"}),
     "run_overhead": ([], {"runs", "median", "goal_report_seconds", "goal_peak_mb"}),
@@ -67,6 +68,8 @@ SMOKE_CHECKS = {
             for p in r["presets"].values()
         )
     ),
+    # The forced arm is the formulation the run recorded for its first layer.
+    "first_conv": lambda r: [a["banded"]["first_layer"] for a in r["arms"].values()] == ["banded"],
     "serve_load": lambda r: r["completed"] == 20 and r["errors"] == 0,
     # Each program's compile, of the preset with its override (two members).
     "compile_time": lambda r: (

@@ -2,6 +2,7 @@
 
 import dataclasses
 import logging
+from functools import partial
 from importlib import metadata
 
 import jax
@@ -84,39 +85,52 @@ def test_auto_is_xla_on_accelerators_and_the_fastest_at_hand_on_cpu():
     fastest = "onednn" if onednn.available() else "im2col"  # with jaxmnist-onednn or not
     assert conv.resolve("auto", "cpu") == fastest
     assert conv.resolve("patches", "gpu") == "patches"  # a forced choice is kept
-    assert set(conv.CHOICES) == {"auto", "xla", "im2col", "patches", "onednn"}
+    assert set(conv.CHOICES) == {"auto", "xla", "im2col", "patches", "banded", "onednn"}
 
 
-def test_auto_is_patches_for_a_one_channel_input_on_a_tpu_only():
-    """A grayscale first layer on a TPU: patches and one matmul (`conv.resolve`); every
-    other input there, every input elsewhere, and every forced choice as before."""
-    assert conv.resolve("auto", "tpu", in_channels=1) == "patches"
-    assert conv.resolve("auto", "tpu", in_channels=3) == "xla"
-    assert conv.resolve("auto", "gpu", in_channels=1) == "xla"
-    assert conv.resolve("xla", "tpu", in_channels=1) == "xla"
+def test_auto_is_banded_or_patches_for_a_one_channel_input_on_a_tpu_only():
+    """A grayscale first layer on a TPU: `banded` where its matmul does at most
+    `BANDED_MAX_WORK` times the convolution's work (padded width over kernel), else
+    patches (`conv.resolve`); every other input there, every input elsewhere, and every
+    forced choice as before."""
+    assert conv.BANDED_MAX_WORK == 8
+    tpu = partial(conv.resolve, "auto", "tpu", in_channels=1)
+    assert tpu(kernel=5, width=28, padding="valid") == "banded"  # 28 / 5
+    assert tpu(kernel=5, width=36, padding="same") == "banded"  # 40 / 5, the bound
+    assert tpu(kernel=5, width=37, padding="same") == "patches"  # 41 / 5
+    assert tpu(kernel=3, width=28, padding="same") == "patches"  # 30 / 3
+    assert tpu() == "patches"  # the layer's shape unknown
+    assert conv.resolve("auto", "tpu", in_channels=3, kernel=5, width=28) == "xla"
+    assert conv.resolve("auto", "gpu", in_channels=1, kernel=5, width=28) == "xla"
+    assert conv.resolve("xla", "tpu", in_channels=1, kernel=5, width=28) == "xla"
     fastest = "onednn" if onednn.available() else "im2col"
-    assert conv.resolve("auto", "cpu", in_channels=1) == fastest
+    assert conv.resolve("auto", "cpu", in_channels=1, kernel=5, width=28) == fastest
 
 
-@pytest.mark.parametrize("channels", [1, 3])
-def test_a_cnn_on_a_tpu_convolves_a_grayscale_first_layer_as_patches(monkeypatch, channels):
+@pytest.mark.parametrize(
+    ("preset", "channels", "first"),
+    [("speedrun", 1, "banded"), ("cnn", 1, "patches"), ("speedrun", 3, "xla")],
+)
+def test_a_cnn_on_a_tpu_convolves_a_grayscale_first_layer_its_own_way(
+    monkeypatch, preset, channels, first
+):
     """Each layer's formulation as the network is traced on a TPU (JAX's backend answered
-    as a TPU's): patches for the first layer of one-channel images only; and
-    environment.json says so."""
+    as a TPU's): for the first layer of one-channel images, banded with `speedrun`'s 5×5
+    kernels and patches with `cnn`'s 3×3; XLA's everywhere else; and environment.json
+    says so."""
     monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
     used = []
     for name, fn in list(conv.CONV_IMPLS.items()):
         monkeypatch.setitem(conv.CONV_IMPLS, name, lambda *a, n=name, f=fn: used.append(n) or f(*a))
-    cfg = config.get_preset("speedrun").model
+    cfg = config.get_preset(preset).model
     shape = (28, 28) if channels == 1 else (28, 28, channels)
     params = cnn.init(jax.random.key(0), cfg, shape, 10)
     jax.eval_shape(lambda p, x: cnn.apply(p, x, cfg), params, jnp.zeros((2, *shape)))
-    first = "patches" if channels == 1 else "xla"
     assert used == [first, "xla"]
     facts = cnn.run_facts(cfg, shape)
     assert facts == {
         "conv_impl": "xla",
-        **({"conv_impl_first_layer": "patches"} if channels == 1 else {}),
+        **({"conv_impl_first_layer": first} if first != "xla" else {}),
     }
 
 

@@ -7,8 +7,11 @@ and which copies of the code it runs side by side (`--pythonpath DIR`).
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 SMOKE_LAUNCH = """\
@@ -66,3 +69,33 @@ def require_data_dir(smoke: bool, holding: str = "mnist/") -> None:
     the real data is (`holding`): a benchmark never downloads it."""
     if not (smoke or os.environ.get("JAXMNIST_DATA_DIR")):
         sys.exit(f"set JAXMNIST_DATA_DIR to the folder holding {holding} (no download here)")
+
+
+# A patched run's launcher after its patch: the CLI with the remaining arguments.
+PATCHED_MAIN = "from jaxmnist.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+# Every cache off, nothing written beyond the run's own files.
+PATCHED_FLAGS = ["--quiet", "--no-report", "--no-checkpoint", "--no-compile-cache"]
+
+
+def patched_train(patch: str, arm: str, args: list[str], smoke: bool) -> tuple[dict, dict]:
+    """One whole `jaxmnist train ARGS` in a child process that first runs `patch`, Python
+    which reads the arm's name from `sys.argv.pop(1)` (and imports `sys`), with every
+    cache off: (its figures: compile, each program's compile, steady epoch, every epoch,
+    test accuracy; its environment.json)."""
+    with tempfile.TemporaryDirectory() as work:
+        run = Path(work) / "run"
+        launch, tiny = jaxmnist_command(smoke, Path(work))
+        code = patch + (launch[2] if smoke else PATCHED_MAIN)
+        argv = [sys.executable, "-c", code, arm, *launch[3:], "train", *args, *tiny]
+        subprocess.run([*argv, *PATCHED_FLAGS, "--run-dir", str(run)], check=True, timeout=600)
+        s = json.loads((run / "summary.json").read_text())
+        environment = json.loads((run / "environment.json").read_text())
+        epochs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    figures = {
+        "compile_seconds": s["compile_seconds"],
+        "compile_programs": s["compile_programs"],
+        "steady_epoch_seconds": s.get("steady_epoch_seconds"),
+        "epoch_seconds": [e["epoch_seconds"] for e in epochs],
+        "test_accuracy": s["test_accuracy"],
+    }
+    return figures, environment

@@ -227,7 +227,14 @@ def apply(params: dict, images: jax.Array, cfg, key: jax.Array | None = None, tr
     for i, (layer, pooled) in enumerate(zip(params["conv"], pools(cfg), strict=True)):
         w, b = layer["w"].astype(dtype), layer["b"].astype(dtype)
         block_input = x
-        formulation = conv.resolve(cfg.conv_impl, dtype=dtype, in_channels=x.shape[-1])
+        formulation = conv.resolve(
+            cfg.conv_impl,
+            dtype=dtype,
+            in_channels=x.shape[-1],
+            kernel=w.shape[0],
+            width=x.shape[2],
+            padding=cfg.padding,
+        )
         x = conv.conv2d(x, w, formulation, cfg.padding)
         if cfg.batch_norm:  # statistics of the whole map, before pooling
             x, stats = _batch_norm(x, layer, params[STATS][i], train)
@@ -360,7 +367,14 @@ def run_facts(cfg, input_shape: tuple[int, ...] | None = None) -> dict:
     facts = {"conv_impl": impl}
     if input_shape is not None:
         channels = input_shape[2] if len(input_shape) == 3 else 1
-        first = conv.resolve(cfg.conv_impl, dtype=cfg.dtype, in_channels=channels)
+        first = conv.resolve(
+            cfg.conv_impl,
+            dtype=cfg.dtype,
+            in_channels=channels,
+            kernel=kernel_sizes(cfg)[0],
+            width=input_shape[1],
+            padding=cfg.padding,
+        )
         if first != impl:
             facts["conv_impl_first_layer"] = first
     return facts

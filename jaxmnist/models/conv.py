@@ -17,6 +17,11 @@ Every convolution here is the same function: stride 1, a square kernel, NHWC act
   (`benchmarks/conv_backward.py`, in the history at 4b115f5: docs/results.md, "Decided").
 - `patches`: `lax.conv_general_dilated_patches` + one matmul: the same algorithm with
   XLA's own patch extraction (a convolution with a one-hot kernel), kept to compare.
+- `banded`: each output row as one matmul of the k input rows it reads, (B·H', k·W·C),
+  with a banded matrix made from the weights, (k·W·C, W'·O): k·W·C·W'·O multiply-adds
+  per output row where the convolution needs k²·C·W'·O, so W/k times the arithmetic, but
+  a matmul whose output is a whole row of channels wide (for a first layer, a patch of k²
+  values per pixel is narrower than a TPU's vector lanes).
 - `onednn`: oneDNN's direct convolution kernels (PyTorch's on CPU), called from XLA as FFI
   custom calls (`jaxmnist.models.onednn`); CPU only, needs the optional package
   jaxmnist-onednn (compiled when it is installed). They build the patches in registers,
@@ -27,7 +32,8 @@ In bfloat16 every im2col matmul reads bfloat16 and accumulates in float32
 widens the backward matmuls (each has a transposed operand) and the ops around them to
 float32, so only the forward matmul gains (`benchmarks/bf16_matmul.py`).
 
-`auto` is XLA's convolution on accelerators; on CPU it is `onednn` where that is
+`auto` is XLA's convolution on accelerators (but for a grayscale first layer on a TPU:
+`banded` or `patches`, `resolve`); on CPU it is `onednn` where that is
 available and the process has one device (a custom call is opaque to the partitioner, so
 on a mesh it keeps `im2col`, which XLA can shard), else `im2col`: the fastest of these on
 CPU, in that order. Pooling is a max over the windows' strided views, which XLA fuses
@@ -56,6 +62,7 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from jaxmnist.models import onednn
@@ -141,35 +148,73 @@ def conv_patches(x: jax.Array, w: jax.Array, padding: str = "same") -> jax.Array
     return patches @ jnp.transpose(w, (2, 0, 1, 3)).reshape(c * k * k, o)
 
 
+def conv_banded(x: jax.Array, w: jax.Array, padding: str = "same") -> jax.Array:
+    """Each output row as one matmul with a banded matrix (module docstring).
+    x (B, H, W, C), w (k, k, C, O) -> (B, H', W', O)."""
+    k, _, c, o = w.shape
+    if padding == "same":
+        x = jnp.pad(x, ((0, 0), (k // 2, k // 2), (k // 2, k // 2), (0, 0)))
+    b, h, width, _ = x.shape
+    rows, cols = h - k + 1, width - k + 1
+    # The k input rows each output row reads, side by side: (B, H', k·W·C).
+    window = jnp.concatenate(
+        [x[:, i : i + rows].reshape(b, rows, width * c) for i in range(k)], axis=-1
+    )
+    # band[i, a, c, z, o] = w[i, a - z, c, o] where 0 <= a - z < k, else 0: a sum of one
+    # term or none, so exact in any dtype.
+    taps = np.zeros((k, width, cols), np.float32)
+    for j in range(k):
+        taps[j, np.arange(cols) + j, np.arange(cols)] = 1
+    band = jnp.einsum("jaz,ijco->iaczo", jnp.asarray(taps, w.dtype), w)
+    y = window @ band.reshape(k * width * c, cols * o)
+    return y.reshape(b, rows, cols, o)
+
+
 CONV_IMPLS = {
     "xla": conv_xla,
     "im2col": conv_im2col,
     "patches": conv_patches,
+    "banded": conv_banded,
     "onednn": onednn.conv_onednn,
 }
 CHOICES = ("auto", *CONV_IMPLS)
 # The fastest formulations measured on CPU: with oneDNN, and in plain XLA.
 CPU_FASTEST, CPU_FASTEST_XLA = "onednn", "im2col"
+# `banded`'s arithmetic over the convolution's, at most, for `auto` to choose it.
+BANDED_MAX_WORK = 8
 # Formulations that are plain XLA operations: exportable, and shardable by the compiler.
-PORTABLE = ("xla", "im2col", "patches")
+PORTABLE = ("xla", "im2col", "patches", "banded")
 
 
 def resolve(
-    impl: str, backend: str | None = None, dtype="float32", in_channels: int | None = None
+    impl: str,
+    backend: str | None = None,
+    dtype="float32",
+    in_channels: int | None = None,
+    kernel: int | None = None,
+    width: int | None = None,
+    padding: str = "same",
 ) -> str:
     """The formulation `impl` stands for on `backend` (default: JAX's default backend),
-    for convolutions in `dtype` of inputs with `in_channels` channels (None: any).
+    for convolutions in `dtype` of inputs with `in_channels` channels (None: any), and,
+    where known, a `kernel`×`kernel` kernel over inputs `width` wide with `padding`.
 
     On a TPU `auto` is XLA's native convolution, except for an input of one channel (a
     grayscale image's first layer): inside a single model's training steps with augmented
-    batches, that one compiled for far longer than the rest of the program together, and
-    as patches and one matmul (`conv_patches`) it compiles like any other layer
-    (`benchmarks/aot_compile.py`, docs/tpu-gpu.md)."""
+    batches, that one compiled for far longer than the rest of the program together. It
+    is `banded` where the band's matmul does at most `BANDED_MAX_WORK` times the
+    convolution's arithmetic (the padded width over the kernel's: a 5×5 kernel on MNIST),
+    else `patches`; both compile like any other layer, and of the two `banded` trained
+    several CNNs' epochs faster with 5×5 kernels, `patches` with 3×3 ones
+    (`benchmarks/first_conv.py`, docs/tpu-gpu.md)."""
     if impl != "auto":
         return impl
     backend = backend or jax.default_backend()
     if backend == "tpu" and in_channels == 1:
-        return "patches"
+        if kernel is None or width is None:
+            return "patches"
+        padded = width + (kernel - 1 if padding == "same" else 0)
+        return "banded" if padded <= BANDED_MAX_WORK * kernel else "patches"
     if backend != "cpu":
         return "xla"
     if jax.device_count() == 1:
