@@ -2,15 +2,17 @@
 # The figures that need an accelerator, in one bounded run on a machine with a GPU
 # (or TPU): a first and a second `tpu101` run against the TPU 101 tutorial's whole program
 # with every preset's compile (`tpu_time_to_result.py`), the accelerator test lane
-# (`pytest -m accelerator`, in one process), the `speedrun` preset's time per model (8
-# seeds in one program, and one alone), jaxmnist's epoch against the tutorial's, the
+# (`pytest -m accelerator`, in one process), a grayscale first layer's formulations side
+# by side (`first_conv.py`: `speedrun` with 8 seeds, `record`, `cnn`), the `speedrun`
+# preset's time per model (8 seeds in one program, and one alone), jaxmnist's epoch
+# against the tutorial's, the
 # memory estimate against the allocator's peak (8 CNN and 8 `speedrun` seeds, with and
 # without batch norm), `jaxmnist bench --quick`, and profiles of the `cnn` and `record`
 # steps (`jaxmnist profile`, as many steps as one of a run's calls), and the record
 # presets' whole runs (`record.py`, from an empty compilation cache). Run from anywhere.
 # Every record is named as `benchlib.results` names one, <date>_<commit>_<machine> (the
 # accelerator's kind), in its benchmark's folder: under $OUT if set (copy its folders into
-# benchmarks/results/), else under benchmarks/results/ itself: five benchmark JSONs,
+# benchmarks/results/), else under benchmarks/results/ itself: six benchmark JSONs,
 # bench_tpu101/'s json, png and html, profile_cnn/ and profile_record/ (profile.json), and
 # in accelerator_session/ the session's log and the lane's JUnit XML. What no record keeps
 # (the profiles' traces, bench's own folder) goes to raw/ under $OUT, else to a scratch
@@ -19,7 +21,7 @@
 #   bash benchmarks/accelerator_session.sh
 #   STEPS="speedrun tutorial" bash benchmarks/accelerator_session.sh   # some steps only
 #
-# Steps: time-to-result tests speedrun tutorial memory bench profile record.
+# Steps: time-to-result tests first-conv speedrun tutorial memory bench profile record.
 # Every benchmark runs
 # its programs one after another, never two at once, so a chip that one program at a time
 # can hold (a TPU) serves them all.
@@ -86,7 +88,7 @@ done
 raw=$([ -n "${OUT:-}" ] && echo "$OUT/raw" || mktemp -d)
 mkdir -p "$out/accelerator_session" "$raw"
 log="$out/accelerator_session/$stem.txt"
-ALL_STEPS="time-to-result tests speedrun tutorial memory bench profile record"
+ALL_STEPS="time-to-result tests first-conv speedrun tutorial memory bench profile record"
 {
   date -u
   echo "backend $backend; records: $out/*/$stem.*; traces and bench's folder: $raw"
@@ -144,6 +146,9 @@ STEP_LIMIT=${TTR_LIMIT:-540} step time-to-result "$py" -c "$launch" benchmarks/t
 # The accelerator lane, in one process: the chip admits one program at a time.
 STEP_LIMIT=${TESTS_LIMIT:-480} step tests "$py" -m pytest -q -p no:cacheprovider -p no:xdist \
   -m accelerator --durations=15 -rfE --junitxml "$out/accelerator_session/${stem}_tests.xml" tests
+step first-conv "$py" -c "$launch" benchmarks/first_conv.py --out "$out/first_conv/$stem.json" --runs \
+  "--preset speedrun --seeds 8 --epochs 3 train.target_accuracy=null" "--preset record --epochs 3" \
+  "--preset cnn --epochs 3"
 step speedrun "$py" -c "$launch" benchmarks/cnn_presets.py --presets speedrun --seeds 8 --out "$out/cnn_presets/$stem.json"
 step tutorial "$py" -c "$launch" benchmarks/epoch_vs_tutorial.py --runs 2 --out "$out/epoch_vs_tutorial/$stem.json"
 step memory "$py" -c "$launch" benchmarks/memory_estimate.py --presets cnn,speedrun --seeds 8 --repeats 1 \
