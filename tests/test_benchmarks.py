@@ -39,7 +39,7 @@ SMOKE = {
     "data_loading": ([], {"loads", "median", "environment"}),
     "devices_scaling": ([], {"scaling", "tpu101_test_accuracy", "environment"}),
     "epoch_vs_tutorial": ([], {"epoch_seconds", "epoch_ratio", "peak_fraction"}),
-    "first_conv": (["--arms", "auto,banded"], {"arms", "environment", "provenance"}),
+    "first_conv": (["--arms", "banded"], {"arms", "environment", "provenance"}),
     "eval_overhead": (["--seeds", "2", "--rounds", "1"], {"cases", "side_by_side"}),
     "host_memory": ([], {"seeds_2", "steps", "environment", "provenance"}),
     "run_overhead": ([], {"runs", "median", "goal_report_seconds", "goal_peak_mb"}),
