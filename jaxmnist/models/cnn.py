@@ -209,6 +209,15 @@ def _normalise_bwd(res, cotangents):
 _normalise.defvjp(_normalise_fwd, _normalise_bwd)
 
 
+def _formulation(cfg, dtype, channels: int, kernel: int, width: int) -> str:
+    """The convolution's formulation for one block: `cfg.conv_impl` as `conv.resolve`
+    reads it for inputs of `channels` channels, `width` wide, and `kernel`×`kernel`."""
+    return conv.resolve(
+        cfg.conv_impl, dtype=dtype, in_channels=channels, kernel=kernel, width=width,
+        padding=cfg.padding,
+    )  # fmt: skip
+
+
 def apply(params: dict, images: jax.Array, cfg, key: jax.Array | None = None, train=False):
     """images: float (B, H, W), or (B, H, W, C), in [0, 1] -> float32 logits (B, num_classes).
 
@@ -227,14 +236,7 @@ def apply(params: dict, images: jax.Array, cfg, key: jax.Array | None = None, tr
     for i, (layer, pooled) in enumerate(zip(params["conv"], pools(cfg), strict=True)):
         w, b = layer["w"].astype(dtype), layer["b"].astype(dtype)
         block_input = x
-        formulation = conv.resolve(
-            cfg.conv_impl,
-            dtype=dtype,
-            in_channels=x.shape[-1],
-            kernel=w.shape[0],
-            width=x.shape[2],
-            padding=cfg.padding,
-        )
+        formulation = _formulation(cfg, dtype, x.shape[-1], w.shape[0], x.shape[2])
         x = conv.conv2d(x, w, formulation, cfg.padding)
         if cfg.batch_norm:  # statistics of the whole map, before pooling
             x, stats = _batch_norm(x, layer, params[STATS][i], train)
@@ -367,14 +369,7 @@ def run_facts(cfg, input_shape: tuple[int, ...] | None = None) -> dict:
     facts = {"conv_impl": impl}
     if input_shape is not None:
         channels = input_shape[2] if len(input_shape) == 3 else 1
-        first = conv.resolve(
-            cfg.conv_impl,
-            dtype=cfg.dtype,
-            in_channels=channels,
-            kernel=kernel_sizes(cfg)[0],
-            width=input_shape[1],
-            padding=cfg.padding,
-        )
+        first = _formulation(cfg, cfg.dtype, channels, kernel_sizes(cfg)[0], input_shape[1])
         if first != impl:
             facts["conv_impl_first_layer"] = first
     return facts

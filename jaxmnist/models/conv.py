@@ -79,12 +79,18 @@ def conv_xla(x: jax.Array, w: jax.Array, padding: str = "same") -> jax.Array:
     return lax.conv_general_dilated(x, w, (1, 1), padding.upper(), dimension_numbers=_DIMS)
 
 
+def padded(x: jax.Array, k: int, padding: str) -> jax.Array:
+    """x (B, H, W, C) zero-padded by k // 2 on each side for "same", as it is for "valid"."""
+    if padding != "same":
+        return x
+    p = k // 2
+    return jnp.pad(x, ((0, 0), (p, p), (p, p), (0, 0)))
+
+
 def shifted_views(x: jax.Array, k: int, padding: str = "same") -> list[jax.Array]:
     """The k² views x[:, i:i+H', j:j+W'] of x (zero-padded by k // 2 for "same"),
     row-major over (i, j)."""
-    if padding == "same":
-        p = k // 2
-        x = jnp.pad(x, ((0, 0), (p, p), (p, p), (0, 0)))
+    x = padded(x, k, padding)
     _, h, w, _ = x.shape
     ho, wo = h - k + 1, w - k + 1
     return [x[:, i : i + ho, j : j + wo, :] for i in range(k) for j in range(k)]
@@ -152,8 +158,7 @@ def conv_banded(x: jax.Array, w: jax.Array, padding: str = "same") -> jax.Array:
     """Each output row as one matmul with a banded matrix (module docstring).
     x (B, H, W, C), w (k, k, C, O) -> (B, H', W', O)."""
     k, _, c, o = w.shape
-    if padding == "same":
-        x = jnp.pad(x, ((0, 0), (k // 2, k // 2), (k // 2, k // 2), (0, 0)))
+    x = padded(x, k, padding)
     b, h, width, _ = x.shape
     rows, cols = h - k + 1, width - k + 1
     # The k input rows each output row reads, side by side: (B, H', k·W·C).
