@@ -699,6 +699,39 @@ def test_a_table_another_worker_made_first_on_sqlite_is_a_race_lost_not_an_error
     assert not study_lib._lost_creation_race(raised("select * from nosuch"))
 
 
+def test_workers_open_a_new_sqlite_file_one_at_a_time(tmp_path):
+    """SQLite commits each `CREATE` on its own: a worker that saw the studies table made
+    skipped its unique index, and two workers each added the study. Opening the file
+    waits for the lock beside it, and then makes the whole schema."""
+    import threading
+
+    import filelock
+
+    path = tmp_path / "s.db"
+    opts = study_lib.StudyOptions(name="s", storage=study_lib.sqlite_url(path), trials=1)
+    opened = threading.Event()
+    with filelock.FileLock(f"{path}.lock"):
+        worker = threading.Thread(
+            target=lambda: (study_lib.open_storage(opts), opened.set()), daemon=True
+        )
+        worker.start()
+        assert not opened.wait(1.0)  # another worker holds the file: this one waits
+        assert not path.exists()
+    assert opened.wait(30.0)
+    worker.join()
+    study = optuna.create_study(study_name="s", storage=opts.storage)
+    with pytest.raises(optuna.exceptions.DuplicatedStudyError):
+        optuna.create_study(study_name="s", storage=opts.storage)
+    assert study.study_name == "s"
+
+
+def test_a_study_file_in_a_folder_not_made_yet_gets_its_folder(tmp_path):
+    path = tmp_path / "new" / "s.db"
+    opts = study_lib.StudyOptions(name="s", storage=study_lib.sqlite_url(path), trials=1)
+    study_lib.open_storage(opts)
+    assert path.is_file()
+
+
 def _stopped_search(tmp_path, tiny_data_dir, monkeypatch, capsys, stop):
     """`jaxmnist search` on the tiny data, `stop()` called inside its first batch; (exit
     code, stderr, the study)."""

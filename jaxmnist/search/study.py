@@ -26,6 +26,7 @@ past the budget is told failed at once, marked `over_budget`, and never trained.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -34,6 +35,7 @@ import threading
 import time
 import warnings
 
+import filelock
 import optuna
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
@@ -99,10 +101,11 @@ def open_storage(opts: StudyOptions, attempts: int = 10) -> RDBStorage:
     """The study's storage, with heartbeats and retries; ConfigError for a bad URL or an
     unreachable database (one line). Workers started together on a new database race to
     create its tables, and all but one fail on a unique name or a table that already
-    exists: they try again, and find the tables made."""
+    exists: they try again, and find the tables made. On an SQLite file they also take
+    turns (`_schema_lock`)."""
     for attempt in range(1, attempts + 1):
         try:
-            with warnings.catch_warnings():
+            with _schema_lock(opts.storage), warnings.catch_warnings():
                 # Optuna marks heartbeats and its retry callback experimental; they are its
                 # documented way to run a lost trial again.
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -120,6 +123,34 @@ def open_storage(opts: StudyOptions, attempts: int = 10) -> RDBStorage:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise ConfigError(f"--storage {safe_url(opts.storage)}: {first}") from None
     raise AssertionError("unreachable")
+
+
+@contextlib.contextmanager
+def _schema_lock(url: str):
+    """A lock file beside an SQLite database (`<file>.lock`), held while a worker opens
+    it: SQLite commits each `CREATE` on its own, so a worker that came second saw the
+    studies table made, skipped its unique index, and two workers each added the study
+    (found later as `Multiple rows were found`). PostgreSQL creates the schema in one
+    transaction: no lock. The lock makes the file's folder if need be; where it cannot
+    (no right to write there), none is taken, and opening the database says why."""
+    try:
+        parsed = make_url(url)
+    except SQLAlchemyError:
+        parsed = None
+    database = parsed.database if parsed is not None else None
+    if not database or database == ":memory:" or parsed.get_backend_name() != "sqlite":
+        yield
+        return
+    lock = filelock.FileLock(f"{database}.lock")
+    try:
+        lock.acquire()
+    except OSError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 # PostgreSQL's SQLSTATEs for a table (duplicate_table) or a type or constraint
