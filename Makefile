@@ -60,10 +60,15 @@ lint: $(STAMP)
 # They start several training processes each and time how soon one notices another's
 # loss: one test process per core too.
 # Each step lists its 25 longest tests (--durations), to see where the time goes.
+# The main suite compiles with XLA's classic CPU emitters (TEST_XLA_FLAGS): its programs
+# are many and small, compiling them is most of its time, and the classic emitters compile
+# them sooner. They train the same models bit for bit (tests/test_compile_setting.py
+# checks it). The multi-device suite keeps XLA's default emitters, those a CPU run uses.
+TEST_XLA_FLAGS := --xla_cpu_use_fusion_emitters=false
 CORES := $(shell $(PYTHON) -c 'import os; print(len(getattr(os, "sched_getaffinity", lambda _: range(os.cpu_count() or 1))(0)))')
 PYTEST := $(BIN)/python -m pytest -q
 test: lint $(NATIVE)
-	$(PYTEST) -n $$(( $(CORES) < 4 ? $(CORES) : 4 )) --durations=25
+	XLA_FLAGS=$(TEST_XLA_FLAGS) $(PYTEST) -n $$(( $(CORES) < 4 ? $(CORES) : 4 )) --durations=25
 	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PYTEST) -n $$(( $(CORES) < 4 ? $(CORES) : 4 )) --durations=25 tests/multidevice
 
 # The accelerator lane: the tests marked `accelerator`, in one process (a TPU admits one
