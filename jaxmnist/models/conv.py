@@ -218,8 +218,8 @@ def resolve(
     if backend == "tpu" and in_channels == 1:
         if kernel is None or width is None:
             return "patches"
-        padded = width + (kernel - 1 if padding == "same" else 0)
-        return "banded" if padded <= BANDED_MAX_WORK * kernel else "patches"
+        padded_width = width + (kernel - 1 if padding == "same" else 0)
+        return "banded" if padded_width <= BANDED_MAX_WORK * kernel else "patches"
     if backend != "cpu":
         return "xla"
     if jax.device_count() == 1:

@@ -125,6 +125,18 @@ def open_storage(opts: StudyOptions, attempts: int = 10) -> RDBStorage:
     raise AssertionError("unreachable")
 
 
+def _sqlite_file(url: str) -> str | None:
+    """The file an SQLite URL names; None for any other database, or SQLite in memory."""
+    try:
+        parsed = make_url(url)
+    except SQLAlchemyError:
+        return None
+    database = parsed.database
+    if parsed.get_backend_name() != "sqlite" or database in (None, "", ":memory:"):
+        return None
+    return database
+
+
 @contextlib.contextmanager
 def _schema_lock(url: str):
     """A lock file beside an SQLite database (`<file>.lock`), held while a worker opens
@@ -133,24 +145,18 @@ def _schema_lock(url: str):
     (found later as `Multiple rows were found`). PostgreSQL creates the schema in one
     transaction: no lock. The lock makes the file's folder if need be; where it cannot
     (no right to write there), none is taken, and opening the database says why."""
+    path = _sqlite_file(url)
+    lock = filelock.FileLock(f"{path}.lock") if path else None
     try:
-        parsed = make_url(url)
-    except SQLAlchemyError:
-        parsed = None
-    database = parsed.database if parsed is not None else None
-    if not database or database == ":memory:" or parsed.get_backend_name() != "sqlite":
-        yield
-        return
-    lock = filelock.FileLock(f"{database}.lock")
-    try:
-        lock.acquire()
+        if lock is not None:
+            lock.acquire()
     except OSError:
-        yield
-        return
+        lock = None
     try:
         yield
     finally:
-        lock.release()
+        if lock is not None:
+            lock.release()
 
 
 # PostgreSQL's SQLSTATEs for a table (duplicate_table) or a type or constraint
