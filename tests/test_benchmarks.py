@@ -407,9 +407,12 @@ def test_memory_estimate_says_in_one_line_when_the_peak_rss_cannot_be_reset(on_p
 def record_runs(tmp_path_factory):
     """benchmarks/record.py --smoke run twice into one file, once in the session
     (`made_once`), for the tests below: both presets (`first.json`, a copy of the file
-    then), then `record` alone for its first 2 steps in float32, which leaves
+    then), then `record` alone for its first 3 steps with an override, which leaves
     `fashion_record` as the first invocation wrote it (`record.json`); `events.json`: the
-    order of each invocation's training runs and of its own look at the machine."""
+    order of each invocation's training runs and of its own look at the machine. The
+    second run trains the programs of the first run's `record` (its smoke run is 3 steps;
+    the override is read on the host alone), so that it compiles none of them again: they
+    come from the session's compilation cache."""
     from jaxmnist import runtime  # the module the benchmark's saving asks
 
     def run_twice(folder):
@@ -434,8 +437,8 @@ def record_runs(tmp_path_factory):
             (folder / "first.json").write_text(out.read_text())
             first_events = events[:]
             events.clear()
-            module.main(["--smoke", "--out", str(out), "--presets", "record", "--steps", "2",
-                         "--set", "model.dtype=float32"])  # fmt: skip
+            module.main(["--smoke", "--out", str(out), "--presets", "record", "--steps", "3",
+                         "--set", "data.download=false"])  # fmt: skip
             (folder / "events.json").write_text(json.dumps([first_events, events]))
 
     yield from made_once(tmp_path_factory, "record-smoke", run_twice)
@@ -458,11 +461,11 @@ def test_record_steps_projects_the_schedule_from_a_partial_run(record_runs, on_p
     the preset's whole schedule (its epochs times the run's steps per epoch)."""
     r = json.loads((record_runs / "record.json").read_text())["presets"]["record"]
     env = r["environment"]
-    assert r["partial"] and r["steps"] == env["total_steps"] == 2
-    assert "model.dtype=float32" in r["command"]
+    assert r["partial"] and r["steps"] == env["total_steps"] == 3
+    assert "data.download=false" in r["command"] and r["overrides"] == ["data.download=false"]
     schedule = config_lib.get_preset("record").train.epochs * env["steps_per_epoch"]
-    assert r["schedule_steps"] == schedule > 2
-    assert r["seconds_per_step"] == r["train_seconds"] / 2
+    assert r["schedule_steps"] == schedule > 3
+    assert r["seconds_per_step"] == r["train_seconds"] / 3
     assert r["projected_train_hours"] * 3600 == pytest.approx(r["seconds_per_step"] * schedule)
     with pytest.raises(SystemExit, match="--steps: a positive number"):
         load("record").main(["--smoke", "--out", str(tmp_path / "record.json"), "--steps", "0"])
