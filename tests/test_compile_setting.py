@@ -45,9 +45,10 @@ def test_the_suites_xla_setting_trains_the_same_models_as_the_default(tiny_data_
             check=False,
         )
         assert done.returncode == 0, done.stderr[-2000:]
-        params[name] = np.load(run / "params.npz")
+        with np.load(run / "params.npz") as saved:
+            params[name] = dict(saved)
     default, suite = params["default"], params["suite"]
-    assert sorted(default.files) == sorted(suite.files) and len(default.files) >= 4
-    for key in default.files:
+    assert sorted(default) == sorted(suite) and len(default) >= 4
+    for key in default:
         assert default[key].dtype == suite[key].dtype
         np.testing.assert_array_equal(default[key], suite[key], err_msg=key)

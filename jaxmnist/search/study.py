@@ -146,17 +146,11 @@ def _schema_lock(url: str):
     transaction: no lock. The lock makes the file's folder if need be; where it cannot
     (no right to write there), none is taken, and opening the database says why."""
     path = _sqlite_file(url)
-    lock = filelock.FileLock(f"{path}.lock") if path else None
-    try:
-        if lock is not None:
-            lock.acquire()
-    except OSError:
-        lock = None
-    try:
+    with contextlib.ExitStack() as held:
+        if path is not None:
+            with contextlib.suppress(OSError):
+                held.enter_context(filelock.FileLock(f"{path}.lock"))
         yield
-    finally:
-        if lock is not None:
-            lock.release()
 
 
 # PostgreSQL's SQLSTATEs for a table (duplicate_table) or a type or constraint
