@@ -29,7 +29,6 @@ tiny data, the tutorial's smoke mode (run once, the denominator of both ratios),
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import subprocess
@@ -39,7 +38,7 @@ import time
 from pathlib import Path
 
 from benchlib.launch import jaxmnist_command, require_data_dir
-from benchlib.results import SMOKE_HELP, default_out, save_benchmark
+from benchlib.results import SMOKE_HELP, default_out, provenance, save_benchmark
 
 HERE = Path(__file__).resolve().parent
 # Goals (TPU v5e): whole-process ratios against the tutorial, and compile seconds.
@@ -81,16 +80,6 @@ def timed(argv: list[str], env: dict, limit: float) -> tuple[float, subprocess.C
 def summary_of(done: subprocess.CompletedProcess) -> dict:
     """The summary `train --json` printed on stdout."""
     return json.loads(done.stdout[done.stdout.index("{") :])
-
-
-def git_commit() -> dict:
-    """The commit measured, and whether the checkout differed from it."""
-
-    def git(*args) -> str:
-        out = subprocess.run(["git", *args], cwd=HERE, capture_output=True, text=True, check=False)
-        return out.stdout.strip() if out.returncode == 0 else ""
-
-    return {"commit": git("rev-parse", "HEAD") or None, "dirty": bool(git("status", "--short"))}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -156,9 +145,9 @@ def main(argv: list[str] | None = None) -> None:
                 "train_seconds": summary["train_seconds"],
             }
             print(f"  compile {name:<16} {summary['compile_seconds']:7.2f} s")
+    measured = provenance()  # untracked files (a session's scratch) leave a checkout clean
     figures = {
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        **git_commit(),
+        **{key: measured[key] for key in ("date", "commit", "dirty")},
         "command": " ".join(["python", "benchmarks/tpu_time_to_result.py", *(argv or [])]),
         "smoke": args.smoke,
         "cold_ratio": whole["jaxmnist_cold_seconds"] / whole["tutorial_cold_seconds"],

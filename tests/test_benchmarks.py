@@ -70,6 +70,10 @@ SMOKE_CHECKS = {
     ),
     # The forced arm is the formulation the run recorded for its first layer.
     "first_conv": lambda r: [a["banded"]["first_layer"] for a in r["arms"].values()] == ["banded"],
+    # The commit at the record's top is its provenance's, untracked files not counted.
+    "tpu_time_to_result": lambda r: (
+        (r["commit"], r["dirty"]) == (r["provenance"]["commit"], r["provenance"]["dirty"])
+    ),
     "serve_load": lambda r: r["completed"] == 20 and r["errors"] == 0,
     # Each program's compile, of the preset with its override (two members).
     "compile_time": lambda r: (

@@ -144,7 +144,7 @@ def test_the_tpu_pages_time_to_result_is_the_newest_full_records(goals):
 # (`tpu/time_to_result` has two levels), then what benchlib.results names a record by.
 RECORD_PATH = re.compile(
     r"(?P<benchmark>[a-z0-9_]+(?:/[a-z0-9_]+)?)/(?P<date>\d{4}-\d\d-\d\d)_"
-    r"(?P<commit>[0-9a-f]{7})(?:-dirty)?_[a-z0-9-]+(?:_[a-z0-9_]+)?(?:~\d+)?\.(?:json|html|png|txt)"
+    r"(?P<commit>[0-9a-f]{7})(?:-dirty)?_[a-z0-9-]+(?:_[a-z0-9_]+)?(?:~\d+)?\.(?:json|html|png|txt|xml)"
 )
 
 

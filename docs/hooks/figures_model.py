@@ -424,6 +424,25 @@ def run_layer_before_after(r: dict) -> Rows:
     return rows
 
 
+def first_conv(r: dict) -> Rows:
+    rows = []
+    for run, arms in r["arms"].items():
+        for arm, v in arms.items():
+            steps = v["compile_programs"].get("steps")
+            rows.append(
+                (
+                    f"`{run}`, first layer {arm} ({v['first_layer']})",
+                    (
+                        f"compile {sec(v['compile_seconds'])}"
+                        + (f" (steps {sec(steps)})" if steps is not None else "")
+                        + f"; steady epoch {sec(v['steady_epoch_seconds'], 3)}; "
+                        f"test {pct(v['test_accuracy'])}"
+                    ),
+                )
+            )
+    return rows
+
+
 def staged_batches(r: dict) -> Rows:
     rows = []
     for run, modes in r["pairs"].items():

@@ -109,6 +109,11 @@ BENCHMARKS = {
         model.first_block,
         REMOVED.format("3318e96^", "first_block"),
     ),
+    "first_conv": Benchmark(
+        "A grayscale first layer's formulations side by side (`auto`, `banded`, `patches`, "
+        "`xla`), the other layers as `auto` has them: whole runs' compile and steady epoch.",
+        model.first_conv,
+    ),
     "host_memory": Benchmark(
         "Freed host memory kept for reuse (`jaxmnist.hostmem`), with and without the growth "
         "check, against glibc's defaults.",

@@ -59,6 +59,7 @@ GROUPS = (
         "epoch_vs_tutorial",
         "bench_tpu101",
         "bf16_matmul",
+        "first_conv",
         "batch_norm_cost",
         "augment_gathers",
         "profile_record",
