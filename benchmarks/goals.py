@@ -334,19 +334,55 @@ def provenance_of(path: Path, record: dict) -> tuple[str, str]:
     return (commit or "—"), (date or "—")
 
 
-def newest(goal: Goal) -> tuple[Path, dict, str, str]:
-    """(path, record, commit, date) of the newest record that measures `goal`."""
+def _measured(goal: Goal) -> list[tuple[str, Path, dict]]:
+    """(date, path, record) of every record with provenance that measures `goal`."""
     found = []
     for path in sorted((RESULTS / goal.benchmark).glob("*.json")):
         record = json.loads(path.read_text())
         if "provenance" in record and goal.measures(record):
             found.append((record["provenance"]["date"], path, record))
-    if found:
+    return found
+
+
+def newest(goal: Goal) -> tuple[Path, dict, str, str]:
+    """(path, record, commit, date) of the newest record that measures `goal`."""
+    if found := _measured(goal):
         _, path, record = max(found, key=lambda x: x[0])
     else:
         path = RESULTS / goal.legacy
         record = json.loads(path.read_text())
     return (path, record, *provenance_of(path, record))
+
+
+def same_commit(goal: Goal) -> list[tuple[Path, dict]]:
+    """Every record that measured `goal` at the commit of its newest record (that one
+    too), oldest first: a figure measured again at one commit is shown with each of its
+    runs, not only the last one (one record when the newest has no provenance)."""
+    path, record, commit, _ = newest(goal)
+    if "provenance" not in record or commit.endswith("-dirty"):
+        return [(path, record)]
+    found = [x for x in _measured(goal) if provenance_of(x[1], x[2])[0] == commit]
+    return [(p, r) for _, p, r in sorted(found, key=lambda x: x[0])]
+
+
+def goal_row(goal: Goal, link_prefix: str = "") -> str:
+    """`goal`'s row of the table: its newest record's figure, and whether it was met, in
+    every run of that record's commit (`same_commit`): a goal met once and missed once at
+    one commit is not shown as met."""
+    path, record, commit, date = newest(goal)
+    runs = [goal.figure(r) for _, r in same_commit(goal)]
+    figure, _ = goal.figure(record)
+    missed = [met for _, met in runs].count(False)
+    verdict = "met" if not missed else "**missed**"
+    if 0 < missed < len(runs):
+        verdict += f" in {missed} of {len(runs)} runs at this commit"
+    for earlier, _ in runs[:-1]:
+        figure += f"; an earlier run at this commit: {earlier}"
+    where, name = path.relative_to(ROOT).as_posix(), path.relative_to(RESULTS).as_posix()
+    return (
+        f"| {goal.goal} | {figure} | {verdict} | {_machine(record)} "
+        f"| {date} | {commit} | [{name}]({link_prefix}{where}) |"
+    )
 
 
 def table(link_prefix: str = "") -> str:
@@ -356,36 +392,38 @@ def table(link_prefix: str = "") -> str:
         "| goal | latest figure | met | machine | date | commit | record |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for goal in GOALS:
-        path, record, commit, date = newest(goal)
-        figure, met = goal.figure(record)
-        where, name = path.relative_to(ROOT).as_posix(), path.relative_to(RESULTS).as_posix()
-        rows.append(
-            f"| {goal.goal} | {figure} | {'met' if met else '**missed**'} | {_machine(record)} "
-            f"| {date} | {commit} | [{name}]({link_prefix}{where}) |"
-        )
+    rows += [goal_row(goal, link_prefix) for goal in GOALS]
     return "\n".join(rows) + "\n"
 
 
 def time_to_result_table(link_prefix: str = "") -> str:
     """The TPU's time to result in Markdown, every figure of the newest record that
     measured all of `COMPILE_PRESETS`: whole processes against the tutorial's, then each
-    preset's compile with its slowest program."""
+    preset's compile with its slowest program. Where the same commit was measured
+    before (`same_commit`), a column gives those runs' figures beside the newest's."""
     goal = next(g for g in GOALS if g.figure is _time_to_result)
     path, r, commit, date = newest(goal)
+    runs = same_commit(goal)[:-1]  # the same commit measured before
+    earlier = [record for _, record in runs]
     targets = r["targets"]
+
+    def before(cells: list[str]) -> str:  # the earlier runs' figures, as a last column
+        return " " + ", ".join(cells) + " |" if earlier else ""
+
+    extra = (" earlier runs, same commit |", " --- |") if earlier else ("", "")
     rows = [
-        "| | TPU 101 tutorial's loop | `jaxmnist train --preset tpu101` | ratio | goal |",
-        "| --- | --- | --- | --- | --- |",
+        "| | TPU 101 tutorial's loop | `jaxmnist train --preset tpu101` | ratio | goal |"
+        + extra[0],
+        "| --- | --- | --- | --- | --- |" + extra[1],
         (
             f"| first run, empty caches | {r['tutorial_cold_seconds']:.2f} s "
             f"| {r['jaxmnist_cold_seconds']:.2f} s | {r['cold_ratio']:.2f}× "
-            f"| ≤ {targets['cold_ratio']}× |"
+            f"| ≤ {targets['cold_ratio']}× |" + before([f"{e['cold_ratio']:.2f}×" for e in earlier])
         ),
         (
             f"| second run, warm cache | {r['tutorial_warm_seconds']:.2f} s "
             f"| {r['jaxmnist_warm_seconds']:.2f} s | {r['warm_ratio']:.2f}× "
-            f"| ≤ {targets['warm_ratio']}× |"
+            f"| ≤ {targets['warm_ratio']}× |" + before([f"{e['warm_ratio']:.2f}×" for e in earlier])
         ),
     ]
     if r.get("same_buffer_ratio"):
@@ -393,25 +431,41 @@ def time_to_result_table(link_prefix: str = "") -> str:
             f"| the tutorial given jaxmnist's TPU buffer, warm | "
             f"{r['tutorial_same_buffer_seconds']:.2f} s | {r['jaxmnist_warm_seconds']:.2f} s "
             f"| {r['same_buffer_ratio']:.2f}× | |"
+            + before(
+                [
+                    f"{e['same_buffer_ratio']:.2f}×" if e.get("same_buffer_ratio") else "—"
+                    for e in earlier
+                ]
+            )
         )
     rows += [
         "",
-        "| preset | compile, empty cache | slowest program | goal |",
-        "| --- | --- | --- | --- |",
+        "| preset | compile, empty cache | slowest program | goal |" + extra[0],
+        "| --- | --- | --- | --- |" + extra[1],
     ]
     for name, c in r["compile"].items():
         programs = c.get("compile_programs") or {}
         slowest = max(programs, key=programs.get) if programs else None
         longest = f"{slowest} {programs[slowest]:.2f} s" if slowest else "—"
         target = targets["compile_seconds"].get(name)
+        seconds = [
+            f"{e['compile'][name]['compile_seconds']:.2f} s" if name in e["compile"] else "—"
+            for e in earlier
+        ]
         rows.append(
             f"| `{name}` | {c['compile_seconds']:.2f} s | {longest} "
-            f"| {f'≤ {target:g} s' if target else ''} |"
+            f"| {f'≤ {target:g} s' if target else ''} |" + before(seconds)
         )
     where, name = path.relative_to(ROOT).as_posix(), path.relative_to(RESULTS).as_posix()
     rows += [
         "",
-        f"{_machine(r)}, {date}, commit {commit}: [{name}]({link_prefix}{where}).",
+        f"{_machine(r)}, {date}, commit {commit}: [{name}]({link_prefix}{where})"
+        + "".join(
+            f"; earlier: [{p.relative_to(RESULTS).as_posix()}]"
+            f"({link_prefix}{p.relative_to(ROOT).as_posix()})"
+            for p, _ in runs
+        )
+        + ".",
     ]
     return "\n".join(rows) + "\n"
 

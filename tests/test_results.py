@@ -111,6 +111,60 @@ def test_a_newer_record_replaces_the_figure(goals, results, tmp_path, monkeypatc
     )
 
 
+def _startup_record(seconds: float, commit: str, date: str) -> dict:
+    prov = {"commit": commit, "dirty": False, "date": date, "machine": {"cpu_model": "X"}}
+    return {"slowest_median_seconds": seconds, "within_goal": seconds <= 0.3, "provenance": prov}
+
+
+def test_a_goal_missed_in_one_run_of_its_commit_is_not_shown_as_met(goals, tmp_path, monkeypatch):
+    goal = next(g for g in goals.GOALS if g.benchmark == "startup")
+    folder = tmp_path / "benchmarks" / "results" / "startup"
+    folder.mkdir(parents=True)
+    monkeypatch.setattr(goals, "ROOT", tmp_path)
+    monkeypatch.setattr(goals, "RESULTS", tmp_path / "benchmarks" / "results")
+    runs = {  # name -> (seconds, commit, date): an older commit's miss, then two runs of one
+        "older": (0.9, "1" * 40, "2026-01-01T00:00:00+00:00"),
+        "first": (0.35, "2" * 40, "2026-01-02T00:00:00+00:00"),
+        "second": (0.12, "2" * 40, "2026-01-03T00:00:00+00:00"),
+    }
+    for name, run in runs.items():
+        (folder / f"{name}.json").write_text(json.dumps(_startup_record(*run)))
+    assert [p.stem for p, _ in goals.same_commit(goal)] == ["first", "second"]
+    row = goals.goal_row(goal)
+    assert "| 0.120 s; an earlier run at this commit: 0.350 s |" in row
+    assert "| **missed** in 1 of 2 runs at this commit |" in row
+    (folder / "first.json").write_text(json.dumps(_startup_record(0.2, *runs["first"][1:])))
+    assert "| met |" in goals.goal_row(goal)  # every run of the commit met it
+    for name in ("first", "second"):  # and none
+        (folder / f"{name}.json").write_text(json.dumps(_startup_record(0.5, *runs[name][1:])))
+    assert "| **missed** |" in goals.goal_row(goal)
+
+
+def test_the_tpu_page_gives_every_run_of_the_newest_records_commit(goals, tmp_path, monkeypatch):
+    goal = next(g for g in goals.GOALS if g.benchmark == "tpu/time_to_result")
+    _, record, _, _ = goals.newest(goal)
+    folder = tmp_path / "benchmarks" / "results" / "tpu" / "time_to_result"
+    folder.mkdir(parents=True)
+    monkeypatch.setattr(goals, "ROOT", tmp_path)
+    monkeypatch.setattr(goals, "RESULTS", tmp_path / "benchmarks" / "results")
+    prov = {**record["provenance"], "commit": "3" * 40, "dirty": False}
+    earlier = json.loads(json.dumps(record))  # a copy, measured first and slower
+    earlier["provenance"] = {**prov, "date": "2026-01-01T00:00:00+00:00"}
+    earlier["compile"]["codelab"]["compile_seconds"] = 3.21
+    earlier["cold_ratio"] = 0.51
+    (folder / "a.json").write_text(json.dumps(earlier))
+    (folder / "b.json").write_text(
+        json.dumps({**record, "provenance": {**prov, "date": "2026-02-01"}})
+    )
+    table = goals.time_to_result_table()
+    codelab = next(line for line in table.splitlines() if line.startswith("| `codelab` |"))
+    newest_seconds = record["compile"]["codelab"]["compile_seconds"]
+    assert codelab.startswith(f"| `codelab` | {newest_seconds:.2f} s |")
+    assert codelab.endswith("| 3.21 s |")
+    assert table.splitlines()[2].endswith(f"| {record['cold_ratio']:.2f}× | ≤ 0.6× | 0.51× |")
+    assert "b.json" in table.splitlines()[-1] and "earlier: [tpu/time_to_result/a.json]" in table
+
+
 def test_a_variant_of_a_record_preset_is_not_the_presets_figure(goals):
     measures = goals._whole_run_of("record")
     epochs = goals.config_lib.get_preset("record").train.epochs
