@@ -28,12 +28,13 @@
 #
 # The machine needs Python with JAX for its accelerator, Optax, Orbax and the rest of
 # jaxmnist's dependencies. Pure-Python ones it lacks can travel as wheels in .whl/
-# (installed with --no-deps into a scratch folder). Real MNIST comes from
-# $JAXMNIST_DATA_DIR, else from .data/ (a folder holding mnist/). On a machine with pip,
-# with both folders ignored by git:
+# (installed with --no-deps into a scratch folder). Real MNIST and Fashion-MNIST (the
+# `codelab` and `fashion_record` presets) come from $JAXMNIST_DATA_DIR, else from .data/
+# (a folder holding mnist/ and fashion-mnist/); both are verified before any step runs.
+# On a machine with pip, with both folders ignored by git:
 #
 #   pip download --no-deps -d .whl pooch platformdirs tensorboardX
-#   mkdir -p .data && cp -r ../shared/datasets/mnist .data/
+#   mkdir -p .data && cp -r ../shared/datasets/{mnist,fashion-mnist} .data/
 #
 # Each step has its own time limit (STEP_LIMIT seconds, default 240); a failed step is
 # logged and the next one runs.
@@ -67,6 +68,18 @@ if [ -n "$missing" ]; then
   echo "accelerator_session.sh: cannot import: $missing" >&2
   exit 1
 fi
+ALL_STEPS="time-to-result tests first-conv speedrun tutorial memory bench profile record"
+# Both datasets, read and checked (`jaxmnist data verify`: no download, no device), before
+# any device time goes to a step that would stop at its first run: every step reads MNIST,
+# and time-to-result and record Fashion-MNIST too.
+for name in ${STEPS:-$ALL_STEPS}; do
+  [[ " $ALL_STEPS " == *" $name "* ]] || continue
+  if ! verified=$("$py" -m jaxmnist data verify 2>&1); then
+    echo "accelerator_session.sh: $(tail -n 1 <<<"$verified")" >&2
+    exit 1
+  fi
+  break
+done
 # The backend, and the records' name: <date>_<commit>_<machine> (benchlib.results).
 read -r backend stem < <("$py" - <<'EOF'
 import sys
@@ -88,7 +101,6 @@ done
 raw=$([ -n "${OUT:-}" ] && echo "$OUT/raw" || mktemp -d)
 mkdir -p "$out/accelerator_session" "$raw"
 log="$out/accelerator_session/$stem.txt"
-ALL_STEPS="time-to-result tests first-conv speedrun tutorial memory bench profile record"
 {
   date -u
   echo "backend $backend; records: $out/*/$stem.*; traces and bench's folder: $raw"

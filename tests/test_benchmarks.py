@@ -16,6 +16,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -303,6 +304,30 @@ def test_accelerator_session_stops_before_any_step_when_an_import_fails(tmp_path
     assert done.returncode == 1
     last = done.stderr.strip().splitlines()[-1]
     assert last == "accelerator_session.sh: cannot import: optax (ImportError: a broken wheel)"
+    assert not out.exists()
+
+
+def test_accelerator_session_stops_before_any_step_when_a_dataset_is_missing(tmp_path):
+    """MNIST where the session reads it, Fashion-MNIST nowhere: one line, exit 1, before
+    a step runs or the backend is opened, and nothing written."""
+    data = tmp_path / "data"
+    data.mkdir()
+    real = Path(os.environ.get("JAXMNIST_DATA_DIR", tmp_path / "none")) / "mnist"
+    if real.is_dir():  # the real MNIST where CI has it: Fashion-MNIST alone is missing
+        shutil.copytree(real, data / "mnist")
+    out = tmp_path / "out"
+    env = {
+        **os.environ, "PYTHON": sys.executable, "OUT": str(out), "STEPS": "first-conv",
+        "JAXMNIST_DATA_DIR": str(data), "XDG_CACHE_HOME": str(tmp_path / "cache"),
+    }  # fmt: skip
+    script = BENCHMARKS / "accelerator_session.sh"
+    done = subprocess.run(
+        ["bash", str(script)], env=env, check=False, capture_output=True, text=True
+    )
+    assert done.returncode == 1
+    (last,) = done.stderr.strip().splitlines()
+    assert last.startswith("accelerator_session.sh: jaxmnist data: error: ")
+    assert "MNIST not found in " + str(data) in last  # Fashion-MNIST's, or MNIST's too
     assert not out.exists()
 
 
