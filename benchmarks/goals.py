@@ -410,11 +410,10 @@ def time_to_result_table(link_prefix: str = "") -> str:
     def before(cells: list[str]) -> str:  # the earlier runs' figures, as a last column
         return " " + ", ".join(cells) + " |" if earlier else ""
 
-    extra = (" earlier runs, same commit |", " --- |") if earlier else ("", "")
+    column, rule = (" earlier runs, same commit |", " --- |") if earlier else ("", "")
     rows = [
-        "| | TPU 101 tutorial's loop | `jaxmnist train --preset tpu101` | ratio | goal |"
-        + extra[0],
-        "| --- | --- | --- | --- | --- |" + extra[1],
+        "| | TPU 101 tutorial's loop | `jaxmnist train --preset tpu101` | ratio | goal |" + column,
+        "| --- | --- | --- | --- | --- |" + rule,
         (
             f"| first run, empty caches | {r['tutorial_cold_seconds']:.2f} s "
             f"| {r['jaxmnist_cold_seconds']:.2f} s | {r['cold_ratio']:.2f}× "
@@ -440,8 +439,8 @@ def time_to_result_table(link_prefix: str = "") -> str:
         )
     rows += [
         "",
-        "| preset | compile, empty cache | slowest program | goal |" + extra[0],
-        "| --- | --- | --- | --- |" + extra[1],
+        "| preset | compile, empty cache | slowest program | goal |" + column,
+        "| --- | --- | --- | --- |" + rule,
     ]
     for name, c in r["compile"].items():
         programs = c.get("compile_programs") or {}
