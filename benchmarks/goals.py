@@ -334,50 +334,56 @@ def provenance_of(path: Path, record: dict) -> tuple[str, str]:
     return (commit or "—"), (date or "—")
 
 
-def _measured(goal: Goal) -> list[tuple[str, Path, dict]]:
-    """(date, path, record) of every record with provenance that measures `goal`."""
+def _measured(goal: Goal) -> list[tuple[Path, dict]]:
+    """(path, record) of every record with provenance that measures `goal`, oldest first."""
     found = []
     for path in sorted((RESULTS / goal.benchmark).glob("*.json")):
         record = json.loads(path.read_text())
         if "provenance" in record and goal.measures(record):
-            found.append((record["provenance"]["date"], path, record))
-    return found
+            found.append((path, record))
+    return sorted(found, key=lambda x: x[1]["provenance"]["date"])
+
+
+def _legacy(goal: Goal) -> tuple[Path, dict]:
+    path = RESULTS / goal.legacy
+    return path, json.loads(path.read_text())
 
 
 def newest(goal: Goal) -> tuple[Path, dict, str, str]:
     """(path, record, commit, date) of the newest record that measures `goal`."""
-    if found := _measured(goal):
-        _, path, record = max(found, key=lambda x: x[0])
-    else:
-        path = RESULTS / goal.legacy
-        record = json.loads(path.read_text())
+    path, record = (_measured(goal) or [_legacy(goal)])[-1]
     return (path, record, *provenance_of(path, record))
 
 
 def same_commit(goal: Goal) -> list[tuple[Path, dict]]:
-    """Every record that measured `goal` at the commit of its newest record (that one
-    too), oldest first: a figure measured again at one commit is shown with each of its
-    runs, not only the last one (one record when the newest has no provenance)."""
-    path, record, commit, _ = newest(goal)
-    if "provenance" not in record or commit.endswith("-dirty"):
-        return [(path, record)]
-    found = [x for x in _measured(goal) if provenance_of(x[1], x[2])[0] == commit]
-    return [(p, r) for _, p, r in sorted(found, key=lambda x: x[0])]
+    """(path, record) of every record that measured `goal` at the commit of its newest
+    record, oldest first, the newest last: a figure measured again at one commit is shown
+    with each of its runs, not only the last one (the newest alone where it has no
+    provenance or its checkout was dirty)."""
+    found = _measured(goal)
+    if not found:
+        return [_legacy(goal)]
+    commit, _ = provenance_of(*found[-1])
+    if commit.endswith("-dirty"):
+        return found[-1:]
+    return [(p, r) for p, r in found if provenance_of(p, r)[0] == commit]
 
 
 def goal_row(goal: Goal, link_prefix: str = "") -> str:
     """`goal`'s row of the table: its newest record's figure, and whether it was met, in
     every run of that record's commit (`same_commit`): a goal met once and missed once at
     one commit is not shown as met."""
-    path, record, commit, date = newest(goal)
-    runs = [goal.figure(r) for _, r in same_commit(goal)]
-    figure, _ = goal.figure(record)
-    missed = [met for _, met in runs].count(False)
+    runs = same_commit(goal)
+    path, record = runs[-1]
+    commit, date = provenance_of(path, record)
+    figures = [goal.figure(r) for _, r in runs]
+    missed = [met for _, met in figures].count(False)
     verdict = "met" if not missed else "**missed**"
     if 0 < missed < len(runs):
         verdict += f" in {missed} of {len(runs)} runs at this commit"
-    for earlier, _ in runs[:-1]:
-        figure += f"; an earlier run at this commit: {earlier}"
+    figure = figures[-1][0] + "".join(
+        f"; an earlier run at this commit: {earlier}" for earlier, _ in figures[:-1]
+    )
     where, name = path.relative_to(ROOT).as_posix(), path.relative_to(RESULTS).as_posix()
     return (
         f"| {goal.goal} | {figure} | {verdict} | {_machine(record)} "
@@ -402,8 +408,8 @@ def time_to_result_table(link_prefix: str = "") -> str:
     preset's compile with its slowest program. Where the same commit was measured
     before (`same_commit`), a column gives those runs' figures beside the newest's."""
     goal = next(g for g in GOALS if g.figure is _time_to_result)
-    path, r, commit, date = newest(goal)
-    runs = same_commit(goal)[:-1]  # the same commit measured before
+    *runs, (path, r) = same_commit(goal)  # the same commit measured before, then the newest
+    commit, date = provenance_of(path, r)
     earlier = [record for _, record in runs]
     targets = r["targets"]
 

@@ -424,42 +424,32 @@ def run_layer_before_after(r: dict) -> Rows:
     return rows
 
 
+def _whole_run(v: dict, programs: tuple[str, ...]) -> str:
+    """A whole run's compile (with those of `programs` it has), steady epoch and test
+    accuracy, as `benchlib.launch.patched_train` records them."""
+    compiled = v["compile_programs"]
+    parts = ", ".join(f"{name} {sec(compiled[name])}" for name in programs if name in compiled)
+    return (
+        f"compile {sec(v['compile_seconds'])}"
+        + (f" ({parts})" if parts else "")
+        + f"; steady epoch {sec(v['steady_epoch_seconds'], 3)}; test {pct(v['test_accuracy'])}"
+    )
+
+
 def first_conv(r: dict) -> Rows:
-    rows = []
-    for run, arms in r["arms"].items():
-        for arm, v in arms.items():
-            steps = v["compile_programs"].get("steps")
-            rows.append(
-                (
-                    f"`{run}`, first layer {arm} ({v['first_layer']})",
-                    (
-                        f"compile {sec(v['compile_seconds'])}"
-                        + (f" (steps {sec(steps)})" if steps is not None else "")
-                        + f"; steady epoch {sec(v['steady_epoch_seconds'], 3)}; "
-                        f"test {pct(v['test_accuracy'])}"
-                    ),
-                )
-            )
-    return rows
+    return [
+        (f"`{run}`, first layer {arm} ({v['first_layer']})", _whole_run(v, ("steps",)))
+        for run, arms in r["arms"].items()
+        for arm, v in arms.items()
+    ]
 
 
 def staged_batches(r: dict) -> Rows:
-    rows = []
-    for run, modes in r["pairs"].items():
-        for mode, v in modes.items():
-            programs = v["compile_programs"]
-            parts = ", ".join(
-                f"{name} {sec(programs[name])}" for name in ("steps", "stage") if name in programs
-            )
-            rows.append(
-                (
-                    f"`{run}`, {mode}",
-                    (
-                        f"compile {sec(v['compile_seconds'])} ({parts}); steady epoch "
-                        f"{sec(v['steady_epoch_seconds'], 3)}; test {pct(v['test_accuracy'])}"
-                    ),
-                )
-            )
+    rows = [
+        (f"`{run}`, {mode}", _whole_run(v, ("steps", "stage")))
+        for run, modes in r["pairs"].items()
+        for mode, v in modes.items()
+    ]
     staged = r.get("time_to_result_staged")  # the first record's (a TPU program's staging)
     if staged is None:
         return rows
