@@ -15,10 +15,12 @@ ended, to record the environment):
    given by hand, so `same_buffer_ratio` (jaxmnist warm over it) says what is left
    without that runtime setting.
 2. Compile: `jaxmnist train --preset P --epochs 1 --no-report --no-checkpoint` for
-   each of `--presets` (`speedrun8`: `speedrun --seeds 8`), each with an empty
-   compilation cache: the run's own `compile_seconds` (the wall clock from the first
-   program lowered to the last compiled; they compile at once) and each program's
-   compile (`compile_programs`), as its summary.json says them.
+   each of `--presets` (`speedrun8`: `speedrun --seeds 8`), `--repeats` times each, every
+   time in a new process with an empty compilation cache (`tpu101`'s first is the whole
+   run of part 1): the run's own `compile_seconds` (the wall clock from the first
+   program lowered to the last compiled; they compile at once), as its summary.json says
+   it. A preset's `compile_seconds` is the median of its runs, `compile_samples` every
+   run's in order; `compile_programs` is each program's median compile.
 
 Usage: JAXMNIST_DATA_DIR=../shared/datasets python benchmarks/tpu_time_to_result.py
 Writes JSON (`--out`, default a new record in benchmarks/results/tpu/time_to_result/, on
@@ -31,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -82,13 +85,32 @@ def summary_of(done: subprocess.CompletedProcess) -> dict:
     return json.loads(done.stdout[done.stdout.index("{") :])
 
 
+def compile_figures(runs: list[dict]) -> dict:
+    """A preset's compile over its cold runs' summaries: the median run's seconds, every
+    run's in order, each program's median, and the first run's training seconds."""
+    programs = [run.get("compile_programs", {}) for run in runs]
+    return {
+        "compile_seconds": statistics.median(run["compile_seconds"] for run in runs),
+        "compile_samples": [run["compile_seconds"] for run in runs],
+        "compile_programs": {
+            name: statistics.median(p[name] for p in programs if name in p) for name in programs[0]
+        },
+        "train_seconds": runs[0]["train_seconds"],
+    }
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--presets", default=PRESETS, help=f"compiled cold, one by one ({PRESETS})")
     p.add_argument("--limit", type=float, default=240.0, help="seconds each process may take")
+    p.add_argument(
+        "--repeats", type=int, default=3, help="cold compiles of each preset, a median (3)"
+    )
     p.add_argument("--out", type=Path, help="JSON output")
     p.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = p.parse_args(argv)
+    if args.repeats < 1:
+        p.error(f"--repeats must be at least 1, got {args.repeats}")
     require_data_dir(args.smoke)
     load_before = os.getloadavg()
     presets = ["tpu101"] if args.smoke else args.presets.split(",")
@@ -132,19 +154,16 @@ def main(argv: list[str] | None = None) -> None:
         for key, value in whole.items():
             print(f"  {key:<24} {value:7.2f} s")
         compiles = {}
+        epoch = ["--epochs", "1"] if not args.smoke else []
+        flags = [*epoch, "--no-report", "--no-checkpoint"]
         for name in presets:
-            if name == "tpu101":
-                summary = cold  # the same compile, with an empty cache: already measured
-            else:
-                epoch = ["--epochs", "1"] if not args.smoke else []
-                flags = [*epoch, "--no-report", "--no-checkpoint"]
-                _, summary = train(name, f"cache-{name}", *flags)
-            compiles[name] = {
-                "compile_seconds": summary["compile_seconds"],
-                "compile_programs": summary.get("compile_programs", {}),
-                "train_seconds": summary["train_seconds"],
-            }
-            print(f"  compile {name:<16} {summary['compile_seconds']:7.2f} s")
+            # tpu101's first: the whole cold run above, the same compile with an empty cache
+            runs = [cold] if name == "tpu101" else []
+            while len(runs) < args.repeats:
+                runs.append(train(name, f"cache-{name}-{len(runs)}", *flags)[1])
+            compiles[name] = compile_figures(runs)
+            samples = " ".join(f"{s:.2f}" for s in compiles[name]["compile_samples"])
+            print(f"  compile {name:<16} {compiles[name]['compile_seconds']:7.2f} s ({samples})")
     measured = provenance()  # untracked files (a session's scratch) leave a checkout clean
     figures = {
         **{key: measured[key] for key in ("date", "commit", "dirty")},
@@ -165,6 +184,7 @@ def main(argv: list[str] | None = None) -> None:
         "compile_tpu101_s": compiles.get("tpu101", {}).get("compile_seconds"),
         "compile_speedrun8_s": compiles.get("speedrun8", {}).get("compile_seconds"),
         "compile": compiles,
+        "compile_repeats": args.repeats,
         "targets": TARGETS,
     }
     print(f"cold ratio {figures['cold_ratio']:.2f}x, warm ratio {figures['warm_ratio']:.2f}x")

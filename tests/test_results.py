@@ -190,8 +190,16 @@ def test_the_tpu_pages_time_to_result_is_the_newest_full_records(goals):
     warm = f"| {record['jaxmnist_warm_seconds']:.2f} s | {record['warm_ratio']:.2f}× |"
     assert cold in table.split("\n")[2] and warm in table.split("\n")[3]
     for name, c in record["compile"].items():
-        assert f"| `{name}` | {c['compile_seconds']:.2f} s |" in table
+        assert f"| `{name}` | {goals.compile_cell(c)} |" in table
     assert path.name in table and commit in table
+
+
+def test_a_compile_measured_more_than_once_shows_its_median_and_every_run(goals):
+    once = {"compile_seconds": 2.84, "compile_samples": [2.84]}
+    assert goals.compile_cell(once) == "2.84 s"
+    assert goals.compile_cell({"compile_seconds": 3.21}) == "3.21 s"  # records before samples
+    thrice = {"compile_seconds": 2.76, "compile_samples": [2.92, 2.45, 2.76]}
+    assert goals.compile_cell(thrice) == "2.76 s (median of 3: 2.92, 2.45, 2.76)"
 
 
 # `<benchmark>/<date>_<commit>[-dirty]_<machine>[_<what>][~n].<ext>`: a benchmark's folder
