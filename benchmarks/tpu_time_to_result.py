@@ -108,7 +108,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--out", type=Path, help="JSON output")
     p.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
-    args = p.parse_args(argv)
+    given = sys.argv[1:] if argv is None else argv  # the arguments, as run
+    args = p.parse_args(given)
     if args.repeats < 1:
         p.error(f"--repeats must be at least 1, got {args.repeats}")
     require_data_dir(args.smoke)
@@ -167,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
     measured = provenance()  # untracked files (a session's scratch) leave a checkout clean
     figures = {
         **{key: measured[key] for key in ("date", "commit", "dirty")},
-        "command": " ".join(["python", "benchmarks/tpu_time_to_result.py", *(argv or [])]),
+        "command": " ".join(["python", "benchmarks/tpu_time_to_result.py", *given]),
         "smoke": args.smoke,
         "cold_ratio": whole["jaxmnist_cold_seconds"] / whole["tutorial_cold_seconds"],
         "warm_ratio": whole["jaxmnist_warm_seconds"] / whole["tutorial_warm_seconds"],

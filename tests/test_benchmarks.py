@@ -78,6 +78,7 @@ SMOKE_CHECKS = {
         and len(r["compile"]["tpu101"]["compile_samples"]) == r["compile_repeats"] == 2
         and r["compile"]["tpu101"]["compile_samples"][0] == r["jaxmnist_cold_compile_seconds"]
         and r["compile_tpu101_s"] == sum(r["compile"]["tpu101"]["compile_samples"]) / 2
+        and r["command"].endswith(" --repeats 2")
     ),
     "serve_load": lambda r: r["completed"] == 20 and r["errors"] == 0,
     # Each program's compile, of the preset with its override (two members).
@@ -337,7 +338,7 @@ def test_accelerator_session_stops_before_any_step_when_a_dataset_is_missing(tmp
 
 @pytest.mark.parametrize("name", sorted(SMOKE))
 @pytest.mark.slow
-def test_smoke_mode(name, on_path, tmp_path, capsys):
+def test_smoke_mode(name, on_path, tmp_path, capsys, monkeypatch):
     if name in NEEDS_ONEDNN and not onednn.available():
         pytest.skip(onednn.unavailable_reason())
     if name in NEEDS_EXTRA:
@@ -356,7 +357,9 @@ def test_smoke_mode(name, on_path, tmp_path, capsys):
         assert result
         return
     out = tmp_path / f"{name}.json"
-    module.main(["--smoke", "--out", str(out), *extra])
+    # As a script runs it: its arguments from sys.argv (what a record says was run)
+    monkeypatch.setattr(sys, "argv", [f"{name}.py", "--smoke", "--out", str(out), *extra])
+    module.main()
     result = json.loads(out.read_text())
     assert keys <= set(result), keys - set(result)
     assert SMOKE_CHECKS.get(name, bool)(result), result
