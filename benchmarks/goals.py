@@ -69,7 +69,7 @@ def _time_to_result(record: dict) -> tuple[str, bool]:
 def _compile_seconds(record: dict) -> tuple[str, bool]:
     compiles, targets = record["compile"], record["targets"]["compile_seconds"]
     seconds = {name: compiles[name]["compile_seconds"] for name in COMPILE_PRESETS}
-    text = ", ".join(f"{name} {value:.2f} s" for name, value in seconds.items())
+    text = ", ".join(f"{name} {compile_cell(compiles[name])}" for name in COMPILE_PRESETS)
     return text, all(value <= targets[name] for name, value in seconds.items())
 
 
