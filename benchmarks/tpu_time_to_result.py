@@ -86,8 +86,8 @@ def summary_of(done: subprocess.CompletedProcess) -> dict:
 
 
 def compile_figures(runs: list[dict]) -> dict:
-    """A preset's compile over its cold runs' summaries: the median run's seconds, every
-    run's in order, each program's median, and the first run's training seconds."""
+    """A preset's compile over its cold runs' summaries: the median of their seconds,
+    every run's in order, each program's median, and the first run's training seconds."""
     programs = [run.get("compile_programs", {}) for run in runs]
     return {
         "compile_seconds": statistics.median(run["compile_seconds"] for run in runs),

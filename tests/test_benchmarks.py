@@ -391,6 +391,13 @@ def test_pytorch_comparison_says_in_one_line_that_torch_is_missing(on_path, monk
     )
 
 
+def test_time_to_result_refuses_fewer_than_one_repeat_before_it_runs_anything(on_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        load("tpu_time_to_result").main(["--smoke", "--repeats", "0"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith("--repeats must be at least 1, got 0")
+
+
 def test_aot_compile_says_in_one_line_that_libtpu_is_missing(on_path, monkeypatch):
     """Without JAX's TPU plugin nothing can compile for a TPU: one line, before anything
     in the environment changes."""
